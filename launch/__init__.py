@@ -1,0 +1,1 @@
+"""pypto-launch: starts ranks and reports failures; installed as pypto_rt.launch."""

@@ -1,0 +1,1 @@
+"""Import-compatibility stand-ins for `pypto.ir` modules that kernel files import."""

@@ -1,0 +1,1 @@
+"""pypto-rt: runs PyPTO (pl DSL) kernels on the CPU."""

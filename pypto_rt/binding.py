@@ -1,0 +1,154 @@
+"""Binding a `@pl.jit` entry call's arguments to the kernel's parameters.
+
+Checks count, kinds, dtypes, static extents and `pl.dynamic` consistency, and reports a
+mismatch at the caller's line. Tensors are wrapped as `TensorValue`s sharing the caller's
+storage, so Out/InOut writes land in place. Shared by every executor.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from pypto_rt.errors import DSLError, KernelArgumentError, OpError, user_span
+from pypto_rt.language.types import DynVar, ScalarType, TensorType
+from pypto_rt.ops import dtype_rules
+from pypto_rt.ops.value import TensorValue
+
+
+@dataclass
+class Binding:
+    """A bound call: values in parameter order, In-parameter storages, dynamic dim values."""
+    names: list[str]
+    values: list
+    readonly: dict[int, str] = field(default_factory=dict)  # storage data_ptr -> In parameter name
+    dyn: dict[DynVar, int] = field(default_factory=dict)
+
+
+def annotations_of(kernel) -> dict:
+    """Evaluated parameter annotations (handles `from __future__ import annotations`)."""
+    cached = kernel.cache.get("annotations")
+    if cached is None:
+        try:
+            cached = inspect.get_annotations(kernel.fn, eval_str=True)
+        except Exception as e:  # noqa: BLE001 - any failure here is the user's annotation
+            raise DSLError(f"cannot evaluate the annotations of {kernel.name}: {e}", kernel.span) from None
+        kernel.cache["annotations"] = cached
+    return cached
+
+
+def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:
+    """Bind and check an entry call; raises KernelArgumentError at the caller's line."""
+    sig = inspect.signature(kernel.fn)
+    where = user_span(3)
+    try:
+        bound = sig.bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise KernelArgumentError(f"{kernel.name}: {e}", where, _signature_hint(kernel, sig)) from None
+    ann = annotations_of(kernel)
+    binding = Binding([], [])
+    missing = [p for p in sig.parameters if p not in bound.arguments]
+    for name, param in sig.parameters.items():
+        spec = ann.get(name)
+        if name in bound.arguments:
+            value = _bind_one(kernel, name, spec, bound.arguments[name], binding, where)
+        elif param.default is not inspect.Parameter.empty:
+            value = param.default
+        else:
+            value = None  # allocated below if it is an output
+        binding.names.append(name)
+        binding.values.append(value)
+    _allocate_outputs(kernel, sig, ann, missing, binding, where)
+    return binding
+
+
+def _signature_hint(kernel, sig) -> str:
+    return f"{kernel.name}{sig} is defined at {kernel.span}" if kernel.span else f"the kernel is {kernel.name}{sig}"
+
+
+def _bind_one(kernel, name, spec, arg, binding: Binding, where):
+    if isinstance(spec, TensorType):
+        return _bind_tensor(kernel, name, spec, arg, binding, where)
+    if isinstance(spec, ScalarType):
+        return _bind_scalar(kernel, name, spec, arg, where)
+    if isinstance(arg, torch.Tensor):
+        return TensorValue(arg, dtype_rules.from_torch(arg.dtype))
+    return arg
+
+
+def _bind_tensor(kernel, name, spec: TensorType, arg, binding: Binding, where):
+    if isinstance(arg, TensorValue):
+        arg = arg.data
+    if not isinstance(arg, torch.Tensor):
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' must be a torch.Tensor, got "
+                                  f"{type(arg).__name__}", where)
+    try:
+        dtype = dtype_rules.from_torch(arg.dtype)
+    except OpError as e:
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}': {e.message}", where) from None
+    if spec.dtype is not None and dtype != spec.dtype and dtype_rules.storage_dtype(spec.dtype) != arg.dtype:
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' has dtype {arg.dtype}, the kernel expects "
+                                  f"{spec.dtype!r} ({dtype_rules.storage_dtype(spec.dtype)})", where,
+                                  f"convert it with .to({dtype_rules.storage_dtype(spec.dtype)})")
+    if spec.shape is not None:
+        _check_shape(kernel, name, spec.shape, tuple(arg.shape), binding, where)
+    if spec.direction == "in":
+        binding.readonly[arg.untyped_storage().data_ptr()] = name
+    return TensorValue(arg, spec.dtype or dtype)
+
+
+def _check_shape(kernel, name, expected, actual, binding: Binding, where):
+    if len(expected) != len(actual):
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' has shape {list(actual)}, the kernel expects "
+                                  f"rank {len(expected)} ({_fmt(expected)})", where)
+    for axis, (want, got) in enumerate(zip(expected, actual)):
+        if isinstance(want, DynVar):
+            seen = binding.dyn.setdefault(want, got)
+            if seen != got:
+                raise KernelArgumentError(
+                    f"{kernel.name}: argument '{name}' axis {axis} is {got}, but dynamic dim {want.name} is already "
+                    f"{seen} from an earlier argument", where)
+        elif isinstance(want, int) and want != got:
+            raise KernelArgumentError(f"{kernel.name}: argument '{name}' has shape {list(actual)}, the kernel "
+                                      f"expects {_fmt(expected)} (axis {axis}: {got} != {want})", where)
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join(d.name if isinstance(d, DynVar) else str(d) for d in shape) + "]"
+
+
+def _bind_scalar(kernel, name, spec: ScalarType, arg, where):
+    if isinstance(arg, torch.Tensor) and arg.numel() == 1:
+        arg = arg.item()
+    if not isinstance(arg, (int, float, bool)):
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' is a pl.Scalar and must be a Python number, "
+                                  f"got {type(arg).__name__}", where)
+    dt = spec.dtype
+    if dt is not None and dt.is_int():
+        if isinstance(arg, float) and not arg.is_integer():
+            raise KernelArgumentError(f"{kernel.name}: argument '{name}' is {dt!r} but got {arg!r}", where)
+        lo, hi = dtype_rules.int_range(dt)
+        if not lo <= int(arg) <= hi:
+            raise KernelArgumentError(f"{kernel.name}: argument '{name}' = {arg} does not fit {dt!r}", where)
+        return int(arg)
+    if dt is not None and dt.is_float():
+        return float(arg)
+    return arg
+
+
+def _allocate_outputs(kernel, sig, ann, missing, binding: Binding, where):
+    """Return style: trailing Out parameters left out of the call are allocated here."""
+    for name in missing:
+        if sig.parameters[name].default is not inspect.Parameter.empty:
+            continue
+        spec = ann.get(name)
+        if not (isinstance(spec, TensorType) and spec.direction == "out" and spec.shape is not None):
+            raise KernelArgumentError(f"{kernel.name}: missing argument '{name}'", where,
+                                      _signature_hint(kernel, sig))
+        shape = [binding.dyn.get(d) if isinstance(d, DynVar) else d for d in spec.shape]
+        if any(d is None for d in shape):
+            raise KernelArgumentError(f"{kernel.name}: cannot allocate output '{name}': its shape {_fmt(spec.shape)}"
+                                      " uses a dynamic dim no input defines", where, "pass the output tensor")
+        data = torch.zeros(shape, dtype=dtype_rules.storage_dtype(spec.dtype))
+        binding.values[binding.names.index(name)] = TensorValue(data, spec.dtype)

@@ -1,0 +1,140 @@
+"""Kernel decorators: `@pl.jit` (+ `.inline/.incore/.opaque/.host/.extern`), `@pl.program`, `@pl.function`.
+
+A decorator only captures the function and its options in a `KernelFunction`. Calling one:
+- inside a running kernel -> the active executor (`call_kernel`) runs it in place;
+- from plain Python (an entry) -> `pypto_rt.driver.run_entry`, reached through the one
+  deferred import below (the sanctioned upward edge of the language layer).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from pypto_rt.errors import DSLError, NotSupportedError, user_span
+from pypto_rt.language import _runtime
+from pypto_rt.language.enums import FunctionType
+
+__all__ = ["KernelFunction", "jit", "function", "inline", "program", "program_entry"]
+
+ENTRY_KINDS = ("jit", "host", "function", "opaque", "incore")
+
+
+class KernelFunction:
+    """A decorated PyPTO function. `kind`: jit | inline | incore | opaque | host | function | extern."""
+
+    def __init__(self, fn: Callable, kind: str, options: dict):
+        if not inspect.isfunction(fn):
+            raise DSLError(f"@pl.{kind} decorates a function, got {type(fn).__name__}", user_span(3))
+        self.fn = fn
+        self.kind = kind
+        self.options = options
+        self.span = user_span(3)
+        self.cache: dict[str, Any] = {}  # executor-owned per-kernel artefacts (rewritten code, ...)
+        functools.update_wrapper(self, fn)
+
+    @property
+    def name(self) -> str:
+        return self.fn.__qualname__
+
+    def __call__(self, *args, **kwargs):
+        ex = _runtime.active()
+        if ex is not None:
+            return ex.call_kernel(self, args, kwargs)
+        if self.kind == "extern":
+            raise NotSupportedError(f"not supported yet: @pl.jit.extern kernel {self.name} (hand-written "
+                                    "device C++ cannot run on the CPU)", user_span(2))
+        if self.kind == "inline":
+            raise DSLError(f"{self.name} is a @pl.jit.inline kernel; it runs only when called from a kernel",
+                           user_span(2), "call it from a @pl.jit function, or decorate it with @pl.jit")
+        from pypto_rt import driver  # deferred: the one upward edge (language -> driver)
+        return driver.run_entry(self, args, kwargs)
+
+    def compile(self, *args, config=None, **kwargs):
+        """Check the arguments and prepare the kernel without running it; returns a CompiledKernel."""
+        from pypto_rt import driver
+        return driver.compile_entry(self, args, kwargs)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return BoundKernel(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<pl.{self.kind} kernel {self.name}>"
+
+
+class BoundKernel:
+    """A `@pl.function` method bound to its `@pl.program` instance."""
+
+    def __init__(self, kernel: KernelFunction, obj: Any):
+        self.kernel = kernel
+        self.obj = obj
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel(self.obj, *args, **kwargs)
+
+    def compile(self, *args, **kwargs):
+        return self.kernel.compile(self.obj, *args, **kwargs)
+
+
+def _decorator(kind: str):
+    def deco(fn=None, /, **options):
+        if fn is None:
+            return lambda f: KernelFunction(f, kind, options)
+        return KernelFunction(fn, kind, options)
+    deco.__name__ = kind
+    deco.__doc__ = f"`@pl.jit.{kind}` / `@pl.jit.{kind}(...)`: a {kind} kernel."
+    return deco
+
+
+class _Jit:
+    """`@pl.jit` / `@pl.jit(auto_scope=False)`: an orchestration entry; variants as attributes."""
+
+    inline = staticmethod(_decorator("inline"))
+    incore = staticmethod(_decorator("incore"))
+    opaque = staticmethod(_decorator("opaque"))
+    host = staticmethod(_decorator("host"))
+    extern = staticmethod(_decorator("extern"))
+
+    def __call__(self, fn=None, /, **options):
+        if fn is None:
+            return lambda f: KernelFunction(f, "jit", options)
+        return KernelFunction(fn, "jit", options)
+
+
+jit = _Jit()
+inline = _decorator("inline")
+
+
+def function(fn=None, /, *, type=FunctionType.Opaque, level=None, role=None, attrs=None, auto_scope=None,
+             strict_ssa=None, external_source=None):
+    """`@pl.function(type=pl.FunctionType.X)`: a function of a `@pl.program` (or standalone)."""
+    options = dict(type=type, level=level, role=role, attrs=attrs, auto_scope=auto_scope)
+    kind = "inline" if type == FunctionType.Inline else "function"
+    if fn is None:
+        return lambda f: KernelFunction(f, kind, options)
+    return KernelFunction(fn, kind, options)
+
+
+def program(cls=None, /, *, strict_ssa=None):
+    """`@pl.program` class: one program whose `@pl.function` methods call each other via `self`."""
+    if cls is None:
+        return lambda c: program(c)
+    if not inspect.isclass(cls):
+        raise DSLError(f"@pl.program decorates a class, got {type(cls).__name__}", user_span(2))
+    cls.__pypto_program__ = True
+    return cls
+
+
+def program_entry(program_cls) -> BoundKernel:
+    """The entry of a `@pl.program`: its Orchestration function, else its single Opaque one."""
+    kernels = {name: k for name, k in vars(program_cls).items() if isinstance(k, KernelFunction)}
+    orch = [n for n, k in kernels.items() if k.options.get("type") == FunctionType.Orchestration]
+    opaque = [n for n, k in kernels.items() if k.options.get("type") == FunctionType.Opaque]
+    chosen = orch or opaque
+    if len(chosen) != 1:
+        raise DSLError(f"@pl.program {program_cls.__name__} needs exactly one Orchestration function (or one "
+                       f"Opaque function) as its entry; found {sorted(kernels)}", None,
+                       "mark the entry @pl.function(type=pl.FunctionType.Orchestration)")
+    return getattr(program_cls(), chosen[0])

@@ -1,0 +1,13 @@
+"""The op library: what every `pl` op computes, on torch (CPU).
+
+The one place op semantics live. Every executor calls it (or, for compiled
+backends, is tested against it). Importing this package registers every op in
+`registry.OPS`. Imports only `errors` and `language` (dtypes, enums) from pypto_rt.
+"""
+from pypto_rt.ops import (  # noqa: F401  (imported for registration)
+    access, cast, create, elementwise, gather, matmul, reduce, sort, system, views,
+)
+from pypto_rt.ops.registry import OPS
+from pypto_rt.ops.value import TensorValue
+
+__all__ = ["OPS", "TensorValue"]

@@ -1,0 +1,45 @@
+"""Scalar element access: pl.read / pl.write."""
+from __future__ import annotations
+
+from pypto_rt.errors import OpError
+from pypto_rt.ops.registry import op, writes
+from pypto_rt.ops.value import TensorValue
+
+
+def _index(src: TensorValue, indices, opname: str) -> tuple[int, ...]:
+    if not isinstance(indices, (list, tuple)):
+        indices = [indices]
+    try:
+        idx = tuple(int(i) for i in indices)
+    except (TypeError, ValueError):
+        raise OpError(f"pl.{opname}: indices must be integers, got {indices!r}") from None
+    if len(idx) != src.ndim:
+        raise OpError(f"pl.{opname}: {len(idx)} indices for a rank-{src.ndim} tensor of shape {list(src.shape)}",
+                      hint="give one index per axis, e.g. pl.read(t, [i, j])")
+    for axis, (i, n) in enumerate(zip(idx, src.shape)):
+        if not 0 <= i < n:
+            raise OpError(f"pl.{opname}: index {i} out of range on axis {axis} (extent {n}) of "
+                          f"shape {list(src.shape)}")
+    return idx
+
+
+def _to_python(v, dtype):
+    if dtype.is_float():
+        return float(v)
+    if dtype.name == "BOOL":
+        return bool(v)
+    return int(v)
+
+
+@op("read", "tensor.read", "tile.read")
+def read(src, indices):
+    """The element at `indices` as a Python scalar of the element type."""
+    return _to_python(src.data[_index(src, indices, "read")].item(), src.dtype)
+
+
+@writes("dst")
+@op("write", "tensor.write", "tile.write")
+def write(dst, indices, value):
+    """Store one element in place; the value is converted to dst's dtype."""
+    dst.data[_index(dst, indices, "write")] = value
+    return dst

@@ -1,0 +1,204 @@
+"""`pl.cast` and `pl.const`: dtype conversion with the hardware's rounding modes (spec §4.4, §3.5).
+
+Modes (name, int or `CastMode`): none (no rounding; where precision is lost it rounds like rint), rint (nearest,
+ties to even), round (the DEFAULT: nearest, ties away from zero), floor, ceil, trunc, odd (nearest, ties to odd).
+Float -> int rounds in float64 and then saturates to the target range (NaN -> 0); int -> int saturates too.
+Float/int -> BF16/FP16/FP32 rounds exactly once with the requested mode: the candidate neighbours are found from
+torch's RNE result by stepping the bit pattern, so ties (e.g. FP32 -> BF16 with low half 0x8000) go where the
+mode says, and overflow follows IEEE (ties beyond the largest finite value go to inf for rint/round). FP8 targets
+use torch's RNE conversion for every mode. The value keeps its shape, valid box and kind; casting to the same
+dtype copies. Scalars (Python numbers) support only the default mode, with C conversion semantics: float -> int
+truncates (saturating), int -> int wraps to the target width, float targets round to nearest-even.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from pypto_rt.errors import OpError
+from pypto_rt.language import dtypes as D
+from pypto_rt.language.enums import CastMode
+from pypto_rt.ops.dtype_rules import int_range, storage_dtype, to_dtype
+from pypto_rt.ops.registry import op
+from pypto_rt.ops.value import TensorValue
+
+_F64 = torch.float64
+# Float storages the bit-stepping rounder handles: (signed view of the bits, sign bit).
+_BITS = {torch.bfloat16: (torch.int16, 1 << 15), torch.float16: (torch.int16, 1 << 15),
+         torch.float32: (torch.int32, 1 << 31)}
+_MODE_NAMES = ", ".join(f"{m.name} ({m.value})" for m in CastMode)
+
+
+def _mode(mode) -> CastMode:
+    if isinstance(mode, CastMode):
+        return mode
+    if isinstance(mode, str) and mode.lower() in CastMode.__members__:
+        return CastMode[mode.lower()]
+    if isinstance(mode, int) and not isinstance(mode, bool) and mode in CastMode._value2member_map_:
+        return CastMode(mode)
+    raise OpError(f"pl.cast: unknown mode {mode!r}", hint=f"use one of {_MODE_NAMES}")
+
+
+@op("cast", "tensor.cast", "tile.cast")
+def cast(input, target_type, mode="round"):
+    """Convert a tensor/tile (any mode) or a Python number (default mode only) to `target_type`."""
+    dtype = to_dtype(target_type)
+    m = _mode(mode)
+    if isinstance(input, TensorValue):
+        return _cast_value(input, dtype, m)
+    if isinstance(input, numbers.Real):
+        if m != CastMode.round:
+            raise OpError(f"pl.cast: a scalar supports only the default mode, got mode={mode!r}",
+                          hint="drop mode=, or round the value in Python first")
+        return _cast_scalar(input, dtype)
+    raise OpError(f"pl.cast expects a tensor, a tile or a number, got {type(input).__name__}")
+
+
+@op("const")
+def const(value, dtype):
+    """`pl.const(value, dtype)`: the Python number as a scalar of `dtype` (converted like a scalar cast)."""
+    if not isinstance(value, numbers.Real):
+        raise OpError(f"pl.const expects a number, got {type(value).__name__}")
+    return _cast_scalar(value, to_dtype(dtype))
+
+
+# ---------------------------------------------------------------------------------------------- tensors
+
+def _cast_value(x: TensorValue, dtype, mode: CastMode) -> TensorValue:
+    target = storage_dtype(dtype)
+    if dtype == x.dtype:
+        return x.derive(x.data.clone())
+    if dtype == D.BOOL:
+        out = x.data != 0
+    elif dtype.is_float():
+        out = _to_float(x.data, x.dtype, target, mode)
+    elif x.dtype.is_float():
+        out = _saturate(_round_integral(x.data.to(_F64), mode), dtype)
+    else:
+        lo, hi = _clipped_range(dtype)
+        out = x.data.to(torch.int64).clamp(lo, hi).to(target)
+    return x.derive(out, dtype)
+
+
+def _to_float(src: torch.Tensor, src_dtype, target: torch.dtype, mode: CastMode) -> torch.Tensor:
+    nearest_even = mode in (CastMode.none, CastMode.rint)
+    if target not in _BITS or src.dtype == torch.bool:
+        return src.to(target)
+    if src_dtype.is_float() and (nearest_even or target == torch.float32):
+        return src.to(target)  # one RNE rounding (or an exact widening)
+    if nearest_even and target == torch.float32 and src.dtype != torch.int64:
+        return src.to(target)
+    return _round_float(src.to(_F64), target, mode)
+
+
+def _clipped_range(dtype) -> tuple[int, int]:
+    lo, hi = int_range(dtype)
+    return max(lo, -(1 << 63)), min(hi, (1 << 63) - 1)
+
+
+def _round_integral(x: torch.Tensor, mode: CastMode) -> torch.Tensor:
+    """Round float64 values to integral float64 values with `mode`."""
+    if mode in (CastMode.none, CastMode.rint):
+        return torch.round(x)  # ties to even
+    if mode == CastMode.floor:
+        return torch.floor(x)
+    if mode == CastMode.ceil:
+        return torch.ceil(x)
+    if mode == CastMode.trunc:
+        return torch.trunc(x)
+    t = torch.trunc(x)
+    if mode == CastMode.round:  # ties away from zero; x - t is exact in float64
+        return t + torch.where((x - t).abs() >= 0.5, torch.sign(x), torch.zeros_like(x))
+    tie = (x - torch.floor(x)) == 0.5  # CastMode.odd
+    return torch.where(tie, 2 * torch.floor(x / 2) + 1, torch.round(x))
+
+
+def _saturate(r: torch.Tensor, dtype) -> torch.Tensor:
+    """Integral float64 values -> `dtype`, clamped to its range; NaN -> 0."""
+    lo, hi = _clipped_range(dtype)
+    big, small, nan = r >= float(hi), r <= float(lo), torch.isnan(r)
+    safe = torch.where(big | small | nan, torch.zeros_like(r), r).to(torch.int64)
+    out = torch.where(big, torch.full_like(safe, hi), torch.where(small, torch.full_like(safe, lo), safe))
+    return out.to(storage_dtype(dtype))
+
+
+def _step(y: torch.Tensor, up: torch.Tensor, view: torch.dtype, sign_bit: int) -> torch.Tensor:
+    """The representable neighbour of `y` toward +inf where `up`, else toward -inf (by bit pattern)."""
+    bits = y.view(view).to(torch.int64) & ((sign_bit << 1) - 1)  # unsigned bit pattern
+    neg = bits >= sign_bit
+    mag = bits & (sign_bit - 1)
+    zero = mag == 0
+    new_mag = torch.where(zero, torch.ones_like(mag), torch.where(neg != up, mag + 1, mag - 1))
+    new_neg = torch.where(zero, ~up, neg)
+    out = new_mag + new_neg.to(torch.int64) * sign_bit
+    out = torch.where(out >= sign_bit, out - (sign_bit << 1), out)  # back to the signed view's range
+    return out.to(view).view(y.dtype)
+
+
+def _overflow_value(target: torch.dtype) -> float:
+    """Where the value after the largest finite one would sit (the distance rule's stand-in for inf)."""
+    fi = torch.finfo(target)
+    return fi.max + fi.eps * 2.0 ** (math.frexp(fi.max)[1] - 1)
+
+
+def _as_f64(v: torch.Tensor, target: torch.dtype) -> torch.Tensor:
+    d = v.to(_F64)
+    big = _overflow_value(target)
+    return torch.where(torch.isinf(d), torch.sign(d) * big, d)
+
+
+def _round_float(x: torch.Tensor, target: torch.dtype, mode: CastMode) -> torch.Tensor:
+    """Round float64 values to `target` (BF16/FP16/FP32) exactly once, with `mode`."""
+    view, sign_bit = _BITS[target]
+    y = x.to(target)  # within one step of x, possibly off by double rounding
+    yd = y.to(_F64)
+    other = _step(y, x > yd, view, sign_bit)
+    lo = torch.where(x > yd, y, other)
+    hi = torch.where(x > yd, other, y)
+    pick_hi = _pick_hi(x, lo, hi, target, mode, view)
+    out = torch.where(pick_hi, hi, lo)
+    return torch.where((x == yd) | torch.isnan(x), y, out)
+
+
+def _pick_hi(x, lo, hi, target, mode: CastMode, view) -> torch.Tensor:
+    """Whether `mode` picks the upper neighbour `hi` over `lo` (lo < x < hi)."""
+    if mode == CastMode.floor:
+        return torch.zeros_like(x, dtype=torch.bool)
+    if mode == CastMode.ceil:
+        return torch.ones_like(x, dtype=torch.bool)
+    if mode == CastMode.trunc:
+        return x < 0
+    d_lo = x - _as_f64(lo, target)
+    d_hi = _as_f64(hi, target) - x
+    if mode == CastMode.round:
+        tie_hi = x > 0
+    else:
+        hi_even = (hi.view(view) & 1) == 0
+        tie_hi = hi_even if mode in (CastMode.none, CastMode.rint) else ~hi_even
+    return (d_hi < d_lo) | ((d_hi == d_lo) & tie_hi)
+
+
+# ---------------------------------------------------------------------------------------------- scalars
+
+def _cast_scalar(v, dtype):
+    """C conversion of a Python number to a scalar of `dtype`."""
+    if dtype == D.BOOL:
+        return bool(v)
+    if dtype.is_float():
+        target = storage_dtype(dtype)
+        if target not in _BITS:
+            return float(torch.tensor(float(v), dtype=_F64).to(target).item())
+        return float(_round_float(torch.tensor([float(v)], dtype=_F64), target, CastMode.rint)[0].item())
+    if not dtype.is_int():
+        raise OpError(f"pl.cast: cannot convert a scalar to {dtype!r}")
+    if isinstance(v, numbers.Integral):
+        bits = dtype.bits
+        w = int(v) & ((1 << bits) - 1)
+        return w - (1 << bits) if dtype.is_signed_int() and w >= 1 << (bits - 1) else w
+    f = float(v)
+    if math.isnan(f):
+        return 0
+    lo, hi = int_range(dtype)
+    return lo if f <= lo else hi if f >= hi else math.trunc(f)

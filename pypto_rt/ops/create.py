@@ -1,0 +1,158 @@
+"""Creation and data movement: create_tensor/tile, full, arange, load/store, move, L1 row builds.
+
+Buffers the device leaves uninitialised (`create_tensor`, `create_tile`) are zeros here; no
+golden may depend on that.
+"""
+from __future__ import annotations
+
+import torch
+
+from pypto_rt.errors import OpError
+from pypto_rt.language.enums import AtomicType, MemorySpace, TensorLayout
+from pypto_rt.ops import dtype_rules
+from pypto_rt.ops.registry import not_supported, op, writes
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.ops.views import _ints, _window, _write_box
+
+
+def _shape(shape, opname):
+    shape = _ints(shape, "shape", opname)
+    if any(s < 0 for s in shape):
+        raise OpError(f"pl.{opname}: negative extent in shape {shape}")
+    return shape
+
+
+def _filled(shape, dtype, value, is_tile, opname):
+    dtype = dtype_rules.to_dtype(dtype)
+    data = torch.full(_shape(shape, opname), value, dtype=dtype_rules.storage_dtype(dtype))
+    return TensorValue(data, dtype, None, is_tile)
+
+
+@op("create_tensor", "tensor.create", "tensor.create_tensor")
+def create_tensor(shape, dtype, layout=TensorLayout.ND, manual_dep=False, init_value=None):
+    """A new tensor; zeros unless `init_value` is given."""
+    return _filled(shape, dtype, 0 if init_value is None else init_value, False, "create_tensor")
+
+
+@op("full", "tensor.full")
+def full(shape, dtype, value):
+    """A tensor of `shape` with every element `value` (a runtime scalar is fine)."""
+    return _filled(shape, dtype, value, False, "full")
+
+
+@op("tile.full")
+def tile_full(shape, dtype, value):
+    """A tile of `shape` with every element `value`."""
+    return _filled(shape, dtype, value, True, "tile.full")
+
+
+@op("create_tile", "tile.create", "tile.create_tile")
+def create_tile(shape, dtype, target_memory=MemorySpace.Vec, transpose=None, *, flat_layout=None):
+    """A scratch tile (zeros here; undefined on the device)."""
+    return _filled(shape, dtype, 0, True, "create_tile")
+
+
+@op("create_l1", "tile.create_l1")
+def create_l1(shape, dtype, transpose=False):
+    """An on-chip matmul operand buffer (zeros here)."""
+    return _filled(shape, dtype, 0, True, "create_l1")
+
+
+def _arange(start, shape, dtype, descending, is_tile, opname):
+    shape = _shape(shape, opname)
+    if any(s != 1 for s in shape[:-1]):
+        raise OpError(f"pl.{opname}: only the first row is generated; leading extents must be 1, got {shape}")
+    dtype = dtype_rules.to_dtype(dtype)
+    n = shape[-1]
+    steps = torch.arange(n, dtype=torch.int64)
+    vals = int(start) - steps if descending else int(start) + steps
+    if dtype.is_float():
+        vals = vals.double()
+    return TensorValue(vals.to(dtype_rules.storage_dtype(dtype)).reshape(shape), dtype, None, is_tile)
+
+
+@op("arange", "tensor.arange", "tensor.ci")
+def arange(start, shape, dtype=None, descending=False):
+    """`out[0, k] = start ± k` (default dtype INT32)."""
+    from pypto_rt.language.dtypes import INT32
+    return _arange(start, shape, dtype or INT32, descending, False, "arange")
+
+
+@op("tile.arange", "tile.ci")
+def tile_arange(start, shape, dtype=None, descending=False):
+    """Tile form of `pl.arange`."""
+    from pypto_rt.language.dtypes import INT32
+    return _arange(start, shape, dtype or INT32, descending, True, "tile.arange")
+
+
+@op("tri", "tile.tri")
+def tri(diagonal, shape, valid_shape=None, dtype=None, upper=False):
+    """1 where j <= i + diagonal (lower) or j >= i + diagonal (upper), else 0."""
+    from pypto_rt.language.dtypes import INT32
+    dtype = dtype_rules.to_dtype(dtype or INT32)
+    shape = _shape(shape, "tri")
+    i = torch.arange(shape[-2]).reshape(-1, 1)
+    j = torch.arange(shape[-1]).reshape(1, -1)
+    mask = (j >= i + int(diagonal)) if upper else (j <= i + int(diagonal))
+    data = mask.expand(shape).to(dtype_rules.storage_dtype(dtype)).clone()
+    return TensorValue(data, dtype, valid_shape, True)
+
+
+@op("expands", "tensor.expands", "tile.expands")
+def expands(target, scalar):
+    """A value shaped and typed like `target`, every element `scalar`."""
+    return TensorValue(torch.full(target.shape, scalar, dtype=target.data.dtype), target.dtype, None, target.is_tile)
+
+
+@op("expand_clone", "tensor.expand_clone", "tile.expand_clone")
+def expand_clone(src, target):
+    """`src` broadcast to `target`'s shape (a copy)."""
+    try:
+        data = src.data.expand(target.shape).clone()
+    except RuntimeError:
+        raise OpError(f"pl.expand_clone: {list(src.shape)} does not broadcast to {list(target.shape)}") from None
+    return TensorValue(data, src.dtype, None, src.is_tile)
+
+
+@op("load", "tile.load")
+def load(tensor, offsets, shapes, valid_shape=None, target_memory=MemorySpace.Vec, clamp=False):
+    """Copy a window of `tensor` into a tile (offsets before shapes); outside the valid box is zero."""
+    win = _window(tensor, shapes, offsets, "load")
+    valid = win.valid_shape
+    if valid_shape is not None:
+        valid = tuple(min(a, int(b)) for a, b in zip(valid, valid_shape))
+    data = torch.zeros(win.shape, dtype=win.data.dtype)
+    data[tuple(slice(0, v) for v in valid)] = win.data[tuple(slice(0, v) for v in valid)]
+    return TensorValue(data, tensor.dtype, valid, True)
+
+
+@writes("output_tensor")
+@op("store", "tile.store")
+def store(tile, offsets, output_tensor, shapes=None, *, atomic=AtomicType.None_):
+    """Write the tile's valid box into `output_tensor` at `offsets` (in place); returns the tensor."""
+    _write_box(output_tensor, tile, offsets, "pl.store", atomic)
+    return output_tensor
+
+
+@op("move", "tile.move")
+def move(tile, target_memory=None, blayout=None, slayout=None):
+    """Move between on-chip memories: an identity here."""
+    return tile
+
+
+@writes("acc")
+@op("gather_row", "tile.gather_row", "tensor.gather_row")
+def gather_row(acc, src, dst_offset, src_offset, shapes, transpose=False, *, valid_shape=None):
+    """`acc[dst window] = src[src window]` in place (transpose places a [r, c] window as [c, r])."""
+    shapes = _shape(shapes, "gather_row")
+    piece = _window(src, shapes, src_offset, "gather_row")
+    if valid_shape is not None:
+        piece = TensorValue(piece.data, piece.dtype, tuple(min(a, int(b)) for a, b in zip(piece.valid_shape,
+                                                                                          valid_shape)), True)
+    if transpose:
+        piece = TensorValue(piece.data.mT, piece.dtype, tuple(reversed(piece.valid_shape)), True)
+    _write_box(acc, piece, dst_offset, "pl.gather_row", AtomicType.None_)
+    return acc
+
+
+not_supported("random", "tile.random", why="counter-based RNG; no bit-exact CPU model")

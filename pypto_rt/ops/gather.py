@@ -1,0 +1,466 @@
+"""Gather and scatter: `pl.gather` (index, mask and compare forms), `pl.tile.gather` (flat indices),
+`pl.scatter` (index and mask forms), `pl.scatter_update`, `pl.mscatter`, `pl.gatherb`, `pl.mgather`
+and `pl.paged_gather`. Index forms read only the index's valid box and raise OpError for an index
+outside the source; the result of an index gather carries the index's valid box. Mask forms select
+columns by `MaskPattern` (bit k of the pattern keeps columns congruent to k mod 4) and their
+`output_dtype=` is a bit reinterpretation of the same byte width (how top-k reads the uint32 index
+lanes of a sort32 pair row), never a numeric conversion. Duplicate destinations of a scatter are
+resolved deterministically: the last writer in row-major order wins. Compare form (an assumption
+from the compiler's type rules, never seen in kernels): `cmp_mode` 0..5 = eq, ne, lt, le, gt, ge;
+per row, the columns whose valid element satisfies `x <cmp> kvalue`, in ascending order plus
+`offset`, fill `dst[r, :out_cols]` (zeros after), and `counts[0, r]` is the total number of matches.
+"""
+from __future__ import annotations
+
+import torch
+
+from pypto_rt.errors import OpError
+from pypto_rt.language import dtypes as D
+from pypto_rt.ops.dtype_rules import storage_dtype, to_dtype
+from pypto_rt.ops.registry import op
+from pypto_rt.ops.value import TensorValue, valid_mask
+
+# MaskPattern value -> (first column, stride).
+_PATTERNS = {1: (0, 2), 2: (1, 2), 3: (0, 4), 4: (1, 4), 5: (2, 4), 6: (3, 4), 7: (0, 1)}
+_RAW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_CMP = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
+_CMP_NAMES = ("eq", "ne", "lt", "le", "gt", "ge")
+_OOB_MODES = ("undefined", "clamp", "wrap", "zero")
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def _shape(v) -> list[int]:
+    return list(v.shape)
+
+
+def _check_value(name: str, arg: str, v) -> None:
+    if not isinstance(v, TensorValue):
+        raise OpError(f"pl.{name}: `{arg}` must be a tensor or tile, got {type(v).__name__}")
+
+
+def _check_index(name: str, idx: TensorValue) -> None:
+    if idx.dtype.is_float() or idx.dtype == D.BOOL:
+        raise OpError(f"pl.{name}: indices must be an integer tensor (INT32), got {idx.dtype!r} "
+                      f"{_shape(idx)}; pl.cast them to pl.INT32 first")
+
+
+def _raw_bits(data: torch.Tensor, dtype) -> torch.Tensor:
+    """The bit patterns of `data` as a signed integer tensor of the pl dtype's byte width."""
+    width = dtype.get_byte()
+    raw = _RAW[width]
+    if data.dtype == torch.bool:
+        return data.to(torch.int8)
+    if data.element_size() == width:
+        return data.view(raw)
+    half = 1 << (8 * width - 1)  # UINT16/UINT32 live in wider storage: wrap to the narrow pattern
+    low = data.to(torch.int64) & ((half << 1) - 1)
+    return torch.where(low >= half, low - (half << 1), low).to(raw)
+
+
+def _from_raw_bits(raw: torch.Tensor, dtype) -> torch.Tensor:
+    """Inverse of `_raw_bits`: storage tensor of `dtype` holding these bit patterns."""
+    store = storage_dtype(dtype)
+    if store == torch.bool:
+        return raw != 0
+    if torch.empty((), dtype=store).element_size() == raw.element_size():
+        return raw.view(store)
+    return raw.to(torch.int64).to(store) & ((1 << (8 * raw.element_size())) - 1)
+
+
+def _index_long(name: str, idx: TensorValue) -> torch.Tensor:
+    """Index values as int64; entries outside the index's valid box are replaced by 0."""
+    _check_index(name, idx)
+    data = idx.data.to(torch.int64)
+    if idx.dtype == D.UINT32:
+        data = data & 0xFFFFFFFF
+    mask = valid_mask(idx)
+    return data if mask is None else torch.where(mask, data, 0)
+
+
+def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str) -> None:
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= bound):
+        bad = index[(index < 0) | (index >= bound)][0]
+        raise OpError(f"pl.{name}: index {int(bad)} is outside {what} (valid range 0..{bound - 1})")
+
+
+def _last_writers(targets: torch.Tensor) -> torch.Tensor:
+    """Positions (into flat `targets`) of the last write to each distinct target."""
+    order = torch.sort(targets, stable=True).indices
+    ordered = targets[order]
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    keep[:-1] = ordered[:-1] != ordered[1:]
+    return order[keep]
+
+
+def _write_flat(name: str, out: TensorValue, targets: torch.Tensor, values: torch.Tensor) -> None:
+    """out.flat[targets] = values in place (works on non-contiguous views); last write wins."""
+    _check_bounds(name, targets, out.data.numel(), f"the destination {_shape(out)} ({out.data.numel()} elements)")
+    pick = _last_writers(targets)
+    coords = torch.unravel_index(targets[pick], out.shape) if out.ndim else ()
+    out.data[coords] = values[pick].to(out.data.dtype)
+
+
+def _pattern(name: str, mask_pattern) -> tuple[int, int]:
+    try:
+        return _PATTERNS[int(mask_pattern)]
+    except (KeyError, TypeError, ValueError):
+        raise OpError(f"pl.{name}: mask_pattern must be a pl.tile.MaskPattern (1..7), got {mask_pattern!r}") from None
+
+
+def _selected_count(extent: int, first: int, step: int) -> int:
+    return max(0, (extent - first + step - 1) // step)
+
+
+# ------------------------------------------------------------------------------- gather: 3 forms
+def _gather_index(name: str, x: TensorValue, dim, index: TensorValue) -> TensorValue:
+    _check_value(name, "index", index)
+    if index.ndim != x.ndim:
+        raise OpError(f"pl.{name}: index rank {index.ndim} {_shape(index)} must equal input rank "
+                      f"{x.ndim} {_shape(x)}")
+    axis = int(dim) + x.ndim if int(dim) < 0 else int(dim)
+    if not 0 <= axis < x.ndim:
+        raise OpError(f"pl.{name}: dim={dim} is out of range for input {_shape(x)}")
+    for d in range(x.ndim):
+        if d != axis and index.shape[d] > x.shape[d]:
+            raise OpError(f"pl.{name}: index {_shape(index)} is larger than input {_shape(x)} on axis {d}")
+    idx = _index_long(name, index)
+    _check_bounds(name, idx, x.shape[axis], f"axis {axis} of the input {_shape(x)}")
+    out = torch.gather(x.data, axis, idx)
+    return TensorValue(out, x.dtype, index.valid, x.is_tile)
+
+
+def _gather_mask(name: str, x: TensorValue, mask_pattern, output_dtype) -> TensorValue:
+    first, step = _pattern(name, mask_pattern)
+    out_dt = x.dtype if output_dtype is None else to_dtype(output_dtype)
+    if out_dt.get_byte() != x.dtype.get_byte():
+        raise OpError(f"pl.{name}: output_dtype {out_dt!r} reinterprets the bits of {x.dtype!r}, so it must have "
+                      f"the same byte width ({x.dtype.get_byte()}); use pl.cast for a numeric conversion")
+    if x.ndim < 1:
+        raise OpError(f"pl.{name}: mask form needs at least one axis, got a scalar tensor")
+    cols = x.data[..., first::step]
+    data = cols.clone() if out_dt == x.dtype else _from_raw_bits(_raw_bits(cols, x.dtype), out_dt).clone()
+    valid = None
+    if x.valid is not None:
+        valid = x.valid[:-1] + (_selected_count(x.valid[-1], first, step),)
+    return TensorValue(data, out_dt, valid, x.is_tile)
+
+
+def _cmp_mode(name: str, cmp_mode) -> str:
+    if isinstance(cmp_mode, str) and cmp_mode in _CMP:
+        return cmp_mode
+    if isinstance(cmp_mode, int) and not isinstance(cmp_mode, bool) and 0 <= cmp_mode < len(_CMP_NAMES):
+        return _CMP_NAMES[cmp_mode]
+    raise OpError(f"pl.{name}: cmp_mode must be one of {list(_CMP_NAMES)} or 0..5, got {cmp_mode!r}")
+
+
+def _gather_compare(name: str, x: TensorValue, kvalue, cmp_mode, out_cols, offset, count_dtype):
+    mode = _cmp_mode(name, cmp_mode)
+    if x.ndim != 2:
+        raise OpError(f"pl.{name}: compare form needs a 2-D input, got {_shape(x)}")
+    if not isinstance(out_cols, int) or out_cols <= 0:
+        raise OpError(f"pl.{name}: compare form needs out_cols > 0, got {out_cols!r}")
+    cdt = D.INT32 if count_dtype is None else to_dtype(count_dtype)
+    if cdt not in (D.INT32, D.UINT32):
+        raise OpError(f"pl.{name}: count_dtype must be pl.INT32 or pl.UINT32, got {cdt!r}")
+    if isinstance(kvalue, TensorValue):
+        kvalue = kvalue.data.reshape(-1)[0].item()
+    threshold = torch.tensor(kvalue).to(x.data.dtype)
+    hits = _CMP[mode](x.data, threshold)
+    mask = valid_mask(x)
+    if mask is not None:
+        hits = hits & mask
+    rows, width = x.shape
+    cols = torch.arange(width).expand(rows, width)
+    # Stable sort puts matching columns first, in ascending column order.
+    order = torch.sort((~hits).to(torch.int8), dim=-1, stable=True).indices
+    counts = hits.sum(-1)
+    take = min(out_cols, width)
+    dst = torch.zeros(rows, out_cols, dtype=torch.int32)
+    found = torch.gather(cols, 1, order[:, :take]) + int(offset)
+    keep = torch.arange(take).expand(rows, take) < counts.unsqueeze(1)
+    dst[:, :take] = torch.where(keep, found, 0).to(torch.int32)
+    cnt = counts.reshape(1, rows).to(storage_dtype(cdt))
+    return TensorValue(dst, D.INT32, None, x.is_tile), TensorValue(cnt, cdt, None, x.is_tile)
+
+
+@op("gather", "tensor.gather")
+def gather(input, dim=None, index=None, *, mask_pattern=None, output_dtype=None, kvalue=None, cmp_mode=None,
+           out_cols=None, offset=0, count_dtype=None):
+    """Index form `gather(x, dim=-1, index=idx)`, mask form `gather(x, mask_pattern=P)` or compare form
+    `gather(x, kvalue=, cmp_mode=, out_cols=)` (returns (indices, counts))."""
+    _check_value("gather", "input", input)
+    forms = [f for f, on in (("index (dim=, index=)", dim is not None or index is not None),
+                             ("mask (mask_pattern=)", mask_pattern is not None or output_dtype is not None),
+                             ("compare (kvalue=, cmp_mode=, out_cols=)",
+                              kvalue is not None or cmp_mode is not None or out_cols is not None)) if on]
+    if len(forms) != 1:
+        raise OpError("pl.gather: pass exactly one form: index (dim=-1, index=idx), mask (mask_pattern=P) "
+                      f"or compare (kvalue=, cmp_mode=, out_cols=); got {forms or 'none'}")
+    if forms[0].startswith("index"):
+        if index is None:
+            raise OpError(f"pl.gather: index form needs index=, got only dim={dim} for input {_shape(input)}")
+        return _gather_index("gather", input, -1 if dim is None else dim, index)
+    if forms[0].startswith("mask"):
+        if mask_pattern is None:
+            raise OpError("pl.gather: output_dtype= belongs to the mask form; pass mask_pattern= too")
+        return _gather_mask("gather", input, mask_pattern, output_dtype)
+    if kvalue is None or cmp_mode is None or out_cols is None:
+        raise OpError("pl.gather: compare form needs all of kvalue=, cmp_mode= and out_cols=")
+    return _gather_compare("gather", input, kvalue, cmp_mode, out_cols, offset, count_dtype)
+
+
+@op("tile.gather")
+def tile_gather(src, indices=None, tmp=None, *, mask_pattern=None, output_dtype=None):
+    """`dst[i, j] = src.flat[indices[i, j]]` (flat indices); with mask_pattern= the mask form."""
+    _check_value("tile.gather", "src", src)
+    if mask_pattern is not None:
+        if indices is not None:
+            raise OpError("pl.tile.gather: pass either indices or mask_pattern=, not both")
+        return _gather_mask("tile.gather", src, mask_pattern, output_dtype)
+    if indices is None:
+        raise OpError(f"pl.tile.gather: needs an index tile (flat indices into src {_shape(src)}) or mask_pattern=")
+    _check_value("tile.gather", "indices", indices)
+    idx = _index_long("tile.gather", indices)
+    flat = src.data.reshape(-1)
+    _check_bounds("tile.gather", idx, flat.numel(), f"the source {_shape(src)} ({flat.numel()} elements)")
+    return TensorValue(flat[idx], src.dtype, indices.valid, src.is_tile or indices.is_tile)
+
+
+@op("tile.gather_mask")
+def tile_gather_mask(src, mask_pattern, *, output_dtype=None):
+    """Mask-form gather at tile level."""
+    _check_value("tile.gather_mask", "src", src)
+    return _gather_mask("tile.gather_mask", src, mask_pattern, output_dtype)
+
+
+@op("tile.gather_compare")
+def tile_gather_compare(src, kvalue, tmp=None, *, cmp_mode="eq", offset=0, out_cols=None, count_dtype=None):
+    """Compare-form gather at tile level: returns (indices [rows, out_cols] INT32, counts [1, rows])."""
+    _check_value("tile.gather_compare", "src", src)
+    return _gather_compare("tile.gather_compare", src, kvalue, cmp_mode, out_cols, offset, count_dtype)
+
+
+# ---------------------------------------------------------------------------------------- scatter
+def _scatter_mask(name: str, src: TensorValue, mask_pattern, dst: TensorValue) -> TensorValue:
+    _check_value(name, "dst", dst)
+    first, step = _pattern(name, mask_pattern)
+    target = dst.data[..., first::step]
+    if tuple(target.shape) != src.shape:
+        raise OpError(f"pl.{name}: src {_shape(src)} does not fit the {list(target.shape)} columns that "
+                      f"mask_pattern {int(mask_pattern)} selects in dst {_shape(dst)}")
+    target.copy_(src.data)
+    return dst
+
+
+def _scatter_index(name: str, x: TensorValue, dim, index: TensorValue, src: TensorValue) -> TensorValue:
+    _check_value(name, "index", index)
+    _check_value(name, "src", src)
+    if x.ndim != 2 or index.shape != src.shape or index.ndim != 2 or index.shape[0] > x.shape[0]:
+        raise OpError(f"pl.{name}: index form needs a 2-D input [rows, S] and index/src of one shape [rows, K], "
+                      f"got input {_shape(x)}, index {_shape(index)}, src {_shape(src)}")
+    if int(dim) not in (-1, 1):
+        raise OpError(f"pl.{name}: index form scatters along dim=-1 only, got dim={dim}")
+    idx = _index_long(name, index)
+    _check_bounds(name, idx, x.shape[1], f"the {x.shape[1]} columns of the input {_shape(x)}")
+    mask = valid_mask(index)
+    live = torch.ones_like(idx, dtype=torch.bool) if mask is None else mask.expand(idx.shape)
+    rows = torch.arange(idx.shape[0]).unsqueeze(1).expand(idx.shape)
+    out = TensorValue(x.data.clone(), x.dtype, x.valid, x.is_tile)
+    _write_flat(name, out, (rows * x.shape[1] + idx)[live], src.data[live])
+    return out
+
+
+@op("scatter", "tensor.scatter")
+def scatter(input, dim=None, index=None, src=None, *, mask_pattern=None, dst=None):
+    """Index form `scatter(x, dim=-1, index=idx, src=s)` -> copy of x with out[b, idx[b,k]] = s[b,k];
+    mask form `scatter(src, mask_pattern=P, dst=buf)` writes src into P's columns of buf in place, returns buf."""
+    _check_value("scatter", "input", input)
+    is_index = dim is not None or index is not None or src is not None
+    is_mask = mask_pattern is not None or dst is not None
+    if is_index == is_mask:
+        raise OpError("pl.scatter: pass exactly one form: index (dim=-1, index=idx, src=s) or mask "
+                      "(mask_pattern=P, dst=buf)")
+    if is_mask:
+        if mask_pattern is None or dst is None:
+            raise OpError("pl.scatter: mask form needs both mask_pattern= and dst=")
+        return _scatter_mask("scatter", input, mask_pattern, dst)
+    if index is None or src is None:
+        raise OpError("pl.scatter: index form needs index= and src=")
+    return _scatter_index("scatter", input, -1 if dim is None else dim, index, src)
+
+
+@op("tile.scatter")
+def tile_scatter(dst, src, indexes):
+    """`dst.flat[indexes[i, j]] = src[i, j]` in place; returns dst."""
+    for arg, v in (("dst", dst), ("src", src), ("indexes", indexes)):
+        _check_value("tile.scatter", arg, v)
+    if indexes.shape != src.shape:
+        raise OpError(f"pl.tile.scatter: indexes {_shape(indexes)} must have the shape of src {_shape(src)}")
+    live = valid_mask(indexes)
+    live = torch.ones(src.shape, dtype=torch.bool) if live is None else live.expand(src.shape)
+    _write_flat("tile.scatter", dst, _index_long("tile.scatter", indexes)[live], src.data[live])
+    return dst
+
+
+@op("tile.scatter_mask")
+def tile_scatter_mask(dst, src, mask_pattern):
+    """Write src into the mask-selected columns of dst in place; returns dst."""
+    _check_value("tile.scatter_mask", "src", src)
+    return _scatter_mask("tile.scatter_mask", src, mask_pattern, dst)
+
+
+@op("mscatter", "tile.mscatter")
+def mscatter(src, idx, output_tensor):
+    """`output_tensor.flat[idx[i, j]] = src[i, j]` in place over src's valid box; returns output_tensor."""
+    for arg, v in (("src", src), ("idx", idx), ("output_tensor", output_tensor)):
+        _check_value("mscatter", arg, v)
+    if idx.shape != src.shape:
+        raise OpError(f"pl.mscatter: idx {_shape(idx)} must have the shape of src {_shape(src)}")
+    live = torch.ones(src.shape, dtype=torch.bool)
+    for v in (src, idx):
+        m = valid_mask(v)
+        live = live if m is None else live & m
+    _write_flat("mscatter", output_tensor, _index_long("mscatter", idx)[live], src.data[live])
+    return output_tensor
+
+
+def _scatter_update_args(args, kwargs):
+    """Accept (dim, index, src), (index, src, dim=) and (dim, index=, src=)."""
+    names = ["dim", "index", "src"] if args and not isinstance(args[0], TensorValue) else ["index", "src", "dim"]
+    if len(args) > 3:
+        raise OpError("pl.scatter_update: takes (input, dim, index, src)")
+    got = dict(zip(names, args))
+    for key, val in kwargs.items():
+        if key not in ("dim", "index", "src") or key in got:
+            raise OpError(f"pl.scatter_update: unexpected or repeated argument {key!r}")
+        got[key] = val
+    if "index" not in got or "src" not in got:
+        raise OpError("pl.scatter_update: needs index and src (pl.scatter_update(input, dim, index, src))")
+    return got["index"], got["src"]
+
+
+@op("scatter_update", "tensor.scatter_update", "tile.scatter_update")
+def scatter_update(input, *args, **kwargs):
+    """Row scatter in place: row index.flat[n] of input ([rows, d] or paged [blocks, bs, 1, d]) <- src row n."""
+    index, src = _scatter_update_args(args, kwargs)
+    for arg, v in (("input", input), ("index", index), ("src", src)):
+        _check_value("scatter_update", arg, v)
+    if input.ndim not in (2, 4) or (input.ndim == 4 and input.shape[2] != 1):
+        raise OpError(f"pl.scatter_update: input must be [rows, d] or [blocks, block_size, 1, d], got {_shape(input)}")
+    d = input.shape[-1]
+    rows = src.data.reshape(-1, d) if src.shape and src.shape[-1] == d else None
+    idx = _index_long("scatter_update", index).reshape(-1)
+    if rows is None or rows.shape[0] != idx.numel():
+        raise OpError(f"pl.scatter_update: src {_shape(src)} must hold one row of width {d} per index entry "
+                      f"(index {_shape(index)} has {idx.numel()})")
+    n_rows = input.data.numel() // d
+    _check_bounds("scatter_update", idx, n_rows, f"the {n_rows} rows of input {_shape(input)}")
+    pick = _last_writers(idx)
+    target = idx[pick]
+    if input.ndim == 2:
+        input.data[target] = rows[pick].to(input.data.dtype)
+    else:
+        bs = input.shape[1]
+        input.data[target // bs, target % bs, 0] = rows[pick].to(input.data.dtype)
+    return input
+
+
+# ---------------------------------------------------------------------- block / memory gathers
+@op("gatherb", "tile.gatherb")
+def gatherb(src, offset, *, output_dtype=None):
+    """Copy one 32-byte block of src per UINT32 byte offset: out row r, block b <- src bytes[off:off+32]."""
+    _check_value("gatherb", "src", src)
+    _check_value("gatherb", "offset", offset)
+    out_dt = src.dtype if output_dtype is None else to_dtype(output_dtype)
+    if offset.ndim != 2:
+        raise OpError(f"pl.gatherb: offset must be a 2-D [rows, blocks] tile of byte offsets, got {_shape(offset)}")
+    per_block = 32 // out_dt.get_byte()
+    src_bytes = _raw_bits(src.data.contiguous(), src.dtype).contiguous().view(torch.uint8).reshape(-1)
+    offs = _index_long("gatherb", offset)
+    _check_bounds("gatherb", offs, src_bytes.numel() - 31, f"the {src_bytes.numel()}-byte source {_shape(src)}")
+    rows, blocks = offset.shape
+    picked = src_bytes[offs.unsqueeze(-1) + torch.arange(32)]  # [rows, blocks, 32]
+    mask = valid_mask(offset)
+    if mask is not None:
+        picked = torch.where(mask.unsqueeze(-1), picked, 0)
+    raw = picked.reshape(rows, blocks * 32).view(_RAW[out_dt.get_byte()])
+    valid = None if offset.valid is None else (offset.valid[0], offset.valid[1] * per_block)
+    return TensorValue(_from_raw_bits(raw, out_dt), out_dt, valid, src.is_tile or offset.is_tile)
+
+
+def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply gather_oob; returns (in-range indices, mask of entries to keep)."""
+    mode = _OOB_MODES[mode] if isinstance(mode, int) and 0 <= mode < 4 else mode
+    if mode not in _OOB_MODES:
+        raise OpError(f"pl.{name}: gather_oob must be one of {list(_OOB_MODES)} or 0..3, got {mode!r}")
+    if mode == "undefined":
+        _check_bounds(name, idx, bound, f"the {bound} gatherable entries (pass gather_oob= to allow it)")
+        return idx, torch.ones_like(idx, dtype=torch.bool)
+    if mode == "clamp":
+        return idx.clamp(0, bound - 1), torch.ones_like(idx, dtype=torch.bool)
+    if mode == "wrap":
+        return idx.remainder(bound), torch.ones_like(idx, dtype=torch.bool)
+    keep = idx < bound
+    return torch.where(keep, idx, 0), keep
+
+
+@op("mgather", "tile.mgather")
+def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=None, scratch=None,
+            valid_shape=None):
+    """Gather-load from a tensor: coalesce="row" -> out[i, :] = mem[idx.flat[i], :]; "elem" -> out = mem.flat[idx].
+    Indices are read as uint32; entries outside idx's valid box give zero rows/elements."""
+    _check_value("mgather", "mem", mem)
+    _check_value("mgather", "idx", idx)
+    mode = {0: "row", 1: "elem"}.get(coalesce, coalesce)
+    if mode not in ("row", "elem"):
+        raise OpError(f"pl.mgather: coalesce must be 'row' or 'elem', got {coalesce!r}")
+    if idx.ndim != 2 or (mode == "row" and mem.ndim != 2) or (mode == "row" and 1 not in idx.shape):
+        raise OpError(f"pl.mgather: needs a 2-D index ([1, n] or [n, 1] for row mode) and, for row mode, a 2-D mem; "
+                      f"got mem {_shape(mem)}, idx {_shape(idx)}")
+    live = valid_mask(idx)
+    live = torch.ones(idx.shape, dtype=torch.bool) if live is None else live.expand(idx.shape)
+    raw = idx.data.to(torch.int64) & 0xFFFFFFFF
+    if mode == "row":
+        table, raw, live = mem.data, raw.reshape(-1), live.reshape(-1)
+        valid = (int(live.sum()), mem.shape[1])
+    else:
+        table, valid = mem.data.reshape(-1), idx.valid
+    pos, keep = _oob("mgather", torch.where(live, raw, 0), table.shape[0], gather_oob)
+    keep = keep & live
+    out = table[pos]
+    out = torch.where(keep.reshape(keep.shape + (1,) * (out.ndim - keep.ndim)), out, torch.zeros((), dtype=out.dtype))
+    if valid_shape is not None:
+        valid = tuple(min(int(a), int(b)) for a, b in zip(valid or out.shape, valid_shape))
+    result = TensorValue(out, mem.dtype, valid, True)
+    mask = valid_mask(result)
+    if mask is not None:
+        result.data = torch.where(mask, out, torch.zeros((), dtype=out.dtype))
+    return result
+
+
+@op("paged_gather", "tensor.paged_gather", "tile.paged_gather")
+def paged_gather(src, indices, block_table, block_size, size, max_indices, *, space=None, col_off=0,
+                 is_trans=False, is_b_matrix=False):
+    """Rows phys = table[idx // bs] * bs + idx % bs of a 2-D pool; result [max_indices, size] (transposed with
+    is_trans), zero beyond the given indices."""
+    for arg, v in (("src", src), ("indices", indices), ("block_table", block_table)):
+        _check_value("paged_gather", arg, v)
+    if src.ndim != 2 or indices.ndim not in (1, 2) or (indices.ndim == 2 and indices.shape[0] != 1):
+        raise OpError(f"pl.paged_gather: needs a 2-D src and indices [n] or [1, n], got src {_shape(src)}, "
+                      f"indices {_shape(indices)}")
+    bs, size, max_indices, col_off = int(block_size), int(size), int(max_indices), int(col_off)
+    if bs <= 0 or size <= 0 or col_off < 0 or col_off + size > src.shape[1]:
+        raise OpError(f"pl.paged_gather: block_size={bs}, size={size}, col_off={col_off} do not fit src {_shape(src)}")
+    idx = _index_long("paged_gather", indices).reshape(-1)[: indices.valid_shape[-1]]
+    if idx.numel() > max_indices:
+        raise OpError(f"pl.paged_gather: {idx.numel()} indices exceed max_indices={max_indices}")
+    table = _index_long("paged_gather", block_table).reshape(-1)
+    _check_bounds("paged_gather", idx // bs, table.numel(), f"the block table {_shape(block_table)}")
+    phys = table[idx // bs] * bs + idx % bs
+    _check_bounds("paged_gather", phys, src.shape[0], f"the {src.shape[0]} rows of src {_shape(src)}")
+    out = torch.zeros(max_indices, size, dtype=src.data.dtype)
+    out[: idx.numel()] = src.data[phys, col_off:col_off + size]
+    valid = (idx.numel(), size)
+    if is_trans:
+        out, valid = out.t().contiguous(), (size, idx.numel())
+    return TensorValue(out, src.dtype, valid, src.is_tile)

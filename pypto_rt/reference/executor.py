@@ -1,0 +1,190 @@
+"""The reference executor: runs a kernel's Python body eagerly, in program order, on the op library.
+
+It is the semantic oracle every other executor is checked against (like Triton's interpreter).
+Loops iterate in order, `pl.parallel` iterations and spmd blocks run one after another, and
+scheduling hints (`deps=`, scopes, task_dummy, prefetch) are genuine no-ops: sequential program
+order is a legal schedule of every task graph.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from pypto_rt.errors import DSLError, NotSupportedError, OpError, PyptoError, UnknownOpError, user_span
+from pypto_rt.language.enums import SplitMode
+from pypto_rt.language.scopes import Loop, Spmd
+from pypto_rt.ops import OPS
+from pypto_rt.ops.registry import IN_PLACE_TARGETS
+from pypto_rt.ops.system import TaskToken
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.reference.rewrite import rewrite_spmd_with
+
+_SIGNATURES: dict[str, inspect.Signature] = {}
+_TORCH_ERRORS = (RuntimeError, TypeError, ValueError, IndexError)
+
+
+@dataclass
+class _Carried:
+    values: tuple
+
+
+class ReferenceExecutor:
+    """Eager, single-threaded execution of one entry call."""
+
+    def __init__(self, binding):
+        self.binding = binding
+        self.block_idx = 0
+        self.block_num = 1
+        self.subblock_idx = 0
+        self.carried: list[_Carried] = []
+        self.intrinsics = {
+            "get_block_idx": self._block_idx, "tile.get_block_idx": self._block_idx,
+            "tensor.get_block_idx": self._block_idx, "get_block_num": self._block_num,
+            "tile.get_block_num": self._block_num, "tensor.get_block_num": self._block_num,
+            "get_subblock_idx": self._subblock_idx, "tile.get_subblock_idx": self._subblock_idx,
+            "submit": self._submit, "spmd_submit": self._spmd_submit, "system.syncall": self._syncall,
+        }
+
+    # -- entry -----------------------------------------------------------------------------------
+    def run_entry(self, kernel):
+        return self.call_kernel(kernel, tuple(self.binding.values), {})
+
+    def call_kernel(self, kernel, args, kwargs):
+        if kernel.kind == "extern":
+            raise NotSupportedError(f"not supported yet: @pl.jit.extern kernel {kernel.name} (hand-written device "
+                                    "C++ cannot run on the CPU)", user_span())
+        if "device" in kwargs:
+            raise NotSupportedError(f"not supported yet: dispatching {kernel.name} with device= (multi-rank host "
+                                    "programs come with the multi-rank runtime)", user_span())
+        fn = kernel.cache.get("reference")
+        if fn is None:
+            fn = rewrite_spmd_with(kernel.fn) or kernel.fn
+            kernel.cache["reference"] = fn
+        return fn(*args, **kwargs)
+
+    # -- ops -------------------------------------------------------------------------------------
+    def call_op(self, name, args, kwargs):
+        impl = self.intrinsics.get(name) or OPS.get(name)
+        if impl is None:
+            raise UnknownOpError(f"unknown op pl.{name}", user_span())
+        sig = _SIGNATURES.get(name)
+        if sig is None:
+            sig = _SIGNATURES[name] = inspect.signature(impl)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise OpError(f"pl.{name}: {e}", user_span(), f"the signature is pl.{name}{sig}") from None
+        target = IN_PLACE_TARGETS.get(name)
+        if target is not None:
+            self._check_writable(name, bound.arguments.get(target))
+        try:
+            return impl(*args, **kwargs)
+        except PyptoError as e:
+            raise e.at(user_span()) from None
+        except _TORCH_ERRORS as e:
+            raise OpError(f"pl.{name} failed on ({_describe(args)}): {e}", user_span()) from e
+
+    def _check_writable(self, name, target):
+        if not isinstance(target, TensorValue) or not self.binding.readonly:
+            return
+        param = self.binding.readonly.get(target.data.untyped_storage().data_ptr())
+        if param is not None:
+            what = "subscript assignment" if name == "__setitem__" else f"pl.{name}"
+            raise DSLError(f"{what} writes into '{param}', an In parameter of the kernel", user_span(),
+                           f"annotate '{param}' as pl.Out[pl.Tensor[...]] (or pl.InOut[...] if the kernel also "
+                           "reads it); on the device writes to an In tensor are lost")
+
+    # -- loops and scopes ------------------------------------------------------------------------
+    def iterate(self, loop):
+        if isinstance(loop, Spmd):
+            return self._spmd_blocks(loop)
+        if loop.kind == "split_aiv":
+            return self._aiv_lanes(loop)
+        try:
+            bounds = range(int(loop.start), int(loop.stop), int(loop.step))
+        except (TypeError, ValueError):
+            raise DSLError(f"pl.{loop.kind} bounds must be integers, got ({loop.start!r}, {loop.stop!r}, "
+                           f"{loop.step!r})", loop.span) from None
+        if loop.init_values is None:
+            return iter(bounds)
+        return self._carried_loop(bounds, loop.init_values)
+
+    def _carried_loop(self, bounds, init_values):
+        state = _Carried(tuple(init_values))
+        self.carried.append(state)
+        try:
+            for i in bounds:
+                yield i, state.values
+        finally:
+            self.carried.remove(state)
+
+    def _spmd_blocks(self, dispatch: Spmd):
+        n = int(dispatch.core_num)
+        saved = self.block_idx, self.block_num
+        try:
+            for b in range(n):
+                self.block_idx, self.block_num = b, n
+                yield b
+        finally:
+            self.block_idx, self.block_num = saved
+
+    def _aiv_lanes(self, loop: Loop):
+        lanes = range(int(loop.stop)) if loop.mode in (None, SplitMode.NONE) else range(1)
+        saved = self.subblock_idx
+        try:
+            for lane in lanes:
+                self.subblock_idx = lane
+                yield lane
+        finally:
+            self.subblock_idx = saved
+
+    def yield_(self, values):
+        if self.carried:
+            self.carried[-1].values = tuple(values)
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def enter_scope(self, scope):
+        return TaskToken(getattr(scope, "name_hint", "") or "")
+
+    def exit_scope(self, scope, failed):
+        return None
+
+    def bind_dynamic(self, value, dim, var):
+        extent = value.shape[int(dim)]
+        seen = self.binding.dyn.setdefault(var, extent)
+        if seen != extent:
+            raise DSLError(f"bind_dynamic: axis {dim} is {extent} but {getattr(var, 'name', var)} is already {seen}",
+                           user_span())
+
+    # -- intrinsics: executor state --------------------------------------------------------------
+    def _block_idx(self):
+        return self.block_idx
+
+    def _block_num(self):
+        return self.block_num
+
+    def _subblock_idx(self):
+        return self.subblock_idx
+
+    def _submit(self, kernel, *args, deps=None, **kwargs):
+        return self.call_kernel(kernel, args, kwargs), TaskToken("submit")
+
+    def _spmd_submit(self, kernel, *args, core_num=1, deps=None, **kwargs):
+        result = None
+        saved = self.block_idx, self.block_num
+        try:
+            for b in range(int(core_num)):
+                self.block_idx, self.block_num = b, int(core_num)
+                result = self.call_kernel(kernel, args, kwargs)
+        finally:
+            self.block_idx, self.block_num = saved
+        return result, TaskToken("spmd_submit")
+
+    def _syncall(self, *args, **kwargs):
+        raise NotSupportedError("not supported yet: pl.system.syncall (a barrier between concurrently running spmd "
+                                "blocks; the reference executor runs blocks one after another)", user_span())
+
+
+def _describe(args) -> str:
+    return ", ".join(repr(a) if isinstance(a, TensorValue) else type(a).__name__ if not isinstance(
+        a, (int, float, bool)) else repr(a) for a in args)

@@ -1,0 +1,274 @@
+"""Elementwise ops: results against independent torch computations, dtype and valid-box rules (spec §3.3/§3.4)."""
+import pytest
+import torch
+
+from pypto_rt.errors import OpError
+from pypto_rt.language import dtypes as D
+from pypto_rt.ops import elementwise as E
+from pypto_rt.ops.registry import OPS
+from pypto_rt.ops.value import TensorValue
+
+
+def tv(data, dtype=None, valid=None, tile=False):
+    data = torch.as_tensor(data)
+    if dtype is None:
+        dtype = {torch.float32: D.FP32, torch.bfloat16: D.BF16, torch.float16: D.FP16, torch.int32: D.INT32,
+                 torch.int64: D.INT64, torch.int16: D.INT16, torch.int8: D.INT8, torch.bool: D.BOOL}[data.dtype]
+    return TensorValue(data, dtype, valid, tile)
+
+
+def rand(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------- arithmetic
+
+@pytest.mark.parametrize("name, ref", [("add", torch.add), ("sub", torch.sub), ("mul", torch.mul),
+                                       ("div", torch.div), ("maximum", torch.maximum), ("minimum", torch.minimum)])
+def test_fp32_binary_matches_torch(name, ref):
+    a, b = rand(8, 16, seed=1), rand(8, 16, seed=2)
+    out = OPS[name](tv(a), tv(b))
+    assert out.dtype == D.FP32 and out.data.dtype == torch.float32
+    torch.testing.assert_close(out.data, ref(a, b), rtol=0, atol=0)
+
+
+def test_bf16_tensor_ops_compute_in_fp32_and_round_once():
+    a, b = rand(16, 32, seed=3, dtype=torch.bfloat16), rand(16, 32, seed=4, dtype=torch.bfloat16)
+    out = E.mul(tv(a), tv(b))
+    assert out.dtype == D.BF16
+    assert torch.equal(out.data, (a.float() * b.float()).to(torch.bfloat16))
+
+
+def test_bf16_times_python_float_is_fp32():
+    a = rand(4, 8, seed=5, dtype=torch.bfloat16)
+    out = E.mul(tv(a), 2.0)
+    assert out.dtype == D.FP32 and out.data.dtype == torch.float32
+    assert torch.equal(out.data, a.float() * 2.0)
+
+
+def test_int32_plus_python_int_stays_integer():
+    a = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    out = E.add(tv(a), 1)
+    assert out.dtype.is_int() and not out.data.is_floating_point()
+    assert out.dtype == D.INDEX  # INT32 (+) INDEX literal -> the wider 64-bit integer (§3.4)
+    assert torch.equal(out.data, a.long() + 1)
+
+
+def test_int32_plus_python_float_is_fp32():
+    a = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    out = E.add(tv(a), 0.5)
+    assert out.dtype == D.FP32 and torch.equal(out.data, a.float() + 0.5)
+
+
+def test_subs_keeps_lhs_dtype_unlike_adds():
+    a = rand(4, 4, seed=6, dtype=torch.bfloat16)
+    assert E.sub(tv(a), 1.0).dtype == D.BF16  # tensor.subs preserves the lhs dtype
+    assert E.subs(tv(a), 1.0).dtype == D.BF16
+    assert torch.equal(E.sub(tv(a), 1.0).data, (a.float() - 1.0).to(torch.bfloat16))
+    assert E.add(tv(a), 1.0).dtype == D.FP32
+    assert E.adds(tv(a), 1.0).dtype == D.FP32
+
+
+def test_broadcast_row_vector():
+    a, b = rand(16, 64, seed=7), rand(1, 64, seed=8)
+    out = E.mul(tv(a), tv(b))
+    assert out.shape == (16, 64)
+    assert torch.equal(out.data, a * b)
+
+
+def test_bad_shapes_name_the_op_and_both_shapes():
+    with pytest.raises(OpError) as err:
+        E.add(tv(torch.zeros(16, 64)), tv(torch.zeros(8, 32)))
+    msg = str(err.value)
+    assert "pl.add" in msg and "[16, 64]" in msg and "[8, 32]" in msg
+
+
+def test_scalar_forms_reject_tensor_rhs_and_tensor_forms_reject_scalar_lhs():
+    with pytest.raises(OpError, match="pl.muls"):
+        E.muls(tv(torch.ones(2, 2)), tv(torch.ones(2, 2)))
+    with pytest.raises(OpError, match="pl.sub"):
+        E.sub(1.0, tv(torch.ones(2, 2)))
+
+
+def test_scalar_scalar_arithmetic_is_python():
+    assert E.add(2, 3) == 5 and E.sub(2, 5) == -3 and E.mul(1.5, 2) == 3.0 and E.div(7, 2) == 3.5
+
+
+def test_integer_division_truncates_and_zero_divisor_gives_zero():
+    a = torch.tensor([7, -7, 7, -7, 5], dtype=torch.int32)
+    b = torch.tensor([2, 2, -2, -2, 0], dtype=torch.int32)
+    out = E.div(tv(a), tv(b))
+    assert out.dtype == D.INT32
+    assert out.data.tolist() == [3, -3, -3, 3, 0]  # C division rounds toward zero
+
+
+def test_fmod_has_sign_of_dividend_rem_of_divisor():
+    a = torch.tensor([5.5, -5.5, 5.5, -5.5])
+    b = torch.tensor([2.0, 2.0, -2.0, -2.0])
+    assert torch.equal(E.fmod(tv(a), tv(b)).data, torch.fmod(a, b))
+    assert torch.equal(E.rem(tv(a), tv(b)).data, torch.tensor([x % y for x, y in zip(a.tolist(), b.tolist())]))
+    assert torch.equal(E.fmods(tv(a), 2.0).data, torch.fmod(a, 2.0))
+    assert torch.equal(E.rems(tv(a), 2.0, None).data, torch.remainder(a, 2.0))
+
+
+def test_unsigned_results_wrap_to_their_width():
+    a = TensorValue(torch.tensor([0, 5], dtype=torch.int64), D.UINT32)
+    out = E.subs(a, 1)
+    assert out.dtype == D.UINT32 and out.data.tolist() == [(1 << 32) - 1, 4]
+
+
+def test_maximum_with_scalar_and_minimums():
+    a = rand(4, 4, seed=9)
+    assert torch.equal(E.maximum(tv(a), 0.0).data, torch.clamp_min(a, 0.0))
+    assert torch.equal(E.minimums(tv(a), 0.25).data, torch.clamp_max(a, 0.25))
+    assert OPS["maxs"] is E.maximums and OPS["mins"] is E.minimums
+
+
+def test_carry_ops():
+    a, b, c = rand(3, 5, seed=10), rand(3, 5, seed=11), rand(3, 5, seed=12)
+    assert torch.equal(E.addc(tv(a), tv(b), tv(c)).data, (a + b) + c)
+    assert torch.equal(E.subc(tv(a), tv(b), tv(c)).data, (a - b) + c)
+    assert torch.equal(E.addsc(tv(a), 2.0, tv(c)).data, (a + 2.0) + c)
+    assert torch.equal(E.subsc(tv(a), 2.0, tv(c)).data, (a - 2.0) + c)
+
+
+def test_part_ops_combine_over_the_union_of_valid_boxes():
+    a, b = rand(4, 4, seed=13), rand(4, 4, seed=14)
+    out = E.part_add(tv(a, valid=(4, 2)), tv(b, valid=(2, 4)))
+    assert out.valid_shape == (4, 4)
+    assert torch.equal(out.data[:2, :2], a[:2, :2] + b[:2, :2])  # both valid
+    assert torch.equal(out.data[2:, :2], a[2:, :2])  # only a valid
+    assert torch.equal(out.data[:2, 2:], b[:2, 2:])  # only b valid
+
+
+# -------------------------------------------------------------------------------------- valid boxes
+
+def test_unary_keeps_box_and_tensor_scalar_keeps_lhs_box():
+    x = tv(rand(8, 8, seed=15).abs() + 0.1, valid=(8, 3), tile=True)
+    for out in (E.exp(x), E.neg(x), E.sqrt(x), E.mul(x, 3.0), E.subs(x, 1.0)):
+        assert out.valid == (8, 3) and out.is_tile
+
+
+def test_tensor_tensor_box_kept_only_for_same_shape_and_same_box():
+    x = rand(8, 8, seed=16)
+    assert E.add(tv(x, valid=(8, 3)), tv(x, valid=(8, 3))).valid == (8, 3)
+    assert E.add(tv(x, valid=(8, 3)), tv(x, valid=(8, 4))).valid is None
+    assert E.add(tv(x, valid=(8, 3)), tv(x)).valid is None
+    assert E.add(tv(x, valid=(8, 3)), tv(rand(1, 8, seed=17))).valid is None
+
+
+# ---------------------------------------------------------------------------------------------- math
+
+def test_unary_math_matches_torch():
+    x = rand(6, 7, seed=18).abs() + 0.5
+    for name, ref in (("exp", torch.exp), ("log", torch.log), ("sqrt", torch.sqrt), ("rsqrt", torch.rsqrt),
+                      ("recip", torch.reciprocal), ("abs", torch.abs), ("neg", torch.neg),
+                      ("sin", torch.sin), ("cos", torch.cos), ("relu", torch.relu)):
+        assert torch.equal(OPS[name](tv(x)).data, ref(x)), name
+    assert torch.equal(E.log(tv(x), high_precision=True).data, torch.log(x))
+
+
+def test_math_on_bf16_computes_in_fp32():
+    x = rand(8, 8, seed=19, dtype=torch.bfloat16)
+    out = E.exp(tv(x))
+    assert out.dtype == D.BF16 and torch.equal(out.data, torch.exp(x.float()).to(torch.bfloat16))
+
+
+def test_math_rejects_integers_and_sin_needs_fp32():
+    with pytest.raises(OpError, match="pl.exp"):
+        E.exp(tv(torch.ones(2, 2, dtype=torch.int32)))
+    with pytest.raises(OpError, match="pl.sin"):
+        E.sin(tv(torch.ones(2, 2, dtype=torch.bfloat16)))
+
+
+def test_rsqrt_high_precision_is_tensor_only_but_tile_tmp_is_ignored():
+    x = torch.full((2, 2), 4.0)
+    with pytest.raises(OpError, match="pl.rsqrt"):
+        E.rsqrt(tv(x, tile=True), high_precision=True)
+    tmp = tv(torch.zeros(2, 2), tile=True)
+    assert torch.equal(OPS["tile.rsqrt"](tv(x, tile=True), tmp).data, torch.full((2, 2), 0.5))
+
+
+def test_lrelu_and_prelu():
+    x = torch.tensor([[-2.0, -0.5, 0.0, 3.0]])
+    assert torch.equal(E.lrelu(tv(x), 0.1).data, torch.where(x > 0, x, x * 0.1))
+    slope = torch.tensor([[0.5, 0.25, 0.5, 0.5]])
+    assert torch.equal(E.prelu(tv(x), tv(slope), None).data, torch.where(x > 0, x, x * slope))
+
+
+# ------------------------------------------------------------------------------------ compare / select
+
+@pytest.mark.parametrize("code, ref", list(enumerate([torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge])))
+def test_cmp_codes(code, ref):
+    a = torch.tensor([[1.0, 2.0, 3.0, 2.0]])
+    b = torch.tensor([[2.0, 2.0, 2.0, 1.0]])
+    out = E.cmp(tv(a), tv(b), cmp_type=code)
+    assert out.dtype == D.FP32  # tensor form: numeric 0/1 in the operand dtype
+    assert torch.equal(out.data, ref(a, b).float())
+    scalar = E.cmp(tv(a, valid=(1, 2)), 2.0, code)
+    assert torch.equal(scalar.data, ref(a, 2.0).float()) and scalar.valid is None
+
+
+def test_cmp_rejects_bad_code():
+    with pytest.raises(OpError, match="cmp_type"):
+        E.cmp(tv(torch.ones(1, 2)), 1.0, cmp_type=6)
+
+
+def test_tile_cmp_gives_mask_for_sel_and_sels():
+    a, b = rand(4, 8, seed=20, dtype=torch.float16), rand(4, 8, seed=21, dtype=torch.float16)
+    mask = E.cmp(tv(a, tile=True), tv(b, tile=True), 4)
+    assert mask.dtype == D.BOOL and mask.is_tile
+    picked = E.sel(mask, tv(a, tile=True), tv(b, tile=True), None)
+    assert torch.equal(picked.data, torch.maximum(a, b))
+    smask = E.cmps(tv(a, tile=True), 0.0, 5)
+    relu = E.sels(smask, tv(a, tile=True), None, 0.0)
+    assert relu.dtype == D.FP16 and torch.equal(relu.data, torch.where(a >= 0, a, torch.zeros_like(a)))
+
+
+# --------------------------------------------------------------------------------------------- bitwise
+
+def test_bitwise_and_shifts_keep_lhs_dtype():
+    a = torch.tensor([[0b1100, -8, 7, 255]], dtype=torch.int32)
+    b = torch.tensor([[0b1010, 3, 1, 15]], dtype=torch.int32)
+    assert torch.equal(E.and_(tv(a), tv(b)).data, a & b)
+    assert torch.equal(E.or_(tv(a), tv(b)).data, a | b)
+    assert torch.equal(E.xor(tv(a), tv(b), None).data, a ^ b)
+    assert torch.equal(E.shl(tv(a), tv(b)).data, a << b)
+    assert torch.equal(E.shrs(tv(a), 2).data, a >> 2)  # arithmetic shift for signed
+    out = E.ands(tv(a), 6)
+    assert out.dtype == D.INT32 and torch.equal(out.data, a & 6)
+
+
+def test_shift_wraps_to_lhs_width():
+    a = torch.tensor([[0x40000000, 1]], dtype=torch.int32)
+    assert E.shls(tv(a), 1).data.tolist() == [[-(1 << 31), 2]]
+
+
+def test_not_is_int16_only_and_bitwise_rejects_mismatch():
+    a = torch.tensor([[0, -1, 5]], dtype=torch.int16)
+    assert torch.equal(E.not_(tv(a)).data, ~a)
+    with pytest.raises(OpError, match="pl.not_"):
+        E.not_(tv(torch.zeros(1, 2, dtype=torch.int32)))
+    with pytest.raises(OpError, match="pl.and_"):
+        E.and_(tv(torch.zeros(2, 4, dtype=torch.int32)), tv(torch.zeros(1, 4, dtype=torch.int32)))
+    with pytest.raises(OpError, match="pl.shls"):
+        E.shls(tv(torch.zeros(1, 2, dtype=torch.int16)), 16)
+    with pytest.raises(OpError, match="pl.ors"):
+        E.ors(tv(torch.zeros(1, 2, dtype=torch.float32)), 1)
+
+
+# ---------------------------------------------------------------------------------------- scalar min/max
+
+def test_pl_min_max_are_scalar_not_reductions():
+    assert OPS["min"](16, 7) == 7 and OPS["max"](16, 7) == 16 and OPS["min"](2.5, 3) == 2.5
+    with pytest.raises(OpError, match="pl.min"):
+        OPS["min"](tv(torch.ones(2, 2)), 1)
+
+
+def test_registered_names():
+    for base in ("add", "sub", "mul", "div", "adds", "subs", "muls", "divs", "maximum", "minimum", "neg", "exp",
+                 "log", "rsqrt", "recip", "cmp", "fmod", "fmods", "and_", "xors", "not_", "part_add"):
+        assert base in OPS and f"tensor.{base}" in OPS and f"tile.{base}" in OPS, base
+    for base in ("relu", "lrelu", "prelu", "rem", "rems", "sel", "sels", "cmps", "addc", "subsc", "maximums"):
+        assert base in OPS and f"tile.{base}" in OPS, base
+    assert "tensor.min" not in OPS and "tensor.max" not in OPS

@@ -1,0 +1,239 @@
+"""gather / scatter family: index, mask (bit reinterpretation) and compare forms, flat tile gather,
+in-place scatters, gatherb, mgather, paged_gather."""
+import pytest
+import torch
+
+from pypto_rt.errors import OpError
+from pypto_rt.language import dtypes as D
+from pypto_rt.language.enums import MaskPattern
+from pypto_rt.ops import gather as G
+from pypto_rt.ops.dtype_rules import from_torch
+from pypto_rt.ops.value import TensorValue
+
+GEN = torch.Generator().manual_seed(0)
+
+
+def tv(t, dtype=None, valid=None, tile=False):
+    return TensorValue(t, dtype or from_torch(t.dtype), valid, tile)
+
+
+def randi(lo, hi, shape):
+    return torch.randint(lo, hi, shape, generator=GEN, dtype=torch.int32)
+
+
+# --------------------------------------------------------------------------------- index form
+def test_index_gather_matches_torch_gather_with_k_larger_than_w():
+    x = torch.randn(4, 8, generator=GEN)
+    idx = randi(0, 8, (4, 20))  # K = 20 > W = 8
+    out = G.gather(tv(x), dim=-1, index=tv(idx))
+    assert out.shape == (4, 20) and out.dtype == D.FP32
+    assert torch.equal(out.data, torch.gather(x, -1, idx.long()))
+
+
+def test_index_gather_fewer_index_rows_and_tile_input_stays_per_row():
+    x = torch.randn(4, 16, generator=GEN)
+    idx = randi(0, 16, (2, 8))
+    out = G.gather(tv(x, tile=True), dim=-1, index=tv(idx))
+    assert out.is_tile and torch.equal(out.data, torch.gather(x[:2], -1, idx.long()))
+
+
+def test_index_gather_ignores_garbage_outside_index_valid_box():
+    x = torch.randn(2, 8, generator=GEN)
+    idx = randi(0, 8, (2, 6))
+    idx[:, 4:] = 1_000_000  # outside the valid box: never read
+    out = G.gather(tv(x), dim=-1, index=tv(idx, valid=(2, 4)))
+    assert out.valid == (2, 4)
+    assert torch.equal(out.data[:, :4], torch.gather(x, -1, idx[:, :4].long()))
+
+
+def test_index_gather_out_of_range_is_an_op_error():
+    with pytest.raises(OpError, match=r"pl\.gather: index 9 is outside axis 1 of the input \[2, 8\]"):
+        G.gather(tv(torch.zeros(2, 8)), dim=-1, index=tv(torch.full((2, 3), 9, dtype=torch.int32)))
+
+
+def test_gather_forms_are_mutually_exclusive():
+    x = tv(torch.zeros(2, 8))
+    with pytest.raises(OpError, match="exactly one form"):
+        G.gather(x, dim=-1, index=tv(torch.zeros(2, 2, dtype=torch.int32)), mask_pattern=MaskPattern.P0101)
+    with pytest.raises(OpError, match="exactly one form"):
+        G.gather(x)
+    with pytest.raises(OpError, match="integer"):
+        G.gather(x, dim=-1, index=tv(torch.zeros(2, 2)))
+
+
+# ---------------------------------------------------------------------------------- mask form
+@pytest.mark.parametrize("pattern,first,step", [
+    (MaskPattern.P0101, 0, 2), (MaskPattern.P1010, 1, 2), (MaskPattern.P0001, 0, 4), (MaskPattern.P0010, 1, 4),
+    (MaskPattern.P0100, 2, 4), (MaskPattern.P1000, 3, 4), (MaskPattern.P1111, 0, 1)])
+def test_mask_gather_selects_pattern_columns(pattern, first, step):
+    x = torch.arange(3 * 16, dtype=torch.float32).reshape(3, 16)
+    out = G.gather(tv(x), mask_pattern=pattern)
+    assert torch.equal(out.data, x[:, first::step])
+    assert out.valid is None
+    boxed = G.gather(tv(x, valid=(2, 7)), mask_pattern=int(pattern))
+    assert boxed.valid_shape == (2, len(range(first, 7, step)))
+
+
+def test_mask_gather_output_dtype_reinterprets_bits_not_values():
+    x = torch.randn(2, 16, generator=GEN) * 1000
+    raw = x.view(torch.int32)
+    out = G.gather(tv(x), mask_pattern=MaskPattern.P1010, output_dtype=D.INT32)
+    assert out.dtype == D.INT32 and torch.equal(out.data, raw[:, 1::2])
+    assert not torch.equal(out.data, x[:, 1::2].to(torch.int32))  # a numeric cast would differ
+    u = G.gather(tv(x), mask_pattern=MaskPattern.P0101, output_dtype=D.UINT32)
+    assert u.data.dtype == torch.int64 and torch.equal(u.data, raw[:, 0::2].long() & 0xFFFFFFFF)
+    assert int(u.data.min()) >= 0
+
+
+def test_mask_gather_same_dtype_keeps_nan_payloads():
+    bits = torch.tensor([[0x7FC00001, 0x7F800001, -1, 0x00000001]], dtype=torch.int32)
+    out = G.gather(tv(bits.view(torch.float32)), mask_pattern=MaskPattern.P1111)
+    assert torch.equal(out.data.view(torch.int32), bits)
+    back = G.gather(tv(bits.view(torch.float32)), mask_pattern=MaskPattern.P1111, output_dtype=D.INT32)
+    assert torch.equal(back.data, bits)
+
+
+def test_mask_gather_reinterpretation_needs_same_byte_width():
+    with pytest.raises(OpError, match="same byte width"):
+        G.gather(tv(torch.zeros(1, 8)), mask_pattern=MaskPattern.P0101, output_dtype=D.INT16)
+    with pytest.raises(OpError, match="mask_pattern must be"):
+        G.gather(tv(torch.zeros(1, 8)), mask_pattern=9)
+
+
+# ------------------------------------------------------------------------------- compare form
+def test_compare_gather_eq_and_gt_like_the_compiler_tests():
+    src = torch.full((16, 64), 101, dtype=torch.int32)
+    src[:, 0::8] = 100
+    dst, cnt = G.gather(tv(src), kvalue=100, cmp_mode="eq", out_cols=8)
+    assert dst.dtype == D.INT32 and dst.shape == (16, 8)
+    assert torch.equal(dst.data, torch.arange(0, 64, 8, dtype=torch.int32).expand(16, 8))
+    assert cnt.shape == (1, 16) and torch.equal(cnt.data, torch.full((1, 16), 8, dtype=torch.int32))
+    half = torch.zeros(16, 64, dtype=torch.float16)
+    half[:, 56:] = 100
+    dst, cnt = G.gather(tv(half), kvalue=50.0, cmp_mode=4, out_cols=8)  # 4 = gt
+    assert torch.equal(dst.data, torch.arange(56, 64, dtype=torch.int32).expand(16, 8))
+
+
+def test_compare_gather_offset_truncation_counts_and_count_dtype():
+    x = torch.tensor([[1.0, 5.0, 7.0, 0.0, 9.0], [0.0, 0.0, 0.0, 0.0, 6.0]])
+    dst, cnt = G.tile_gather_compare(tv(x), 5.0, None, cmp_mode="ge", offset=10, out_cols=2,
+                                     count_dtype=D.UINT32)
+    assert dst.data.tolist() == [[11, 12], [14, 0]]
+    assert cnt.dtype == D.UINT32 and cnt.data.tolist() == [[3, 1]]
+    with pytest.raises(OpError, match="cmp_mode"):
+        G.gather(tv(x), kvalue=1.0, cmp_mode="bogus", out_cols=2)
+
+
+# ------------------------------------------------------------------------------ tile gather
+def test_tile_gather_uses_flat_indices():
+    src = torch.randn(4, 16, generator=GEN)
+    idx = randi(0, 64, (4, 8))
+    out = G.tile_gather(tv(src, tile=True), tv(idx, tile=True), tv(torch.zeros(4, 8, dtype=torch.int32)))
+    assert out.is_tile and torch.equal(out.data, src.flatten()[idx.long()])
+    assert not torch.equal(out.data, torch.gather(src, -1, (idx % 16).long()))
+
+
+def test_tile_gather_with_mask_pattern_is_the_mask_form():
+    x = torch.randn(2, 8, generator=GEN)
+    out = G.tile_gather(tv(x, tile=True), mask_pattern=MaskPattern.P1010, output_dtype=D.INT32)
+    assert torch.equal(out.data, x.view(torch.int32)[:, 1::2])
+
+
+# ----------------------------------------------------------------------------------- scatter
+def test_mask_scatter_writes_in_place_and_inverts_mask_gather():
+    x = torch.randn(3, 16, generator=GEN)
+    even = G.gather(tv(x), mask_pattern=MaskPattern.P0101)
+    odd = G.gather(tv(x), mask_pattern=MaskPattern.P1010)
+    buf = tv(torch.zeros(3, 16))
+    ret = G.scatter(even, mask_pattern=MaskPattern.P0101, dst=buf)
+    assert ret is buf
+    ret = G.scatter(odd, mask_pattern=MaskPattern.P1010, dst=buf)
+    assert torch.equal(buf.data, x)
+    with pytest.raises(OpError, match=r"does not fit"):
+        G.scatter(tv(torch.zeros(3, 5)), mask_pattern=MaskPattern.P0101, dst=buf)
+
+
+def test_index_scatter_returns_a_copy_last_write_wins():
+    x = torch.zeros(2, 6)
+    idx = torch.tensor([[1, 3, 1], [5, 0, 2]], dtype=torch.int32)
+    s = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    out = G.scatter(tv(x), dim=-1, index=tv(idx), src=tv(s))
+    ref = x.clone()
+    for b in range(2):
+        for k in range(3):
+            ref[b, idx[b, k]] = s[b, k]
+    assert torch.equal(out.data, ref) and out.data[0, 1] == 3.0
+    assert torch.equal(x, torch.zeros(2, 6))  # input untouched
+    with pytest.raises(OpError, match="exactly one form"):
+        G.scatter(tv(x), dim=-1, index=tv(idx), src=tv(s), mask_pattern=MaskPattern.P0101)
+
+
+def test_tile_scatter_and_mscatter_flat_in_place():
+    out = tv(torch.zeros(4, 4))
+    src = torch.arange(1, 7, dtype=torch.float32).reshape(2, 3)
+    idx = torch.tensor([[15, 0, 5], [9, 5, 2]], dtype=torch.int32)
+    assert G.mscatter(tv(src), tv(idx), out) is out
+    ref = torch.zeros(16)
+    for i in range(2):
+        for j in range(3):
+            ref[idx[i, j]] = src[i, j]
+    assert torch.equal(out.data.flatten(), ref)
+    dst = tv(torch.zeros(4, 4))
+    assert G.tile_scatter(dst, tv(src), tv(idx)) is dst and torch.equal(dst.data, out.data)
+    boxed = tv(torch.zeros(4, 4))
+    G.mscatter(tv(src, valid=(1, 3)), tv(idx), boxed)  # only src's valid box is written
+    assert boxed.data.flatten()[[15, 0, 5, 9, 2]].tolist() == [1.0, 2.0, 3.0, 0.0, 0.0]
+
+
+def test_scatter_update_2d_and_paged_4d_in_place():
+    cache = tv(torch.zeros(8, 4))
+    src = torch.randn(4, 4, generator=GEN)
+    index = torch.tensor([[6, 1], [6, 3]], dtype=torch.int32)
+    assert G.scatter_update(cache, -2, tv(index), tv(src)) is cache
+    assert torch.equal(cache.data[6], src[2]) and torch.equal(cache.data[1], src[1])
+    assert torch.equal(cache.data[3], src[3]) and cache.data[0].abs().sum() == 0
+    paged = tv(torch.zeros(3, 4, 1, 5))
+    rows = torch.randn(2, 1, 1, 5, generator=GEN)
+    G.scatter_update(paged, tv(torch.tensor([[9, 2]], dtype=torch.int32)), tv(rows.reshape(1, 2, 1, 5)), dim=-2)
+    flat = paged.data.reshape(12, 5)
+    assert torch.equal(flat[9], rows[0, 0, 0]) and torch.equal(flat[2], rows[1, 0, 0])
+    with pytest.raises(OpError, match="outside"):
+        G.scatter_update(cache, -2, tv(torch.tensor([[8]], dtype=torch.int32)), tv(torch.zeros(1, 4)))
+
+
+# ------------------------------------------------------------------------ gatherb / mgather / paged
+def test_gatherb_copies_32_byte_blocks():
+    src = torch.arange(64, dtype=torch.float32).reshape(1, 64)  # 8 blocks of 8 floats
+    offs = torch.tensor([[224, 0], [32, 96]], dtype=torch.int64)
+    out = G.gatherb(tv(src, tile=True), tv(offs, D.UINT32))
+    assert out.shape == (2, 16)
+    assert out.data[0].tolist() == list(range(56, 64)) + list(range(0, 8))
+    ints = G.gatherb(tv(src), tv(offs, D.UINT32, valid=(1, 2)), output_dtype=D.INT32)
+    assert ints.valid == (1, 16) and torch.equal(ints.data[0], src.view(torch.int32)[0, [*range(56, 64), *range(8)]])
+
+
+def test_mgather_row_and_elem_with_oob_modes():
+    mem = torch.arange(40, dtype=torch.float32).reshape(8, 5)
+    idx = torch.tensor([[7, 0, 3, 2]], dtype=torch.int32)
+    out = G.mgather(tv(mem), tv(idx, valid=(1, 3)), coalesce="row")
+    assert out.shape == (4, 5) and out.valid == (3, 5)
+    assert torch.equal(out.data[:3], mem[[7, 0, 3]]) and out.data[3].abs().sum() == 0
+    oob = torch.tensor([[-1, 41], [3, 40]], dtype=torch.int32)
+    z = G.mgather(tv(mem), tv(oob), coalesce="elem", gather_oob="zero")
+    assert z.data.tolist() == [[0.0, 0.0], [3.0, 0.0]]
+    w = G.mgather(tv(mem), tv(oob), coalesce=1, gather_oob="wrap")
+    assert w.data.tolist() == [[float((2**32 - 1) % 40), 1.0], [3.0, 0.0]]
+    with pytest.raises(OpError, match="outside"):
+        G.mgather(tv(mem), tv(oob), coalesce="elem")
+
+
+def test_paged_gather_translates_through_the_block_table():
+    pool = torch.randn(16, 6, generator=GEN)
+    table = torch.tensor([3, 1, 0, 2], dtype=torch.int32)
+    idx = torch.tensor([0, 5, 9, 14], dtype=torch.int32)
+    out = G.paged_gather(tv(pool), tv(idx), tv(table), 4, 4, 6, col_off=1)
+    phys = [int(table[i // 4]) * 4 + int(i) % 4 for i in idx]
+    assert out.shape == (6, 4) and out.valid == (4, 4)
+    assert torch.equal(out.data[:4], pool[phys, 1:5]) and out.data[4:].abs().sum() == 0
+    t = G.paged_gather(tv(pool), tv(idx.reshape(1, 4)), tv(table), 4, 4, 6, col_off=1, is_trans=True)
+    assert t.shape == (4, 6) and torch.equal(t.data, out.data.t())

@@ -1,0 +1,77 @@
+"""`pypto-run`: runs kernel-library style files unmodified; errors point at the user's line."""
+from __future__ import annotations
+
+import textwrap
+
+from tests.conftest import run_pypto
+
+KERNEL = textwrap.dedent('''
+    import pypto.language as pl
+    from config import ROWS
+
+    @pl.jit
+    def k(x: pl.Tensor[[ROWS, 8], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, 8], pl.FP32]]):
+        for r in pl.parallel(ROWS):
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="neg"):
+                y[r : r + 1, :] = {body}
+        return y
+
+    if __name__ == "__main__":
+        import argparse
+        import torch
+        from golden import TensorSpec, run_jit
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("-p", "--platform", default="a2a3", choices=["a2a3", "a2a3sim", "a5", "a5sim"])
+        args = parser.parse_args()
+        specs = [TensorSpec("x", [ROWS, 8], torch.float32, init_value=torch.randn),
+                 TensorSpec("y", [ROWS, 8], torch.float32, is_output=True)]
+        def golden(v):
+            v["y"][:] = -v["x"]
+        result = run_jit(fn=k, specs=specs, golden_fn=golden, runtime_cfg=dict(platform=args.platform))
+        if not result.passed:
+            print(result.error)
+            raise SystemExit(1)
+''')
+
+
+def _library(tmp_path, body="pl.neg(x[r : r + 1, :])"):
+    """A fake kernel-library checkout: root with models/ and a config.py, the kernel in models/demo/."""
+    (tmp_path / "models" / "demo").mkdir(parents=True)
+    (tmp_path / "config.py").write_text("ROWS = 4\n")
+    kernel = tmp_path / "models" / "demo" / "kernel.py"
+    kernel.write_text(KERNEL.replace("{body}", body))
+    return kernel
+
+
+def test_library_file_runs_unmodified_with_npu_platform_notice(tmp_path):
+    kernel = _library(tmp_path)
+    proc = run_pypto(str(kernel), cwd=str(tmp_path / "models"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "needs an Ascend NPU; running on the CPU instead" in proc.stdout
+    assert "'y' PASS" in proc.stdout
+
+
+def test_kernel_error_names_the_user_line_without_internal_frames(tmp_path):
+    kernel = _library(tmp_path, body="pl.row_expand_mul(x[r : r + 1, :])")
+    proc = run_pypto(str(kernel), "-p", "a2a3sim")
+    assert proc.returncode == 1
+    assert f"--> {kernel}:9:" in proc.stderr
+    assert "pl.row_expand_mul" in proc.stderr
+    assert "pypto_rt" not in proc.stderr
+
+
+def test_unknown_op_is_reported_at_the_user_line(tmp_path):
+    kernel = _library(tmp_path, body="pl.negate(x[r : r + 1, :])")
+    proc = run_pypto(str(kernel), "-p", "a2a3sim")
+    assert proc.returncode == 1
+    assert "unknown op or name pl.negate" in proc.stderr
+    assert f"{kernel}:9:" in proc.stderr
+    assert "pypto_rt/" not in proc.stderr
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert run_pypto(str(tmp_path / "missing.py")).returncode == 2
+    kernel = _library(tmp_path)
+    proc = run_pypto(str(kernel), "-p", "bogus")
+    assert proc.returncode == 2  # the file's own argparse rejects it
