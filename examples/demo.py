@@ -30,8 +30,11 @@ def main() -> int:
         elapsed = time.perf_counter() - start
         ok = proc.returncode == 0
         failed += not ok
-        checks = [ln.strip() for ln in proc.stdout.splitlines() if "' PASS" in ln or "' FAIL" in ln]
-        print(f"{'PASS' if ok else 'FAIL'}  {name:<22} {elapsed:6.2f}s   " + "; ".join(checks))
+        lines = [ln.strip().removeprefix("[RUN]").strip() for ln in proc.stdout.splitlines()]
+        checks = [ln for ln in lines if "' PASS" in ln or "' FAIL" in ln]
+        kernel_time = next((ln.split("(")[-1].rstrip(")") for ln in lines if ln.startswith("runtime done")), "?")
+        print(f"{'PASS' if ok else 'FAIL'}  {name:<20} kernel {kernel_time:>6}  process {elapsed:5.2f}s   "
+              + "; ".join(checks))
         if not ok:
             print(proc.stdout[-2000:] + proc.stderr[-2000:])
     print(f"\n{len(KERNELS) - failed}/{len(KERNELS)} example kernels match their torch goldens")

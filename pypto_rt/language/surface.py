@@ -8,9 +8,13 @@ registers an implementation (or a "not supported yet" one) for every name listed
 from __future__ import annotations
 
 _ELEMENTWISE = """
-add sub mul div adds subs muls divs maxs mins maximum minimum maximums minimums neg abs exp log sqrt
-rsqrt recip sin cos relu lrelu prelu fmod fmods rem rems part_add part_mul part_max part_min addc subc
-addsc subsc cmp cmps sel sels and_ or_ xor not_ shl shr ands ors xors shls shrs cast expands expand_clone
+add sub mul div adds subs muls divs maximum minimum neg abs exp log sqrt rsqrt recip sin cos fmod fmods
+part_add part_mul part_max part_min cmp and_ or_ xor not_ shl shr ands ors xors shls shrs cast expands
+expand_clone
+"""
+# Tile-level elementwise ops (also re-exported at pl.*), absent from pl.tensor.
+_TILE_ELEMENTWISE = """
+maximums minimums rem rems relu lrelu prelu addc subc addsc subsc cmps sel sels
 """
 _REDUCE = """
 row_sum row_max row_min row_prod col_sum col_max col_min col_prod row_argmax row_argmin col_argmax col_argmin
@@ -24,8 +28,8 @@ dim read write gather scatter sort32 mrgsort arange gather_row
 """
 _SHARED = _ELEMENTWISE + _REDUCE + _VIEWS
 
-TOP = set((_SHARED + """
-const min max create_tensor full create_tile tri random load store move create_l1 matmul matmul_acc
+TOP = set((_SHARED + _TILE_ELEMENTWISE + """
+maxs mins const min max create_tensor full create_tile tri random load store move create_l1 matmul matmul_acc
 matmul_bias batch_matmul gemv gemv_acc gemv_bias matmul_mx matmul_mx_acc matmul_mx_bias scatter_update
 mscatter gatherb mgather paged_gather no_dep dump_tag aiv_shard aic_gather static_print static_assert func_attr
 submit spmd_submit get_block_idx get_block_num get_subblock_idx
@@ -36,7 +40,7 @@ create create_tensor full ci matmul matmul_acc get_block_idx get_block_num fillp
 scatter_update
 """).split())
 
-TILE = set((_SHARED + """
+TILE = set((_SHARED + _TILE_ELEMENTWISE + """
 full create create_tile create_l1 ci load store move tri random transpose_view matmul matmul_acc matmul_bias
 batch_matmul batch_matmul_acc gemv gemv_acc gemv_bias matmul_mx matmul_mx_acc matmul_mx_bias mscatter gatherb
 mgather aiv_shard aic_gather get_block_idx get_block_num get_subblock_idx gather_compare gather_mask paged_gather

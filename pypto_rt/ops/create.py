@@ -101,7 +101,10 @@ def tri(diagonal, shape, valid_shape=None, dtype=None, upper=False):
 @op("expands", "tensor.expands", "tile.expands")
 def expands(target, scalar):
     """A value shaped and typed like `target`, every element `scalar`."""
-    return TensorValue(torch.full(target.shape, scalar, dtype=target.data.dtype), target.dtype, None, target.is_tile)
+    if not target.dtype.is_float():
+        scalar = int(scalar)
+    return TensorValue(torch.full(target.shape, scalar, dtype=target.data.dtype), target.dtype, target.valid,
+                       target.is_tile)
 
 
 @op("expand_clone", "tensor.expand_clone", "tile.expand_clone")
