@@ -75,3 +75,54 @@ def test_usage_errors_exit_2(tmp_path):
     kernel = _library(tmp_path)
     proc = run_pypto(str(kernel), "-p", "bogus")
     assert proc.returncode == 2  # the file's own argparse rejects it
+
+
+def test_wrong_argument_dtype_is_reported_at_the_call_line(tmp_path):
+    script = tmp_path / "call.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        import pypto.language as pl
+
+        @pl.jit
+        def k(x: pl.Tensor[[4, 4], pl.BF16], y: pl.Out[pl.Tensor[[4, 4], pl.BF16]]):
+            y[:, :] = pl.neg(x)
+            return y
+
+        k(torch.zeros(4, 4), torch.zeros(4, 4, dtype=torch.bfloat16))
+    '''))
+    proc = run_pypto(str(script))
+    assert proc.returncode == 1
+    assert f"--> {script}:10:" in proc.stderr
+    assert "argument 'x' has dtype torch.float32, the kernel expects pl.BF16" in proc.stderr
+    assert "pypto_rt/" not in proc.stderr
+
+
+def test_placement_misuse_of_pipeline_stage_is_reported(tmp_path):
+    script = tmp_path / "stage.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        import pypto.language as pl
+
+        @pl.jit
+        def k(x: pl.Tensor[[4, 4], pl.FP32], y: pl.Out[pl.Tensor[[4, 4], pl.FP32]]):
+            for i in pl.pipeline(4):
+                y[i : i + 1, :] = x[i : i + 1, :]
+            return y
+
+        k(torch.zeros(4, 4), torch.zeros(4, 4))
+    '''))
+    proc = run_pypto(str(script))
+    assert proc.returncode == 1
+    assert "pl.pipeline needs stage=" in proc.stderr
+    assert f"{script}:7:" in proc.stderr
+
+
+def test_refuses_to_share_an_environment_with_the_real_compiler(tmp_path):
+    fake = tmp_path / "site" / "pypto"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("# stands in for the real PyPTO compiler package\n")
+    kernel = _library(tmp_path)
+    proc = run_pypto(str(kernel), env={"PYTHONPATH": str(tmp_path / "site")}, cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert "finds the real PyPTO compiler" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -188,17 +188,23 @@ def _binary_op(name, fn, doc, names=None):
     return _tail(impl, name, names or _all(name), doc)
 
 
-def _scalar_op(name, plain, fn, doc, *, keep_lhs=False, names=None, tmp=False):
-    """A scalar-only second operand form (`adds`, `maximums`, ...); tile scratch `tmp` ignored."""
-    def run(lhs, rhs):
-        _need_scalar(name, rhs, plain)
-        return _binary(name, lhs, rhs, fn, keep_lhs=keep_lhs)
+
+def _two_operand_impl(run, tmp: bool):
+    """`impl(lhs, rhs)` calling `run`, with an ignored tile scratch `tmp=None` parameter when `tmp`."""
     if tmp:
         def impl(lhs, rhs, tmp=None):
             return run(lhs, rhs)
     else:
         def impl(lhs, rhs):
             return run(lhs, rhs)
+    return impl
+
+def _scalar_op(name, plain, fn, doc, *, keep_lhs=False, names=None, tmp=False):
+    """A scalar-only second operand form (`adds`, `maximums`, ...); tile scratch `tmp` ignored."""
+    def run(lhs, rhs):
+        _need_scalar(name, rhs, plain)
+        return _binary(name, lhs, rhs, fn, keep_lhs=keep_lhs)
+    impl = _two_operand_impl(run, tmp)
     return _tail(impl, name, names or _all(name), doc)
 
 
@@ -415,12 +421,7 @@ def _bitwise_op(name, fn, *, shift=False, scalar=False, tmp=False):
             raise OpError(f"pl.{name} takes an integer scalar second operand, got {rhs!r}",
                           hint=f"use pl.{name[:-1]}{'_' if name in ('ands', 'ors') else ''} for two tensors")
         return _bitwise(name, lhs, rhs, fn, shift)
-    if tmp:
-        def impl(lhs, rhs, tmp=None):
-            return run(lhs, rhs)
-    else:
-        def impl(lhs, rhs):
-            return run(lhs, rhs)
+    impl = _two_operand_impl(run, tmp)
     return _tail(impl, name, _all(name), f"Bitwise {name.rstrip('s_')} (integers; keeps the lhs dtype).")
 
 

@@ -1,0 +1,61 @@
+"""Imports point one way (house style 7.1): errors/config <- language <- ops <- executors <- harness/CLI."""
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pypto_rt")
+
+# package -> pypto_rt packages it must never import (at module level or inside functions)
+FORBIDDEN = {
+    "language": {"ops", "reference", "golden", "binding", "pypto_run"},
+    "ops": {"reference", "golden", "driver", "binding", "pypto_run"},
+    "reference": {"golden", "driver", "pypto_run"},
+    "golden": {"reference", "ops", "binding"},
+}
+# the one sanctioned upward edge: KernelFunction.__call__/compile reach the driver
+ALLOWED = {("language/decorators.py", "driver")}
+
+
+def _imports(path):
+    tree = ast.parse(open(path).read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pypto_rt"):
+            parts = node.module.split(".")
+            if len(parts) > 1:
+                yield parts[1]
+            else:
+                yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("pypto_rt."):
+                    yield alias.name.split(".")[1]
+
+
+def _modules():
+    for package in FORBIDDEN:
+        for root, _, files in os.walk(os.path.join(PKG, package)):
+            for f in files:
+                if f.endswith(".py"):
+                    yield package, os.path.relpath(os.path.join(root, f), PKG)
+
+
+@pytest.mark.parametrize("package,module", sorted(_modules()))
+def test_imports_point_down(package, module):
+    bad = {target for target in _imports(os.path.join(PKG, module))
+           if target in FORBIDDEN[package] and (module, target) not in ALLOWED}
+    assert bad == set(), f"{module} imports {sorted(bad)}"
+
+
+def test_modules_stay_under_the_hard_size_cap():
+    big = []
+    for root, _, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                n = sum(1 for _ in open(path))
+                if n > 800:
+                    big.append((os.path.relpath(path, PKG), n))
+    assert big == []
