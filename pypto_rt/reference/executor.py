@@ -67,22 +67,26 @@ class ReferenceExecutor:
         impl = self.intrinsics.get(name) or OPS.get(name)
         if impl is None:
             raise UnknownOpError(f"unknown op pl.{name}", user_span())
-        sig = _SIGNATURES.get(name)
-        if sig is None:
-            sig = _SIGNATURES[name] = inspect.signature(impl)
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise OpError(f"pl.{name}: {e}", user_span(), f"the signature is pl.{name}{sig}") from None
         target = IN_PLACE_TARGETS.get(name)
         if target is not None:
-            self._check_writable(name, bound.arguments.get(target))
+            self._check_writable(name, self._bind(name, impl, args, kwargs).arguments.get(target))
         try:
             return impl(*args, **kwargs)
         except PyptoError as e:
             raise e.at(user_span()) from None
         except _TORCH_ERRORS as e:
+            self._bind(name, impl, args, kwargs)  # a signature mismatch is reported as such
             raise OpError(f"pl.{name} failed on ({_describe(args)}): {e}", user_span()) from e
+
+    @staticmethod
+    def _bind(name, impl, args, kwargs) -> inspect.BoundArguments:
+        sig = _SIGNATURES.get(name)
+        if sig is None:
+            sig = _SIGNATURES[name] = inspect.signature(impl)
+        try:
+            return sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise OpError(f"pl.{name}: {e}", user_span(), f"the signature is pl.{name}{sig}") from None
 
     def _check_writable(self, name, target):
         if not isinstance(target, TensorValue) or not self.binding.readonly:
