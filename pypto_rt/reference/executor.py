@@ -8,11 +8,14 @@ order is a legal schedule of every task graph.
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 
+from pypto_rt.binding import annotations_of
 from pypto_rt.errors import DSLError, NotSupportedError, OpError, PyptoError, UnknownOpError, user_span
 from pypto_rt.language.enums import SplitMode
 from pypto_rt.language.scopes import Loop, Spmd
+from pypto_rt.language.types import TensorType
 from pypto_rt.ops import OPS
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.system import TaskToken
@@ -58,6 +61,8 @@ class ReferenceExecutor:
                                     "programs come with the multi-rank runtime)", user_span())
         fn = kernel.cache.get("reference")
         if fn is None:
+            if kernel.kind == "inline":
+                _warn_directions_on_inline(kernel)
             fn = rewrite_spmd_with(kernel.fn) or kernel.fn
             kernel.cache["reference"] = fn
         return fn(*args, **kwargs)
@@ -187,6 +192,17 @@ class ReferenceExecutor:
     def _syncall(self, *args, **kwargs):
         raise NotSupportedError("not supported yet: pl.system.syncall (a barrier between concurrently running spmd "
                                 "blocks; the reference executor runs blocks one after another)", user_span())
+
+
+def _warn_directions_on_inline(kernel) -> None:
+    """pl.Out/pl.InOut on an inline kernel's parameter carries no meaning (the caller's tensor is aliased)."""
+    wrapped = [name for name, spec in annotations_of(kernel).items()
+               if isinstance(spec, TensorType) and spec.direction in ("out", "inout")]
+    if wrapped:
+        warnings.warn_explicit(
+            f"@pl.jit.inline {kernel.name}: pl.Out/pl.InOut on parameter(s) {', '.join(wrapped)} is ignored; "
+            "inline parameters alias the caller's tensors, so annotate them as bare pl.Tensor",
+            DeprecationWarning, kernel.fn.__code__.co_filename, kernel.fn.__code__.co_firstlineno)
 
 
 def _describe(args) -> str:

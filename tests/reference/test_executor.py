@@ -176,3 +176,23 @@ def test_scheduling_hints_do_not_change_results():
     y = torch.zeros(4, N)
     hints_are_no_ops(x, y)
     assert torch.equal(x, y)
+
+
+@pl.jit.inline
+def inline_with_out(x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+    y[:, :] = pl.abs(x)
+    return y
+
+
+@pl.jit
+def calls_inline_with_out(x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+    inline_with_out(x, y)
+    return y
+
+
+def test_direction_wrapper_on_an_inline_parameter_warns_and_still_aliases():
+    x = torch.randn(4, N)
+    y = torch.zeros(4, N)
+    with pytest.warns(DeprecationWarning, match="inline_with_out: pl.Out/pl.InOut on parameter"):
+        calls_inline_with_out(x, y)
+    assert torch.equal(y, x.abs())
