@@ -99,6 +99,10 @@ class PlatformError(PyptoError):
     """A platform or backend that this machine cannot provide."""
 
 
+class InWriteWarning(UserWarning):
+    """A kernel wrote into a tensor parameter annotated In: fine as scratch, lost as a result on the device."""
+
+
 def _snippet(span: Span) -> list[str]:
     text = linecache.getline(span.file, span.line).rstrip("\n")
     if not text:

@@ -260,6 +260,9 @@ def _compile(state: _Run, get_kernel: Callable[[], Callable], runtime_dir: str |
         return get_kernel()
     with _stage("compile"):
         kernel = get_kernel()
+        check = getattr(kernel, "check_output_directions", None)
+        if callable(check):
+            check([s.name for s in state.specs if getattr(s, "is_output", False)])
         compile_fn = getattr(kernel, "compile", None)
         if callable(compile_fn):
             compile_fn(*_dummy_args(state.specs))

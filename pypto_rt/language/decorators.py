@@ -55,6 +55,21 @@ class KernelFunction:
         from pypto_rt import driver
         return driver.compile_entry(self, args, kwargs)
 
+    def check_output_directions(self, output_names) -> None:
+        """Raise if a tensor the caller will read back is annotated In (on the device it reads back as zeros)."""
+        from pypto_rt.language.types import TensorType
+        try:
+            annotations = inspect.get_annotations(self.fn, eval_str=True)
+        except Exception:  # noqa: BLE001 - reported properly when the kernel is bound
+            return
+        bare = [n for n in output_names if isinstance(annotations.get(n), TensorType)
+                and annotations[n].direction == "in"]
+        if bare:
+            raise DSLError(f"{self.name}: output(s) {', '.join(repr(n) for n in bare)} are compared by the golden "
+                           "but annotated In (bare pl.Tensor); on the device they would read back as zeros",
+                           self.span, "annotate them pl.Out[pl.Tensor[...]], or pl.InOut[...] when the spec has "
+                           "an init_value")
+
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
@@ -76,6 +91,9 @@ class BoundKernel:
 
     def compile(self, *args, **kwargs):
         return self.kernel.compile(self.obj, *args, **kwargs)
+
+    def check_output_directions(self, output_names) -> None:
+        self.kernel.check_output_directions(output_names)
 
 
 def _decorator(kind: str):

@@ -12,7 +12,9 @@ import warnings
 from dataclasses import dataclass
 
 from pypto_rt.binding import annotations_of
-from pypto_rt.errors import DSLError, NotSupportedError, OpError, PyptoError, UnknownOpError, user_span
+from pypto_rt.errors import (
+    DSLError, InWriteWarning, NotSupportedError, OpError, PyptoError, UnknownOpError, user_span,
+)
 from pypto_rt.language.enums import SplitMode
 from pypto_rt.language.scopes import Loop, Spmd
 from pypto_rt.language.types import TensorType
@@ -40,6 +42,7 @@ class ReferenceExecutor:
         self.block_num = 1
         self.subblock_idx = 0
         self.carried: list[_Carried] = []
+        self.warned: set[str] = set()
         self.intrinsics = {
             "get_block_idx": self._block_idx, "tile.get_block_idx": self._block_idx,
             "tensor.get_block_idx": self._block_idx, "get_block_num": self._block_num,
@@ -94,14 +97,20 @@ class ReferenceExecutor:
             raise OpError(f"pl.{name}: {e}", user_span(), f"the signature is pl.{name}{sig}") from None
 
     def _check_writable(self, name, target):
+        """Writes into an In parameter warn once per parameter: real kernels use In tensors as device scratch,
+        but the caller never sees those writes on the device (the harness rejects compared In outputs)."""
         if not isinstance(target, TensorValue) or not self.binding.readonly:
             return
         param = self.binding.readonly.get(target.data.untyped_storage().data_ptr())
-        if param is not None:
-            what = "subscript assignment" if name == "__setitem__" else f"pl.{name}"
-            raise DSLError(f"{what} writes into '{param}', an In parameter of the kernel", user_span(),
-                           f"annotate '{param}' as pl.Out[pl.Tensor[...]] (or pl.InOut[...] if the kernel also "
-                           "reads it); on the device writes to an In tensor are lost")
+        if param is None or param in self.warned:
+            return
+        self.warned.add(param)
+        span = user_span()
+        what = "subscript assignment" if name == "__setitem__" else f"pl.{name}"
+        warnings.warn_explicit(
+            f"{what} writes into '{param}', an In parameter of the kernel; on the device the caller does not see "
+            f"this write (annotate '{param}' as pl.Out[...] or pl.InOut[...] if it is a result)",
+            InWriteWarning, span.file if span else "<kernel>", span.line if span else 0)
 
     # -- loops and scopes ------------------------------------------------------------------------
     def iterate(self, loop):
