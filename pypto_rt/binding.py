@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pypto_rt.errors import DSLError, KernelArgumentError, OpError, user_span
+from pypto_rt.errors import KernelArgumentError, OpError, user_span
 from pypto_rt.language.types import DynVar, ScalarType, TensorType
 from pypto_rt.ops import dtype_rules
 from pypto_rt.ops.value import TensorValue
@@ -26,18 +26,6 @@ class Binding:
     dyn: dict[DynVar, int] = field(default_factory=dict)
 
 
-def annotations_of(kernel) -> dict:
-    """Evaluated parameter annotations (handles `from __future__ import annotations`)."""
-    cached = kernel.cache.get("annotations")
-    if cached is None:
-        try:
-            cached = inspect.get_annotations(kernel.fn, eval_str=True)
-        except Exception as e:  # noqa: BLE001 - any failure here is the user's annotation
-            raise DSLError(f"cannot evaluate the annotations of {kernel.name}: {e}", kernel.span) from None
-        kernel.cache["annotations"] = cached
-    return cached
-
-
 def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:
     """Bind and check an entry call; raises KernelArgumentError at the caller's line."""
     sig = inspect.signature(kernel.fn)
@@ -46,7 +34,7 @@ def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:
         bound = sig.bind_partial(*args, **kwargs)
     except TypeError as e:
         raise KernelArgumentError(f"{kernel.name}: {e}", where, _signature_hint(kernel, sig)) from None
-    ann = annotations_of(kernel)
+    ann = kernel.annotations()
     binding = Binding([], [])
     missing = [p for p in sig.parameters if p not in bound.arguments]
     for name, param in sig.parameters.items():

@@ -55,13 +55,21 @@ class KernelFunction:
         from pypto_rt import driver
         return driver.compile_entry(self, args, kwargs)
 
+    def annotations(self) -> dict:
+        """Evaluated parameter annotations, cached (handles `from __future__ import annotations`)."""
+        cached = self.cache.get("annotations")
+        if cached is None:
+            try:
+                cached = inspect.get_annotations(self.fn, eval_str=True)
+            except Exception as e:  # noqa: BLE001 - any failure here is the user's annotation
+                raise DSLError(f"cannot evaluate the annotations of {self.name}: {e}", self.span) from None
+            self.cache["annotations"] = cached
+        return cached
+
     def check_output_directions(self, output_names) -> None:
         """Raise if a tensor the caller will read back is annotated In (on the device it reads back as zeros)."""
         from pypto_rt.language.types import TensorType
-        try:
-            annotations = inspect.get_annotations(self.fn, eval_str=True)
-        except Exception:  # noqa: BLE001 - reported properly when the kernel is bound
-            return
+        annotations = self.annotations()
         bare = [n for n in output_names if isinstance(annotations.get(n), TensorType)
                 and annotations[n].direction == "in"]
         if bare:

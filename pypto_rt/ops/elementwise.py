@@ -188,7 +188,6 @@ def _binary_op(name, fn, doc, names=None):
     return _tail(impl, name, names or _all(name), doc)
 
 
-
 def _two_operand_impl(run, tmp: bool):
     """`impl(lhs, rhs)` calling `run`, with an ignored tile scratch `tmp=None` parameter when `tmp`."""
     if tmp:
@@ -198,6 +197,7 @@ def _two_operand_impl(run, tmp: bool):
         def impl(lhs, rhs):
             return run(lhs, rhs)
     return impl
+
 
 def _scalar_op(name, plain, fn, doc, *, keep_lhs=False, names=None, tmp=False):
     """A scalar-only second operand form (`adds`, `maximums`, ...); tile scratch `tmp` ignored."""

@@ -11,7 +11,6 @@ import inspect
 import warnings
 from dataclasses import dataclass
 
-from pypto_rt.binding import annotations_of
 from pypto_rt.errors import (
     DSLError, InWriteWarning, NotSupportedError, OpError, PyptoError, UnknownOpError, user_span,
 )
@@ -205,7 +204,7 @@ class ReferenceExecutor:
 
 def _warn_directions_on_inline(kernel) -> None:
     """pl.Out/pl.InOut on an inline kernel's parameter carries no meaning (the caller's tensor is aliased)."""
-    wrapped = [name for name, spec in annotations_of(kernel).items()
+    wrapped = [name for name, spec in kernel.annotations().items()
                if isinstance(spec, TensorType) and spec.direction in ("out", "inout")]
     if wrapped:
         warnings.warn_explicit(
