@@ -1,0 +1,349 @@
+"""The task-graph engine: the host submits tasks, the engine wires edges, runs ready blocks on the worker pool,
+and reports failures, stalls and ring overflows on the host's next call.
+
+Threads: one host (orchestrator) thread calls submit/scope/wait/finish; the tensor map and the scope stack are
+touched only by it. Workers run blocks and settle tasks. Every piece of shared state (task states, fanin counts,
+consumer lists, ring counters, stats) is guarded by the module's one lock; host waits sleep on `_host_cv`
+(same lock) with a deadline, so nothing polls and nothing waits without the stall watchdog.
+
+Ring: a task holds one of `ring_size` slots from submit until it has finished AND its scope has closed.
+
+Imports only pypto_rt.errors and pypto_rt.config from pypto_rt.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+from pypto_rt import config
+from pypto_rt.errors import PyptoError
+
+from .failures import TaskFailedError, TaskPoisoned, ring_overflow_error, stall_error
+from .regions import Region
+from .stats import format_stats
+from .task import FINISHED, Task
+from .tensormap import TensorMap
+from .trace import write_trace
+from .workers import abandon, shared_pool
+
+_now = time.perf_counter_ns
+_lock = threading.Lock()
+_host_cv = threading.Condition(_lock)
+_CLOSE_GRACE_S = 2.0
+_EDGE_STAT = {"RAW": "RAW", "WAW": "WAW", "WAR": "WAR", "dep": "explicit"}
+
+
+def _positive(what: str, value):
+    if value <= 0:
+        raise PyptoError(f"{what}={value!r} must be positive")
+    return value
+
+
+class _Scope:
+    """Tasks submitted in a scope hold their ring slot at least until it closes."""
+    __slots__ = ("name", "span", "manual", "tasks")
+
+    def __init__(self, name: str, span, manual: bool):
+        self.name, self.span, self.manual = name, span, manual
+        self.tasks: list[Task] = []
+
+
+class Engine:
+    """One run of a task graph. Knobs left None come from PYPTO_NUM_WORKERS / _TIMEOUT_S / _RING_SIZE / _TRACE /
+    _STATS. Use as a context manager (exit = close) and call finish() to wait, raise and report."""
+
+    def __init__(self, *, num_workers: int | None = None, timeout_s: float | None = None,
+                 ring_size: int | None = None, trace_path: str | None = None, stats: bool | None = None,
+                 name: str = "run"):
+        self.name = name
+        if num_workers is None:
+            num_workers = config.get_int(config.NUM_WORKERS, 1) or os.cpu_count() or 1
+        self.num_workers = _positive("num_workers", num_workers)
+        self.timeout_s = _positive("timeout_s", timeout_s if timeout_s is not None else
+                                   config.get_float(config.TIMEOUT_S))
+        self.ring_size = _positive("ring_size", ring_size if ring_size is not None else
+                                   config.get_int(config.RING_SIZE, 1) or 4096)
+        self.trace_path = trace_path if trace_path is not None else config.TRACE.get() or None
+        self.print_stats = stats if stats is not None else config.STATS.get() == "1"
+        self.stats: dict = {}
+        self._pool = shared_pool(self.num_workers)
+        self._tmap = TensorMap()
+        self._scopes = [_Scope(name, None, False)]
+        self._live: dict[int, Task] = {}                      # submitted, not yet finished
+        self._traced: list[Task] | None = [] if self.trace_path else None
+        self._next_id = 0
+        self._failure: Task | None = None                     # the first task that failed
+        self._closed = self._finished = False
+        self._ring_used = self._scope_held = self._ring_high = 0
+        self._host_waiting = 0
+        self._edges = {"RAW": 0, "WAW": 0, "WAR": 0, "explicit": 0}
+        self._dummies = self._kernel_ns = self._idle_ns = 0
+        self._t0 = self._last_progress = _now()               # progress = a submit, a block start or end
+        self._lane_free = [self._t0] * self.num_workers
+
+    # -- host side ------------------------------------------------------------------------------------------
+    def submit(self, name: str, run, accesses=(), *, deps=(), blocks: int = 1, span=None,
+               manual: bool = False) -> Task:
+        """Add a task running `run(0..blocks-1)` after its producers: tensor-map edges from `accesses` (none when
+        manual or in a manual scope; the accesses still count for host waits) plus explicit `deps` (None entries
+        and finished tasks are skipped). Blocks while the ring is full."""
+        self._check_usable()
+        if blocks < 1:
+            raise PyptoError(f"task '{name}' has blocks={blocks}; it needs at least one", span)
+        accesses = tuple(accesses)
+        scope = self._scopes[-1]
+        edges = () if manual or scope.manual else self._tmap.edges_for(accesses)
+        task = Task(self._next_id, name, run, blocks, accesses, span, _now())
+        self._next_id += 1
+        with _lock:
+            self._take_slot()
+            self._wire(task, edges, deps)
+            scope.tasks.append(task)
+            self._live[task.id] = task
+            self._last_progress = task.t_submit
+            if run is None:
+                self._dummies += 1
+            if task.pending == 0 and not self._dispatch(task):
+                self._settle(task)
+        self._tmap.insert(task, accesses)
+        if self._traced is not None:
+            self._traced.append(task)
+        return task
+
+    def dummy(self, deps=(), *, name: str = "task_dummy", span=None) -> Task:
+        """A task that runs nothing and finishes once `deps` have (a dependency-only join)."""
+        return self.submit(name, None, deps=deps, span=span, manual=True)
+
+    def wait(self, tasks) -> None:
+        """Wait until these tasks (None entries skipped) have finished; raises the run's first failure."""
+        pending = [t for t in tasks if t is not None]
+
+        def finished() -> bool:
+            while pending and pending[-1].state in FINISHED:
+                pending.pop()
+            return not pending
+
+        with _lock:
+            self._wait(finished)
+
+    def wait_region(self, region: Region, for_write: bool = False) -> None:
+        """Host access: wait for the in-flight tasks writing bytes of `region` (and reading them, for_write)."""
+        self.wait(self._tmap.in_flight(region, for_write))
+
+    @contextmanager
+    def scope(self, name: str = "scope", span=None, manual: bool = False):
+        """Tasks submitted inside belong to this scope and keep their ring slots until it closes."""
+        self._check_usable()
+        scope = _Scope(name, span, manual)
+        self._scopes.append(scope)
+        try:
+            yield scope
+        finally:
+            self._scopes.remove(scope)
+            with _lock:
+                self._close_scope(scope)
+
+    def finish(self) -> None:
+        """Wait for every task; raise the first failure (or a stall); fill `stats`, write the trace, print stats."""
+        self._check_open()
+        t_finish = _now()
+        try:
+            with _lock:
+                self._close_scope(self._scopes[0])
+                self._wait(lambda: not self._live)
+        finally:
+            self._finished = True
+            self._report(t_finish)
+
+    def close(self) -> None:
+        """Stop the run (idempotent, also after a failure or stall). Queued blocks are dropped; when a block is
+        still running, the worker pool is abandoned so a kernel that never returns cannot hold up later runs."""
+        if self._closed:
+            return
+        self._closed = True
+        with _lock:
+            running = self._let_running_blocks_end(min(_CLOSE_GRACE_S, self.timeout_s))
+        if running:
+            abandon(self._pool)
+
+    def _let_running_blocks_end(self, grace_s: float) -> bool:
+        """Lock held. Give blocks already running a short grace to end (a process that exits while a worker is
+        inside a torch op can abort in C++ teardown); True when some block is still running after it."""
+        deadline = time.monotonic() + grace_s
+        self._host_waiting += 1
+        try:
+            while any(t.state == "running" for t in self._live.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return True
+                _host_cv.wait(left)
+            return False
+        finally:
+            self._host_waiting -= 1
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- host-side helpers (lock held unless noted) ---------------------------------------------------------
+    def _check_usable(self) -> None:
+        """No lock needed: reads one reference."""
+        if self._failure is not None:
+            raise TaskFailedError(self._failure)
+        self._check_open()
+
+    def _check_open(self) -> None:
+        if self._closed or self._finished:
+            raise PyptoError(f"run '{self.name}' is already {'closed' if self._closed else 'finished'}")
+
+    def _take_slot(self) -> None:
+        """Back-pressure: wait for a free ring slot; raise at once when none can ever free."""
+        if self._ring_used >= self.ring_size:
+            # slots held only by open scopes free when a scope closes, which this (blocked) host must do itself
+            if self._ring_used == self._scope_held:
+                raise ring_overflow_error(self._scopes, self.ring_size)
+            self._wait(lambda: self._ring_used < self.ring_size)
+        self._ring_used += 1
+        self._scope_held += 1
+        self._ring_high = max(self._ring_high, self._ring_used)
+
+    def _wire(self, task: Task, edges, deps) -> None:
+        for producer, kind in edges:
+            self._add_edge(task, producer, kind)
+        if deps:
+            wired = {p for p, _ in edges}
+            for producer in deps:
+                if producer is not None and producer not in wired:
+                    wired.add(producer)
+                    self._add_edge(task, producer, "dep")
+
+    def _add_edge(self, task: Task, producer: Task, kind: str) -> None:
+        state = producer.state
+        if state == "done":
+            return
+        task.deps.append((producer, kind))
+        self._edges[_EDGE_STAT[kind]] += 1
+        if state == "failed":
+            if task.error is None:
+                task.error = TaskPoisoned(task, producer)
+        else:
+            producer.consumers.append(task)
+            task.pending += 1
+
+    def _close_scope(self, scope: _Scope) -> None:
+        for task in scope.tasks:
+            self._release(task)
+        self._scope_held -= len(scope.tasks)
+        scope.tasks = []
+
+    def _wait(self, done) -> None:
+        """Sleep until done(); raise the first failure, or a StallError after timeout_s without progress."""
+        self._host_waiting += 1
+        try:
+            while True:
+                if self._failure is not None:
+                    raise TaskFailedError(self._failure)
+                if done():
+                    return
+                idle_s = (_now() - self._last_progress) / 1e9
+                if idle_s >= self.timeout_s:
+                    raise stall_error(self.name, list(self._live.values()), idle_s, _now())
+                _host_cv.wait(self.timeout_s - idle_s)
+        finally:
+            self._host_waiting -= 1
+
+    def _report(self, t_finish: int) -> None:
+        """Lock not held."""
+        t_end = _now()
+        self.stats = {"tasks": self._next_id, "dummy_tasks": self._dummies, "edges": dict(self._edges),
+                      "ring_high_water": self._ring_high, "ring_size": self.ring_size, "workers": self.num_workers,
+                      "orchestration_ns": t_finish - self._t0, "kernel_ns": self._kernel_ns,
+                      "idle_while_ready_ns": self._idle_ns, "wall_ns": t_end - self._t0}
+        if self.trace_path:
+            write_trace(self.trace_path, self.name, self._traced, self.num_workers, self._t0)
+        if self.print_stats:
+            print(format_stats(self.name, self.stats), file=sys.stderr)
+
+    # -- scheduling (lock held unless noted) ----------------------------------------------------------------
+    def _dispatch(self, task: Task) -> bool:
+        """Queue the blocks of a task whose producers have all finished; False when it must finish without
+        running instead (a dummy, a poisoned task, or any task once the run has failed)."""
+        task.t_ready = _now()
+        if task.error is None and self._failure is not None:
+            task.error = TaskPoisoned(task, self._failure, dropped=True)
+        if task.error is not None or task.run is None:
+            return False
+        task.state = "ready"
+        put = self._pool.queue.put
+        for block in range(task.blocks):
+            put((self, task, block))
+        return True
+
+    def execute(self, task: Task, block: int, lane: int) -> None:
+        """Worker thread, lock not held: run one block (or drop it once the run has failed or closed)."""
+        if self._failure is not None or self._closed:
+            with _lock:
+                self._block_done(task, block, lane, 0, 0, TaskPoisoned(task, self._failure, dropped=True))
+            return
+        t0 = self._last_progress = _now()
+        if block == 0:
+            task.lane = lane
+        if not task.t_start:
+            task.t_start = t0
+        task.state = "running"
+        error = value = None
+        try:
+            value = task.run(block)
+        except BaseException as exc:  # a kernel's failure belongs to its task, never to the worker
+            error = exc
+        t1 = _now()
+        with _lock:
+            if block == 0:
+                task.result = value
+            self._block_done(task, block, lane, t0, t1, error)
+
+    def _block_done(self, task: Task, block: int, lane: int, t0: int, t1: int, error) -> None:
+        if t1:
+            task.slices.append((block, lane, t0, t1))
+            self._kernel_ns += t1 - t0
+            self._idle_ns += max(0, t0 - max(self._lane_free[lane], task.t_ready))
+            self._lane_free[lane] = self._last_progress = t1
+        if error is not None and task.error is None:
+            task.error = error
+        task.blocks_left -= 1
+        if task.blocks_left == 0:
+            self._settle(task)
+
+    def _settle(self, task: Task) -> None:
+        """Finish `task` and, transitively, consumers that become ready but must not run (dummies, poisoned)."""
+        stack = [task]
+        while stack:
+            t = stack.pop()
+            t.t_end = _now()
+            if t.error is None:
+                t.state = "done"
+            else:
+                t.state = "failed"
+                if self._failure is None and not self._closed:
+                    self._failure = t
+            del self._live[t.id]
+            self._release(t)
+            for consumer in t.consumers:
+                if t.error is not None and consumer.error is None:
+                    consumer.error = TaskPoisoned(consumer, t)
+                consumer.pending -= 1
+                if consumer.pending == 0 and not self._dispatch(consumer):
+                    stack.append(consumer)
+            t.consumers = ()  # no edge is added to a finished task; this keeps the graph free of cycles
+        if self._host_waiting:
+            _host_cv.notify_all()
+
+    def _release(self, task: Task) -> None:
+        task.refs -= 1
+        if task.refs == 0:
+            self._ring_used -= 1

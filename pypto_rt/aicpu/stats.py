@@ -1,0 +1,24 @@
+"""The one-block summary of a run that PYPTO_STATS=1 prints to stderr. Imports nothing from pypto_rt.
+
+The stats dict (Engine.stats, filled by finish) has: tasks, dummy_tasks, edges {RAW, WAW, WAR, explicit},
+ring_high_water, ring_size, workers, and the times orchestration_ns (construction to finish(): the host program
+submitting), kernel_ns (sum of block run times), idle_while_ready_ns (worker lanes idle while a block of theirs
+was queued), wall_ns (construction to the end of finish()).
+"""
+from __future__ import annotations
+
+
+def format_stats(run: str, stats: dict) -> str:
+    edges = stats["edges"]
+
+    def ms(key: str) -> str:
+        return f"{stats[key] / 1e6:.2f} ms"
+
+    return (f"pypto-rt stats [{run}]: {stats['tasks']} tasks ({stats['dummy_tasks']} dummy)"
+            f" · {sum(edges.values())} edges (RAW {edges['RAW']}, WAW {edges['WAW']}, WAR {edges['WAR']},"
+            f" explicit {edges['explicit']})"
+            f" · ring high-water {stats['ring_high_water']}/{stats['ring_size']}"
+            f" · orchestration {ms('orchestration_ns')}"
+            f" · kernels {ms('kernel_ns')} on {stats['workers']} workers"
+            f" · worker idle while work was ready {ms('idle_while_ready_ns')}"
+            f" · wall {ms('wall_ns')}")

@@ -1,0 +1,63 @@
+"""The worker pool: daemon threads that run task blocks, shared by every Engine of the process.
+
+Starting threads per run would dominate a small run's cost, so one pool lives at module level and is replaced
+only when a run asks for a different size, or when a run closes with a block still running (a kernel that may
+never return must not hold a lane of the next run). Work items are (engine, task, block) on one FIFO; the pool
+knows nothing about them beyond calling `engine.execute(task, block, lane)`. Imports nothing from pypto_rt.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from queue import SimpleQueue
+
+import torch
+
+
+class WorkerPool:
+    """`size` daemon threads (lanes 0..size-1) serving `queue`, a FIFO of (engine, task, block) items;
+    `stop()` lets each thread exit after its current item."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.queue: SimpleQueue = SimpleQueue()
+        # torch.set_num_threads is per calling thread on torch's CPU builds (checked on 2.13: a worker that sets
+        # 1 runs at one thread while the host keeps its own count), so each worker sets its own share.
+        torch_threads = max(1, (os.cpu_count() or 1) // size)
+        for lane in range(size):
+            threading.Thread(target=self._serve, args=(lane, torch_threads), name=f"pypto-rt worker {lane}",
+                             daemon=True).start()
+
+    def stop(self) -> None:
+        for _ in range(self.size):
+            self.queue.put(None)
+
+    def _serve(self, lane: int, torch_threads: int) -> None:
+        torch.set_num_threads(torch_threads)
+        get = self.queue.get
+        while (item := get()) is not None:
+            item[0].execute(item[1], item[2], lane)
+
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def shared_pool(size: int) -> WorkerPool:
+    """The process's pool, (re)started at `size` lanes."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool.size != size:
+            if _pool is not None:
+                _pool.stop()
+            _pool = WorkerPool(size)
+        return _pool
+
+
+def abandon(pool: WorkerPool) -> None:
+    """Stop using `pool` (a lane may be stuck in a kernel); the next run starts a fresh one."""
+    global _pool
+    with _pool_lock:
+        if _pool is pool:
+            _pool = None
+    pool.stop()
