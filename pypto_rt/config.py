@@ -26,13 +26,48 @@ class Knob:
         return value
 
 
-EXECUTOR = Knob("PYPTO_EXECUTOR", "reference", ("reference", "compiled"),
+EXECUTOR = Knob("PYPTO_EXECUTOR", "compiled", ("reference", "compiled"),
                 "which executor runs @pl.jit calls: the reference interpreter or the compiled runtime")
 GOLDEN_NUM_THREADS = Knob("PYPTO_GOLDEN_NUM_THREADS", "", None, "torch threads set by the golden harness")
 RUN_CPU_FALLBACK = Knob("PYPTO_RUN_CPU_FALLBACK", "0", ("0", "1"),
                         "set by pypto-run: an NPU platform request runs on the CPU with a notice")
 
+NUM_WORKERS = Knob("PYPTO_NUM_WORKERS", "", None, "worker threads of the compiled runtime (default: CPU cores)")
+TIMEOUT_S = Knob("PYPTO_TIMEOUT_S", "300", None, "seconds without progress before a run ends with a stall report")
+RING_SIZE = Knob("PYPTO_RING_SIZE", "4096", None, "task-ring slots (tasks alive at once) of the compiled runtime")
+TRACE = Knob("PYPTO_TRACE", "", None, "write a Chrome/Perfetto trace of each compiled run to this path")
+STATS = Knob("PYPTO_STATS", "0", ("0", "1"), "print per-run task/edge/ring/time counts to stderr")
+CHECK = Knob("PYPTO_CHECK", "", ("", "reference"), "also run every task on the op library and stop at the first "
+             "region whose outputs differ")
+DUMP_DIR = Knob("PYPTO_DUMP_DIR", "", None, "write the generated host programs and kernels here")
+CACHE_DIR = Knob("PYPTO_CACHE_DIR", "", None, "on-disk kernel cache (default ~/.cache/pypto-rt; 'off' disables)")
+
 _overrides: dict[str, str] = {}
+
+
+def get_int(knob: Knob, minimum: int = 0) -> int | None:
+    """An integer knob, or None when unset; a malformed value is a one-sentence error."""
+    raw = knob.get()
+    if raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise PyptoError(f"{knob.env}={raw!r} must be an integer >= {minimum}", hint=f"unset {knob.env} or fix it")
+    return value
+
+
+def get_float(knob: Knob) -> float:
+    raw = knob.get()
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise PyptoError(f"{knob.env}={raw!r} must be a positive number of seconds", hint=f"unset {knob.env}")
+    return value
 
 
 @contextlib.contextmanager
