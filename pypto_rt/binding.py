@@ -24,6 +24,7 @@ class Binding:
     values: list
     readonly: dict[int, str] = field(default_factory=dict)  # storage data_ptr -> In parameter name
     dyn: dict[DynVar, int] = field(default_factory=dict)
+    warned_writes: set[str] = field(default_factory=set)   # In parameters whose write was reported (once each)
 
 
 def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:

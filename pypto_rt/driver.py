@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pypto_rt import config
 from pypto_rt.binding import Binding, bind_call
-from pypto_rt.errors import NotSupportedError, PyptoError, strip_internal_frames
+from pypto_rt.errors import PyptoError, strip_internal_frames
 from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
 
@@ -23,32 +23,31 @@ class CompiledKernel:
     output_dir: str | None = None
 
 
-def _make_executor(binding: Binding):
-    name = config.EXECUTOR.get()
-    if name == "compiled":
-        raise NotSupportedError("PYPTO_EXECUTOR=compiled: the compiled runtime is not available in this build yet",
-                                hint="unset PYPTO_EXECUTOR to use the reference executor")
-    from pypto_rt.reference.executor import ReferenceExecutor
-    return ReferenceExecutor(binding)
-
-
 def compile_entry(kernel, args: tuple, kwargs: dict) -> CompiledKernel:
-    """Check an entry call's arguments and prepare its executor's code."""
+    """Check an entry call's arguments and compile its host program and kernels (compiled executor)."""
     try:
         binding = bind_call(kernel, args, kwargs)
-        executor = _make_executor(binding)
+        executor = config.EXECUTOR.get()
+        if executor == "compiled":
+            from pypto_rt.orchestration.run import compile_only
+            compile_only(kernel)
     except PyptoError as e:
         raise e.with_traceback(strip_internal_frames(e.__traceback__)) from None
-    return CompiledKernel(kernel, binding, type(executor).__name__)
+    return CompiledKernel(kernel, binding, executor)
 
 
 def run_entry(kernel, args: tuple, kwargs: dict):
     """Run an entry call; Out/InOut tensors are written in place, the kernel's return value is returned."""
     try:
         binding = bind_call(kernel, args, kwargs)
-        executor = _make_executor(binding)
-        with activate(executor):
-            result = executor.run_entry(kernel)
+        if config.EXECUTOR.get() == "compiled":
+            from pypto_rt.orchestration.run import run_compiled  # the compiled runtime sits above the driver
+            result = run_compiled(kernel, binding)
+        else:
+            from pypto_rt.reference.executor import ReferenceExecutor
+            executor = ReferenceExecutor(binding)
+            with activate(executor):
+                result = executor.run_entry(kernel)
     except PyptoError as e:
         raise e.with_traceback(strip_internal_frames(e.__traceback__)) from None
     return unwrap(result)

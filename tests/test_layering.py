@@ -1,4 +1,8 @@
-"""Imports point one way (house style 7.1): errors/config <- language <- ops <- executors <- harness/CLI."""
+"""Imports point one way (house style 7.1): errors/config <- language <- ops <- executors <- harness/CLI.
+
+The compiled runtime: frontend <- incore_compiler <- orchestration (which drives the aicpu engine); the
+driver reaches orchestration through one deferred import.
+"""
 from __future__ import annotations
 
 import ast
@@ -13,7 +17,13 @@ FORBIDDEN = {
     "language": {"ops", "reference", "golden", "binding", "pypto_run"},
     "ops": {"reference", "golden", "driver", "binding", "pypto_run"},
     "reference": {"golden", "driver", "pypto_run"},
-    "golden": {"reference", "ops", "binding"},
+    "golden": {"reference", "ops", "binding", "frontend", "incore_compiler", "orchestration", "aicpu"},
+    # the compiled runtime: frontend -> incore_compiler -> orchestration, with the engine (aicpu) below them all
+    "aicpu": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
+              "orchestration", "pypto_run"},
+    "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu"},
+    "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run"},
+    "orchestration": {"golden", "driver", "pypto_run"},
 }
 # the one sanctioned upward edge: KernelFunction.__call__/compile reach the driver
 ALLOWED = {("language/decorators.py", "driver")}

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.conftest import run_pypto
 
 KERNEL = textwrap.dedent('''
@@ -97,7 +99,8 @@ def test_wrong_argument_dtype_is_reported_at_the_call_line(tmp_path):
     assert "pypto_rt/" not in proc.stderr
 
 
-def test_placement_misuse_of_pipeline_stage_is_reported(tmp_path):
+@pytest.mark.parametrize("executor", ["compiled", "reference"])
+def test_pipeline_without_stage_is_reported(tmp_path, executor):
     script = tmp_path / "stage.py"
     script.write_text(textwrap.dedent('''
         import torch
@@ -105,7 +108,29 @@ def test_placement_misuse_of_pipeline_stage_is_reported(tmp_path):
 
         @pl.jit
         def k(x: pl.Tensor[[4, 4], pl.FP32], y: pl.Out[pl.Tensor[[4, 4], pl.FP32]]):
-            for i in pl.pipeline(4):
+            with pl.at(level=pl.Level.CORE_GROUP):
+                for i in pl.pipeline(4):
+                    y[i : i + 1, :] = x[i : i + 1, :]
+            return y
+
+        k(torch.zeros(4, 4), torch.zeros(4, 4))
+    '''))
+    proc = run_pypto(str(script), env={"PYPTO_EXECUTOR": executor})
+    assert proc.returncode == 1
+    assert "pl.pipeline needs stage=" in proc.stderr
+    assert f"{script}:8:" in proc.stderr
+    assert "pypto_rt/" not in proc.stderr
+
+
+def test_pipeline_outside_incore_code_is_a_placement_error(tmp_path):
+    script = tmp_path / "placement.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        import pypto.language as pl
+
+        @pl.jit
+        def k(x: pl.Tensor[[4, 4], pl.FP32], y: pl.Out[pl.Tensor[[4, 4], pl.FP32]]):
+            for i in pl.pipeline(4, stage=2):
                 y[i : i + 1, :] = x[i : i + 1, :]
             return y
 
@@ -113,8 +138,9 @@ def test_placement_misuse_of_pipeline_stage_is_reported(tmp_path):
     '''))
     proc = run_pypto(str(script))
     assert proc.returncode == 1
-    assert "pl.pipeline needs stage=" in proc.stderr
-    assert f"{script}:7:" in proc.stderr
+    assert "pl.pipeline outside InCore code" in proc.stderr
+    assert f"{script}:7:14" in proc.stderr
+    assert "pypto_rt/" not in proc.stderr
 
 
 def test_refuses_to_share_an_environment_with_the_real_compiler(tmp_path):

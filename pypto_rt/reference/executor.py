@@ -41,7 +41,6 @@ class ReferenceExecutor:
         self.block_num = 1
         self.subblock_idx = 0
         self.carried: list[_Carried] = []
-        self.warned: set[str] = set()
         self.intrinsics = {
             "get_block_idx": self._block_idx, "tile.get_block_idx": self._block_idx,
             "tensor.get_block_idx": self._block_idx, "get_block_num": self._block_num,
@@ -101,9 +100,9 @@ class ReferenceExecutor:
         if not isinstance(target, TensorValue) or not self.binding.readonly:
             return
         param = self.binding.readonly.get(target.data.untyped_storage().data_ptr())
-        if param is None or param in self.warned:
+        if param is None or param in self.binding.warned_writes:
             return
-        self.warned.add(param)
+        self.binding.warned_writes.add(param)
         span = user_span()
         what = "subscript assignment" if name == "__setitem__" else f"pl.{name}"
         warnings.warn_explicit(

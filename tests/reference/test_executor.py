@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import pypto.language as pl
-from pypto_rt import config
-from pypto_rt.errors import DSLError, InWriteWarning, KernelArgumentError, NotSupportedError, OpError
+from pypto_rt.errors import DSLError, InWriteWarning, KernelArgumentError, OpError
 
 N = 8
 T_DYN = pl.dynamic("T_DYN")
@@ -17,7 +16,7 @@ def spmd_with_form(out: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
     with pl.spmd(4, name_hint="fill") as tid:
         b = pl.tile.get_block_idx()
         out[b : b + 1, :] = pl.full([1, N], dtype=pl.FP32, value=pl.cast(b, pl.FP32) + 1.0)
-    done = pl.system.task_dummy(deps=[tid])
+    pl.system.task_dummy(deps=[tid])
     return out
 
 
@@ -160,11 +159,6 @@ def test_wrong_op_arity_names_the_op_and_line():
     with pytest.raises(OpError, match="pl.row_expand_mul") as info:
         misuses_an_op(torch.zeros(4, N), torch.zeros(4, N))
     assert info.value.span.file == __file__
-
-
-def test_compiled_executor_is_not_claimed():
-    with config.scope(EXECUTOR="compiled"), pytest.raises(NotSupportedError, match="compiled runtime"):
-        dyn_rows(torch.zeros(2, N), torch.zeros(2, N))
 
 
 @pl.jit

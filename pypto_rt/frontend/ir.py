@@ -1,0 +1,47 @@
+"""The front end's IR: a function's Python AST (positions = the user's source) plus its outlined InCore regions.
+
+Host code stays Python statements; every InCore region (a `pl.at(CORE_GROUP)` body, a `pl.spmd` body)
+becomes a `Region` with explicit inputs and results, which the InCore compiler turns into a kernel and
+orchestration turns into a task submission.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from pypto_rt.errors import Span
+
+
+@dataclass
+class Region:
+    """One InCore region of a function, outlined."""
+    index: int
+    kind: str                      # "at" | "spmd"
+    stmt: ast.With | ast.For       # the statement the region replaces
+    call: ast.Call                 # its pl.at(...) / pl.spmd(...) call (name_hint=, deps=, core count)
+    body: list[ast.stmt]
+    span: Span
+    block_var: str | None = None   # `for b in pl.spmd(n)`: the block index variable
+    tid_target: ast.expr | None = None   # `... as tid`
+    in_host_loop: bool = False     # its results may flow into its own next instance
+    live_ins: list[str] = field(default_factory=list)    # parameters, in order
+    results: list[str] = field(default_factory=list)     # names the host reads afterwards (it waits for them)
+    aliased: list[str] = field(default_factory=list)     # rebound names that stay the same tensor as a live-in
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}@{self.span.line}"
+
+
+@dataclass
+class FunctionIR:
+    """A kernel function as the compiler sees it."""
+    name: str
+    file: str
+    tree: ast.FunctionDef
+    digest: str
+    context: str                   # "host" (orchestration with regions) | "incore" (kernel code throughout)
+    params: list[str]
+    regions: list[Region]
+    local_names: set[str]
+    unbound_guard: list[str] = field(default_factory=list)   # locals pre-bound to a sentinel in host code

@@ -1,0 +1,109 @@
+"""Outlined regions and `@pl.jit.incore` functions -> backend kernels with submit-time access plans.
+
+A `KernelArtifact` is everything a task submission needs: the backend's `run(block, *inputs)`, the
+`accesses(*inputs)` function giving the boxes each tensor input is read/written in, and the
+readable generated source.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pypto_rt.frontend.analyze import analyze
+from pypto_rt.frontend.ir import FunctionIR, Region
+from pypto_rt.frontend.resolve import Env
+from pypto_rt.frontend.source import span_of
+from pypto_rt.incore_compiler import pycode
+from pypto_rt.incore_compiler.accesses import plan_accesses
+from pypto_rt.incore_compiler.kernel_ir import CompiledKernel, KernelIR
+from pypto_rt.incore_compiler.torch_backend import TorchBackend
+
+BACKENDS = {"torch": TorchBackend()}
+
+
+@dataclass
+class KernelArtifact:
+    kernel: CompiledKernel
+    accesses: Callable[..., tuple]     # accesses(*inputs) -> ((input index, mode, offsets, sizes, line), ...)
+    compile_ms: float = 0.0
+
+    @property
+    def ir(self) -> KernelIR:
+        return self.kernel.ir
+
+
+def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dict,
+                   backend: str = "torch") -> KernelArtifact:
+    """The kernel of one outlined region of `ir`."""
+    hint = _literal_name_hint(region)
+    display = hint or f"{ir.name.rsplit('.', 1)[-1]}_{region.kind}{region.index}"
+    kir = KernelIR(name=_identifier(f"{display}_r{region.index}"), display=display, file=ir.file,
+                   span=region.span, params=list(region.live_ins), body=region.body, env=env, anchor=region.stmt,
+                   block_var=region.block_var, results=list(region.results),
+                   guards=[p for p in region.live_ins if p in ir.unbound_guard])
+    kir.accesses = plan_accesses(env, region.body, kir.params, region.block_var, region.aliased)
+    return _finish(kir, module_globals, backend)
+
+
+def incore_kernel(kernel, backend: str = "torch") -> KernelArtifact:
+    """A function run as InCore code throughout (`@pl.jit.incore`, or an inline kernel called from a kernel),
+    compiled once per KernelFunction."""
+    artifact = kernel.cache.get("incore_kernel")
+    if artifact is None:
+        start = time.perf_counter()
+        ir = analyze(kernel, context="incore")
+        artifact = compile_function(ir, Env(kernel.fn), kernel.fn.__globals__, backend)
+        artifact.compile_ms = (time.perf_counter() - start) * 1e3
+        kernel.cache["incore_kernel"] = artifact
+    return artifact
+
+
+def compile_function(ir: FunctionIR, env: Env, module_globals: dict, backend: str = "torch") -> KernelArtifact:
+    """A function as one kernel with its own signature (defaults kept); its `return` gives the result."""
+    tree = ir.tree
+    signature = pycode.clone(tree.args)
+    for a in signature.posonlyargs + signature.args + signature.kwonlyargs + [signature.vararg, signature.kwarg]:
+        if a is not None:
+            a.annotation = None
+    signature.args.insert(0, ast.arg("__block"))
+    kir = KernelIR(name=_identifier(ir.name), display=ir.name.rsplit(".", 1)[-1], file=ir.file,
+                   span=span_of(ir.file, tree), params=list(ir.params), body=tree.body, env=env, anchor=tree,
+                   returns_value=True, signature=signature)
+    kir.accesses = plan_accesses(env, tree.body, kir.params)
+    return _finish(kir, module_globals, backend)
+
+
+def _finish(kir: KernelIR, module_globals: dict, backend: str) -> KernelArtifact:
+    compiled = BACKENDS[backend].compile(kir, module_globals)
+    return KernelArtifact(compiled, _access_function(kir, module_globals))
+
+
+def _access_function(kir: KernelIR, module_globals: dict):
+    index = {p: i for i, p in enumerate(kir.params)}
+
+    def exprs(items):
+        if items is None:
+            return ast.Constant(None)
+        return ast.Tuple([pycode.clone(e) if e is not None else ast.Constant(None) for e in items], ast.Load())
+
+    entries = [ast.Tuple([ast.Constant(index[a.param]), ast.Constant(a.mode), exprs(a.offsets), exprs(a.sizes),
+                          ast.Constant(a.line)], ast.Load()) for a in kir.accesses if a.param in index]
+    fdef = ast.FunctionDef(name=f"{kir.name}__accesses", args=pycode.arguments(kir.params),
+                           body=[ast.Return(ast.Tuple(entries, ast.Load()))], decorator_list=[], returns=None,
+                           **pycode._TYPE_PARAMS)
+    pycode.located(fdef, kir.anchor)
+    (fn,) = pycode.build_functions([fdef], dict(kir.env.closure), kir.file, module_globals, kir.anchor)
+    return fn
+
+
+def _literal_name_hint(region: Region) -> str | None:
+    hint = next((k.value for k in region.call.keywords if k.arg == "name_hint"), None)
+    return hint.value if isinstance(hint, ast.Constant) and isinstance(hint.value, str) and hint.value else None
+
+
+def _identifier(text: str) -> str:
+    ident = re.sub(r"\W", "_", text)
+    return ident if ident and not ident[0].isdigit() else "k_" + ident

@@ -1,0 +1,102 @@
+"""The torch backend: an InCore kernel becomes a Python function of direct calls into the op library.
+
+Generated code for a region reads like the region itself, with three changes:
+- every `pl.<op>(...)` whose op is statically known calls the op's implementation directly
+  (`__op_add(...)`), skipping the per-op executor dispatch the reference executor pays;
+- `pl.range/parallel/pipeline/unroll` loops without carried state become plain `range` loops;
+- inputs become parameters, the spmd block variable is bound from the block index, and results
+  are returned as a tuple.
+Everything else (subscripts, intrinsics such as `pl.get_block_idx()`, inline kernel calls, carried
+`init_values` loops) runs through the worker's KernelExecutor, with the same semantics.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+
+from pypto_rt.frontend.resolve import Env, callee, is_loop, op_name
+from pypto_rt.incore_compiler import pycode
+from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
+from pypto_rt.language import scopes
+from pypto_rt.language.surface import EXECUTOR_INTRINSICS
+from pypto_rt.ops import OPS
+
+
+def loop_range(*bounds):
+    """`range` that accepts integral scalars of any kind (numpy/torch ints, bools)."""
+    try:
+        return builtins.range(*bounds)
+    except TypeError:
+        return builtins.range(*(int(b) for b in bounds))
+
+
+class TorchBackend:
+    name = "torch"
+
+    def compile(self, kernel: KernelIR, module_globals: dict, direct_ops: bool = True) -> CompiledKernel:
+        """`direct_ops=False` keeps every `pl` call going through the executor (PYPTO_CHECK=reference)."""
+        rewriter = _OpRewriter(kernel.env, direct_ops)
+        body = [rewriter.visit(stmt) for stmt in pycode.clone(kernel.body)]
+        prologue = []
+        for p in kernel.guards:
+            prologue.append(ast.If(ast.Compare(pycode.name(p), [ast.Is()], [pycode.name("__UNBOUND")]),
+                                   [ast.Delete([ast.Name(p, ast.Del())])], []))
+        if kernel.block_var:
+            prologue.append(ast.Assign([pycode.name(kernel.block_var, store=True)], pycode.name("__block")))
+        epilogue = []
+        if not kernel.returns_value:
+            results = ast.Tuple([pycode.name(r) for r in kernel.results], ast.Load())
+            epilogue.append(ast.Return(results if kernel.results else ast.Constant(None)))
+        fdef = ast.FunctionDef(name=kernel.name, args=kernel.signature or pycode.arguments(["__block"] + kernel.params),
+                               body=[pycode.located(s, kernel.anchor) for s in prologue] + body
+                               + [pycode.located(s, kernel.anchor) for s in epilogue],
+                               decorator_list=[], returns=None, **pycode._TYPE_PARAMS)
+        ast.copy_location(fdef, kernel.anchor)
+        injected = {"__UNBOUND": UNBOUND, "__range": loop_range, **rewriter.injected}
+        injected.update(kernel.env.closure)
+        (run,) = pycode.build_functions([fdef], injected, kernel.file, module_globals, kernel.anchor)
+        header = _header(kernel, rewriter)
+        return CompiledKernel(kernel, run, pycode.source_of([fdef], header), self.name)
+
+
+class _OpRewriter(ast.NodeTransformer):
+    """Statically known `pl` ops -> direct op-library calls; plain `pl` loops -> `range`."""
+
+    def __init__(self, env: Env, direct_ops: bool):
+        self.env = env
+        self.direct_ops = direct_ops
+        self.injected: dict[str, object] = {}
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        qual = op_name(callee(self.env, node))
+        if not self.direct_ops or qual is None or qual in EXECUTOR_INTRINSICS or qual not in OPS:
+            return node
+        local = "__op_" + qual.replace(".", "_")
+        self.injected[local] = OPS[qual]
+        return ast.copy_location(ast.Call(pycode.name(local), node.args, node.keywords), node)
+
+    def visit_For(self, node: ast.For):
+        self.generic_visit(node)
+        it = node.iter
+        loop = callee(self.env, it) if isinstance(it, ast.Call) else None
+        keywords = {k.arg for k in it.keywords} if isinstance(it, ast.Call) else set()
+        if (is_loop(loop) and 1 <= len(it.args) <= 3 and "init_values" not in keywords
+                and (loop is not scopes.pipeline or "stage" in keywords)):   # else pl.pipeline says what is missing
+            node.iter = ast.copy_location(ast.Call(pycode.name("__range"), it.args, []), it)
+        return node
+
+
+def _header(kernel: KernelIR, rewriter: _OpRewriter) -> str:
+    lines = [f"# pypto-rt torch kernel '{kernel.display}' outlined from {kernel.span}",
+             f"# inputs: {', '.join(kernel.params) or '-'}; results: {', '.join(kernel.results) or '-'}"
+             + (f"; block index -> {kernel.block_var}" if kernel.block_var else "")]
+    lines.append("# accesses (mode input[offset:+size], * = to the end, [:] = whole; scalars are listed too):")
+    for a in kernel.accesses:
+        box = "[:]" if a.offsets is None else "[" + ", ".join(
+            ":" if o is None and s is None else
+            f"{ast.unparse(o) if o is not None else 0}:+{ast.unparse(s) if s is not None else '*'}"
+            for o, s in zip(a.offsets, a.sizes)) + "]"
+        lines.append(f"#   {a.mode:>2} {a.param}{box}")
+    lines.append(f"# ops called directly: {', '.join(sorted(n[5:] for n in rewriter.injected)) or '-'}")
+    return "\n".join(lines)

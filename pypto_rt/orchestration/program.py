@@ -1,0 +1,67 @@
+"""Compiling a kernel function once: its host program and kernels (or, for InCore code, one kernel).
+
+Compiled artefacts live in the KernelFunction's own cache, keyed by what they were compiled for,
+and are written to PYPTO_DUMP_DIR when it is set.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pypto_rt import config
+from pypto_rt.frontend.analyze import analyze
+from pypto_rt.frontend.ir import FunctionIR
+from pypto_rt.frontend.resolve import Env
+from pypto_rt.incore_compiler import pycode
+from pypto_rt.incore_compiler.compiler import KernelArtifact, compile_region
+from pypto_rt.incore_compiler.kernel_ir import UNBOUND
+from pypto_rt.language import _runtime
+from pypto_rt.orchestration.hostgen import generate_host
+
+
+@dataclass
+class HostProgram:
+    """A function's host code (submitting its regions) and the kernels of those regions."""
+    ir: FunctionIR
+    run: Callable
+    kernels: list[KernelArtifact]
+    source: str
+    compile_ms: float
+
+
+def host_program(kernel) -> HostProgram:
+    """The compiled host program of a `@pl.jit` / inline / opaque / program function."""
+    program = kernel.cache.get("host_program")
+    if program is None:
+        program = kernel.cache["host_program"] = _compile_host(kernel)
+    return program
+
+
+def _compile_host(kernel) -> HostProgram:
+    start = time.perf_counter()
+    ir = analyze(kernel, context="host")
+    env = Env(kernel.fn)
+    module_globals = kernel.fn.__globals__
+    kernels = [compile_region(ir, r, env, module_globals) for r in ir.regions]
+    tree = generate_host(ir)
+    injected = {"__host": _runtime.current, "__UNBOUND": UNBOUND, "__K": kernels, **env.closure}
+    (run,) = pycode.build_functions([tree], injected, ir.file, module_globals, tree)
+    source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")
+    program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3)
+    dump(ir, "host", source, [k.kernel.source for k in kernels])
+    return program
+
+
+def dump(ir: FunctionIR, what: str, source: str, kernel_sources=()) -> None:
+    folder = config.DUMP_DIR.get()
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    stem = f"{os.path.splitext(os.path.basename(ir.file))[0]}.{ir.name}"
+    with open(os.path.join(folder, f"{stem}.{what}.py"), "w") as f:
+        f.write(source)
+    for i, text in enumerate(kernel_sources):
+        with open(os.path.join(folder, f"{stem}.kernel{i}.py"), "w") as f:
+            f.write(text)

@@ -1,0 +1,129 @@
+"""What a worker runs for a task: one block of a compiled kernel, with errors placed at the user's line.
+
+With `PYPTO_CHECK=reference` a task also runs its region eagerly on the op library (every `pl` call
+through the reference executor), on copies of its inputs taken when it starts, and fails at the
+first region whose outputs differ beyond the tolerance — naming the region, the tensor and the
+worst element. Blocks of a checked task run one after another, so the copies stay consistent.
+"""
+from __future__ import annotations
+
+import torch
+
+from pypto_rt import config
+from pypto_rt.errors import OpError, PyptoError, is_internal_file, span_from_traceback
+from pypto_rt.incore_compiler.compiler import BACKENDS
+from pypto_rt.incore_compiler.executor import KernelExecutor
+from pypto_rt.language._runtime import activate
+from pypto_rt.ops.value import TensorValue
+
+CHECK_TOL = config.Knob("PYPTO_CHECK_TOL", "1e-5", None, "rtol = atol of PYPTO_CHECK=reference comparisons")
+
+
+class CheckMismatchError(PyptoError):
+    """PYPTO_CHECK=reference: a region's compiled outputs differ from the op library's."""
+
+
+class TaskRunner:
+    def __init__(self, binding, check: bool):
+        self.binding = binding
+        self.check = check
+        self.tolerance = float(CHECK_TOL.get()) if check else 0.0
+
+    def runner(self, artifact, inputs: tuple, blocks: int, accesses) -> "_Run":
+        if self.check:
+            return _CheckedRun(self, artifact, inputs, blocks, accesses)
+        return _Run(self.binding, artifact.kernel.run, inputs, blocks)
+
+
+class _Run:
+    """run(block): one block on the calling worker."""
+    __slots__ = ("binding", "fn", "inputs", "blocks", "nblocks")
+
+    def __init__(self, binding, fn, inputs, blocks):
+        self.binding, self.fn, self.inputs, self.blocks, self.nblocks = binding, fn, inputs, blocks, blocks
+
+    def __call__(self, block: int):
+        return run_block(self.binding, self.fn, self.inputs, block, self.nblocks)
+
+
+def run_block(binding, fn, inputs, block, nblocks):
+    try:
+        with activate(KernelExecutor(binding, block, nblocks)):
+            return fn(block, *inputs)
+    except PyptoError as e:
+        raise e.at(span_from_traceback(e.__traceback__))
+    except Exception as e:  # noqa: BLE001 - a torch error inside an op: name the op and the user's line
+        raise OpError(f"{_failing_op(e.__traceback__)} failed: {type(e).__name__}: {e}",
+                      span_from_traceback(e.__traceback__)) from e
+
+
+def _failing_op(tb) -> str:
+    """`pl.<op>` for the first op-library frame under the innermost user frame of a traceback."""
+    name = None
+    after_user = False
+    while tb is not None:
+        internal = is_internal_file(tb.tb_frame.f_code.co_filename)
+        if not internal:
+            after_user, name = True, None
+        elif after_user and name is None:
+            name = tb.tb_frame.f_code.co_name.rstrip("_")
+        tb = tb.tb_next
+    return f"pl.{name}" if name else "the kernel"
+
+
+class _CheckedRun:
+    """All blocks, then the same region on the op library on copies, then a comparison of what it wrote."""
+    __slots__ = ("runner", "artifact", "inputs", "nblocks", "accesses", "blocks")
+
+    def __init__(self, runner, artifact, inputs, nblocks, accesses):
+        self.runner, self.artifact, self.inputs, self.nblocks, self.accesses = (
+            runner, artifact, inputs, nblocks, accesses)
+        self.blocks = 1
+
+    def __call__(self, _block: int):
+        binding = self.runner.binding
+        copies = tuple(TensorValue(v.data.clone(), v.dtype) if isinstance(v, TensorValue) else v
+                       for v in self.inputs)
+        result = None
+        for b in range(self.nblocks):
+            out = run_block(binding, self.artifact.kernel.run, self.inputs, b, self.nblocks)
+            result = out if b == 0 else result
+        reference = _reference_run(self.artifact)
+        for b in range(self.nblocks):
+            run_block(binding, reference, copies, b, self.nblocks)
+        for access, box, index in self.accesses:
+            if access.mode != "r":
+                self._compare(index, box, self.inputs[index].data, copies[index].data)
+        return result
+
+    def _compare(self, index, box, got, want):
+        if box is not None:
+            window = tuple(slice(o, o + s) for o, s in zip(*box))
+            got, want = got[window], want[window]
+        if torch.equal(got, want):
+            return
+        tol = self.runner.tolerance
+        g, w = got.double(), want.double()
+        bad = ~((g - w).abs() <= tol + tol * w.abs()) & ~(g.isnan() & w.isnan())
+        if not bad.any():
+            return
+        err = torch.where(bad, (g - w).abs().nan_to_num(float("inf")), torch.zeros_like(g))
+        flat = int(err.flatten().argmax())
+        where = list(torch.unravel_index(torch.tensor(flat), err.shape)) if err.dim() else []
+        at = [int(i) + (box[0][d] if box else 0) for d, i in enumerate(where)]
+        ir = self.artifact.ir
+        raise CheckMismatchError(
+            f"PYPTO_CHECK=reference: region '{ir.display}' wrote '{ir.params[index]}' differently from the op "
+            f"library: {int(bad.sum())} element(s) off; worst at {at}: compiled {g.flatten()[flat].item()!r}, "
+            f"reference {w.flatten()[flat].item()!r} (tolerance {tol:g})", ir.span,
+            "this is the first region whose outputs differ; the regions before it agree")
+
+
+def _reference_run(artifact):
+    """The region compiled with every `pl` call dispatched through the executor (the op library, eagerly)."""
+    fn = getattr(artifact, "reference_run", None)
+    if fn is None:
+        ir = artifact.ir
+        fn = BACKENDS["torch"].compile(ir, ir.env.globals, direct_ops=False).run
+        artifact.reference_run = fn
+    return fn
