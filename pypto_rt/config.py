@@ -33,12 +33,16 @@ RUN_CPU_FALLBACK = Knob("PYPTO_RUN_CPU_FALLBACK", "0", ("0", "1"),
                         "set by pypto-run: an NPU platform request runs on the CPU with a notice")
 
 NUM_WORKERS = Knob("PYPTO_NUM_WORKERS", "", None, "worker threads of the compiled runtime (default: CPU cores)")
+WORKER_THREADS = Knob("PYPTO_WORKER_THREADS", "1", None, "torch intra-op threads of each worker (more than 1 "
+                      "only pays for large tiles; see README 'Known limits')")
 TIMEOUT_S = Knob("PYPTO_TIMEOUT_S", "300", None, "seconds without progress before a run ends with a stall report")
 RING_SIZE = Knob("PYPTO_RING_SIZE", "4096", None, "task-ring slots (tasks alive at once) of the compiled runtime")
 TRACE = Knob("PYPTO_TRACE", "", None, "write a Chrome/Perfetto trace of each compiled run to this path")
 STATS = Knob("PYPTO_STATS", "0", ("0", "1"), "print per-run task/edge/ring/time counts to stderr")
 CHECK = Knob("PYPTO_CHECK", "", ("", "reference"), "also run every task on the op library and stop at the first "
              "region whose outputs differ")
+COALESCE = Knob("PYPTO_COALESCE", "1", ("0", "1"), "merge the iterations of tiled loops around a region into "
+                "one task per worker (0: one task per iteration)")
 DUMP_DIR = Knob("PYPTO_DUMP_DIR", "", None, "write the generated host programs and kernels here")
 CACHE_DIR = Knob("PYPTO_CACHE_DIR", "", None, "on-disk kernel cache (default ~/.cache/pypto-rt; 'off' disables)")
 

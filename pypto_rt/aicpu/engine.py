@@ -69,7 +69,8 @@ class Engine:
         self.trace_path = trace_path if trace_path is not None else config.TRACE.get() or None
         self.print_stats = stats if stats is not None else config.STATS.get() == "1"
         self.stats: dict = {}
-        self._pool = shared_pool(self.num_workers)
+        self.worker_threads = config.get_int(config.WORKER_THREADS, 1) or 1
+        self._pool = shared_pool(self.num_workers, self.worker_threads)
         self._tmap = TensorMap()
         self._scopes = [_Scope(name, None, False)]
         self._live: dict[int, Task] = {}                      # submitted, not yet finished

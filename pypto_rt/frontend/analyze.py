@@ -193,7 +193,13 @@ def _rebound_by_host_before(tree, region_stmt) -> set[str]:
     return killed
 
 
-def _path_to(stmts, target, before=()) -> list:
+def enclosing_statement(tree, stmt):
+    """The statement whose block directly holds `stmt` (None at the top level)."""
+    path = _path_to(tree.body, stmt)
+    return path[-2][0] if len(path) >= 2 else None
+
+
+def _path_to(stmts, target) -> list:
     """[(stmt, statements preceding it in its block)] from the top block down to `target`."""
     for i, stmt in enumerate(stmts):
         if stmt is target:

@@ -24,6 +24,7 @@ class Region:
     block_var: str | None = None   # `for b in pl.spmd(n)`: the block index variable
     tid_target: ast.expr | None = None   # `... as tid`
     in_host_loop: bool = False     # its results may flow into its own next instance
+    coalesce: object = None        # incore_compiler.coalesce.Coalescing when its loop's iterations merge
     live_ins: list[str] = field(default_factory=list)    # parameters, in order
     results: list[str] = field(default_factory=list)     # names the host reads afterwards (it waits for them)
     aliased: list[str] = field(default_factory=list)     # rebound names that stay the same tensor as a live-in

@@ -18,6 +18,7 @@ from pypto_rt.frontend.resolve import Env
 from pypto_rt.frontend.source import span_of
 from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.accesses import plan_accesses
+from pypto_rt.incore_compiler.coalesce import EXTENT, coalesced_body
 from pypto_rt.incore_compiler.kernel_ir import CompiledKernel, KernelIR
 from pypto_rt.incore_compiler.torch_backend import TorchBackend
 
@@ -39,12 +40,16 @@ def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dic
                    backend: str = "torch") -> KernelArtifact:
     """The kernel of one outlined region of `ir`."""
     hint = _literal_name_hint(region)
+    body, params = region.body, list(region.live_ins)
+    if region.coalesce is not None:
+        body, params = coalesced_body(region.body, region.coalesce), params + [EXTENT]
     display = hint or f"{ir.name.rsplit('.', 1)[-1]}_{region.kind}{region.index}"
     kir = KernelIR(name=_identifier(f"{display}_r{region.index}"), display=display, file=ir.file,
-                   span=region.span, params=list(region.live_ins), body=region.body, env=env, anchor=region.stmt,
+                   span=region.span, params=params, body=body, env=env, anchor=region.stmt,
                    block_var=region.block_var, results=list(region.results),
-                   guards=[p for p in region.live_ins if p in ir.unbound_guard])
-    kir.accesses = plan_accesses(env, region.body, kir.params, region.block_var, region.aliased)
+                   guards=[p for p in region.live_ins if p in ir.unbound_guard],
+                   coalesce_var=region.coalesce.var if region.coalesce else None)
+    kir.accesses = plan_accesses(env, body, kir.params, region.block_var, region.aliased)
     return _finish(kir, module_globals, backend)
 
 

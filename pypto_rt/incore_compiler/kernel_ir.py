@@ -27,6 +27,7 @@ class KernelIR:
     returns_value: bool = False     # an @pl.jit.incore function: the body's `return` is the result
     accesses: list[Access] = field(default_factory=list)
     signature: ast.arguments | None = None   # the function's own parameters (defaults kept), if not `params`
+    coalesce_var: str | None = None          # a coalesced region: the loop variable (an input)
 
 
 @dataclass

@@ -74,6 +74,22 @@ class HostExecutor(ReferenceExecutor):
                                   deps=_flatten(deps), blocks=run.blocks, span=artifact.ir.span,
                                   manual=self.manual_depth > 0)
 
+    def chunks(self, start, stop, step, independent, artifact, others):
+        """(offset, extent) per task of a coalesced loop: one chunk per worker, or one per iteration when the
+        iterations of a sequential loop could see each other's writes (an input aliases an output)."""
+        start, stop, step = int(start), int(stop), int(step)
+        n = len(range(start, stop, step))
+        if step <= 0 or n == 0 or (not independent and _may_alias(artifact, others)):
+            return [(v, step) for v in range(start, stop, step)]
+        count = min(n, self.engine.num_workers, max(1, _written_bytes(artifact, others) // _MIN_CHUNK_BYTES))
+        base, extra = divmod(n, count)
+        out, first = [], 0
+        for c in range(count):
+            size = base + (c < extra)
+            out.append((start + first * step, size * step))
+            first += size
+        return out
+
     def results(self, task):
         """A task's results, once it is done (the host reads values the region computed)."""
         self.engine.wait([task])
@@ -186,6 +202,35 @@ class HostExecutor(ReferenceExecutor):
 
 def is_incore(kernel) -> bool:
     return kernel.kind == "incore" or (kernel.kind == "function" and kernel.options.get("type") in _INCORE_TYPES)
+
+
+# a coalesced chunk writes at least this much: smaller ones cost more in thread hand-offs than they gain
+_MIN_CHUNK_BYTES = 256 * 1024
+
+
+def _written_bytes(artifact, others) -> int:
+    c = artifact.ir
+    names = [p for p in c.params if p != c.coalesce_var and p != "__extent"]
+    value = dict(zip(names, others))
+    written = {a.param for a in c.accesses if a.mode != "r"}
+    return sum(v.data.numel() * v.data.element_size() for p, v in value.items()
+               if p in written and isinstance(v, TensorValue))
+
+
+def _may_alias(artifact, others) -> bool:
+    """Whether a tensor the kernel writes shares storage with one it reads (`others`: inputs minus the loop
+    variable and the extent, in parameter order)."""
+    c = artifact.ir
+    names = [p for p in c.params if p != c.coalesce_var and p != "__extent"]
+    value = dict(zip(names, others))
+    written = {a.param for a in c.accesses if a.mode != "r"}
+    storages = {}
+    for a in c.accesses:
+        v = value.get(a.param)
+        if isinstance(v, TensorValue):
+            storages.setdefault(v.data.untyped_storage().data_ptr(), set()).add(a.param in written)
+    return any(len(kinds) > 1 for kinds in storages.values()) or bool(written & {a.param for a in c.accesses
+                                                                                 if a.mode == "r"})
 
 
 def _box(shape, offsets, sizes):

@@ -14,13 +14,14 @@ import ast
 
 from pypto_rt.frontend.ir import FunctionIR, Region
 from pypto_rt.incore_compiler import pycode
+from pypto_rt.incore_compiler.coalesce import EXTENT
 
 
 def generate_host(ir: FunctionIR) -> ast.FunctionDef:
     """The host function of `ir` (same name and parameters; annotations dropped)."""
     memo: dict = {}
     tree = pycode.clone(ir.tree, memo)
-    replacements = {id(memo[id(r.stmt)]): r for r in ir.regions}
+    replacements = {id(memo[id(r.coalesce.loop if r.coalesce else r.stmt)]): r for r in ir.regions}
     _Replacer(replacements).visit(tree)
     args = tree.args
     for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
@@ -44,7 +45,10 @@ class _Replacer(ast.NodeTransformer):
                 new = []
                 for stmt in value:
                     region = self.replacements.get(id(stmt))
-                    new.extend(_submission(region) if region is not None else [self.visit(stmt)])
+                    if region is None:
+                        new.append(self.visit(stmt))
+                    else:
+                        new.extend(_coalesced(region) if region.coalesce else _submission(region))
                 setattr(node, field, new)
             elif isinstance(value, list):
                 for item in value:
@@ -55,17 +59,32 @@ class _Replacer(ast.NodeTransformer):
         return node
 
 
-def _submission(region: Region) -> list[ast.stmt]:
+def _coalesced(region: Region) -> list[ast.stmt]:
+    """`for v, __extent in __rt.chunks(start, stop, step, ...): <submit with v, __extent>` (see coalesce.py)."""
+    c = region.coalesce
+    others = ast.Tuple([pycode.name(p) for p in region.live_ins if p != c.var], ast.Load())
+    chunks = ast.Call(ast.Attribute(pycode.name("__rt"), "chunks", ast.Load()),
+                      [pycode.clone(b) for b in c.bounds] + [ast.Constant(c.independent), _kernel(region), others], [])
+    target = ast.Tuple([pycode.name(c.var, store=True), pycode.name(EXTENT, store=True)], ast.Store())
+    loop = ast.For(target, chunks, _submission(region, extra=[EXTENT]), [])
+    return [pycode.located(loop, c.loop)]
+
+
+def _kernel(region: Region) -> ast.expr:
+    return ast.Subscript(pycode.name("__K"), ast.Constant(region.index), ast.Load())
+
+
+def _submission(region: Region, extra=()) -> list[ast.stmt]:
     call = pycode.clone(region.call)
     keywords = {k.arg: k.value for k in call.keywords}
     none = ast.Constant(None)
     core_num = None
     if region.kind == "spmd":
         core_num = call.args[0] if call.args else keywords.get("core_num")
-    inputs = ast.Tuple([pycode.name(p) for p in region.live_ins], ast.Load())
+    inputs = ast.Tuple([pycode.name(p) for p in list(region.live_ins) + list(extra)], ast.Load())
     submit = ast.Call(
         ast.Attribute(pycode.name("__rt"), "submit", ast.Load()),
-        [ast.Subscript(pycode.name("__K"), ast.Constant(region.index), ast.Load()), inputs,
+        [_kernel(region), inputs,
          keywords.get("name_hint", none), keywords.get("deps", none), core_num or none,
          keywords.get("no_dep_args", none)], [])
     target = region.tid_target if region.tid_target is not None else pycode.name("__task", store=True)

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pypto_rt import config
-from pypto_rt.frontend.analyze import analyze
+from pypto_rt.frontend.analyze import analyze, enclosing_statement
 from pypto_rt.frontend.ir import FunctionIR
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.incore_compiler import pycode
+from pypto_rt.incore_compiler.coalesce import plan_coalescing
 from pypto_rt.incore_compiler.compiler import KernelArtifact, compile_region
 from pypto_rt.incore_compiler.kernel_ir import UNBOUND
 from pypto_rt.language import _runtime
@@ -44,6 +45,10 @@ def _compile_host(kernel) -> HostProgram:
     ir = analyze(kernel, context="host")
     env = Env(kernel.fn)
     module_globals = kernel.fn.__globals__
+    if config.COALESCE.get() == "1":
+        for r in ir.regions:
+            if r.tid_target is None and not any(k.arg in ("deps", "no_dep_args") for k in r.call.keywords):
+                r.coalesce = plan_coalescing(env, r, enclosing_statement(ir.tree, r.stmt))
     kernels = [compile_region(ir, r, env, module_globals) for r in ir.regions]
     tree = generate_host(ir)
     injected = {"__host": _runtime.current, "__UNBOUND": UNBOUND, "__K": kernels, **env.closure}

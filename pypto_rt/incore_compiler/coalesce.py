@@ -1,0 +1,205 @@
+"""Coalescing: the iterations of a tiled loop around an InCore region become a few wide tasks.
+
+    for r in pl.parallel(0, ROWS, ROW_TILE):          for r, __extent in __rt.chunks(0, ROWS, ROW_TILE, ...):
+        with pl.at(...):                        ->        submit(kernel with ROW_TILE -> __extent, r, __extent)
+            t = x[r : r + ROW_TILE, :] ...
+
+When the loop variable is used only as the offset of `ROW_TILE`-sized tiles along one dimension, and
+every op in the body treats that dimension independently (elementwise ops, reductions and
+broadcasts along the other dimension, matmuls whose tiled operand is on the tiled side), running
+the body once on `k * ROW_TILE` rows computes exactly what `k` iterations compute. The host splits
+the iteration space into one chunk per worker; with `__extent = ROW_TILE` the kernel is the original
+region, so the host can always fall back to one task per iteration.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from pypto_rt.frontend.names import stored_names
+from pypto_rt.frontend.resolve import UNRESOLVED, Env, callee, is_loop, op_name
+from pypto_rt.incore_compiler.pycode import clone
+from pypto_rt.incore_compiler.shapes import _SAME_SHAPE, ShapeInference, arg, base_op
+
+EXTENT = "__extent"
+
+_ANY_DIM = (_SAME_SHAPE - {"row_expand", "col_expand"}) | {
+    "slice", "load", "assemble", "store", "fillpad", "fillpad_inplace", "cast", "full", "create_tile",
+    "create_tensor"}
+_BY_DIM = {
+    0: _ANY_DIM | {"row_sum", "row_max", "row_min", "row_prod", "row_expand", "matmul", "matmul_acc", "reshape"},
+    1: _ANY_DIM | {"col_sum", "col_max", "col_min", "col_prod", "col_expand", "matmul", "matmul_acc"},
+}
+_SHAPE_ARGS = {"slice": (1, "shape"), "load": (2, "shapes"), "full": (0, "shape"), "create_tile": (0, "shape"),
+               "create_tensor": (0, "shape"), "reshape": (1, "shape")}
+_OFFSET_ARGS = {"slice": (2, "offset"), "load": (1, "offsets"), "assemble": (2, "offset"), "store": (1, "offsets")}
+_PY_BUILTINS = {"int", "float", "min", "max", "len", "range", "abs", "bool"}
+
+
+@dataclass
+class Coalescing:
+    loop: ast.For          # the host loop whose iterations merge
+    var: str               # its variable: the tile offset along `dim`
+    bounds: list           # the loop call's (start, stop, step) expressions
+    step: ast.expr         # the tile extent along `dim`
+    dim: int
+    independent: bool      # pl.parallel (iterations declared independent) vs pl.range
+
+
+def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
+    """How `region` (the only statement of `loop`) coalesces, or None when it must run per iteration."""
+    if not isinstance(loop, ast.For) or loop.body != [region.stmt] or loop.orelse or region.results:
+        return None
+    it = loop.iter
+    kind = callee(env, it) if isinstance(it, ast.Call) else UNRESOLVED
+    if not is_loop(kind) or it.keywords or len(it.args) != 3 or not isinstance(loop.target, ast.Name):
+        return None
+    step = it.args[2]
+    if not isinstance(step, (ast.Name, ast.Attribute)) or region.kind != "at":
+        return None
+    var = loop.target.id
+    for dim in (0, 1):
+        if _Checker(env, var, step, dim, region.body).accepts(region.body):
+            return Coalescing(loop, var, list(it.args), step, dim, independent=(kind.__name__ == "parallel"))
+    return None
+
+
+def coalesced_body(body, coalescing: Coalescing):
+    """`body` with every use of the tile extent replaced by the `__extent` parameter."""
+    step = ast.dump(coalescing.step)
+
+    class Replace(ast.NodeTransformer):
+        def visit(self, node):
+            if isinstance(node, ast.expr) and ast.dump(node) == step:
+                return ast.copy_location(ast.Name(EXTENT, ast.Load()), node)
+            return super().visit(node)
+
+    return [Replace().visit(s) for s in clone(body)]
+
+
+class _Checker:
+    """Every use of the loop variable and of the step is a tile offset/extent along `dim`; every op keeps that
+    dimension independent; the tiled operand of a matmul is on the tiled side."""
+
+    def __init__(self, env: Env, var: str, step: ast.expr, dim: int, body):
+        self.env, self.var, self.dim = env, var, dim
+        self.shapes = ShapeInference(env, body)
+        self.step = ast.dump(step)
+        self.covered: set[int] = set()
+        self.tiled: set[str] = set()     # names holding values tiled along `dim`
+
+    def accepts(self, body) -> bool:
+        module = ast.Module(body=body, type_ignores=[])
+        try:
+            for node in ast.walk(module):
+                self._visit(node)
+        except _Reject:
+            return False
+        uses = [n for n in ast.walk(module) if self._is_var(n) or self._is_step(n)]
+        return all(id(n) in self.covered for n in uses)
+
+    def _is_var(self, node) -> bool:
+        return isinstance(node, ast.Name) and node.id == self.var
+
+    def _is_step(self, node) -> bool:
+        return isinstance(node, ast.expr) and ast.dump(node) == self.step
+
+    def _mentions_tiled(self, node) -> bool:
+        return any(self._is_var(n) or (isinstance(n, ast.Name) and n.id in self.tiled) for n in ast.walk(node))
+
+    def _visit(self, node):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound = stored_names(targets)
+            if self.var in bound:
+                raise _Reject
+            if node.value is not None and self._mentions_tiled(node.value):
+                self.tiled |= bound
+        elif isinstance(node, ast.Subscript):
+            self._subscript(node)
+        elif isinstance(node, ast.Call):
+            self._call(node)
+        elif isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Lambda, ast.FunctionDef)):
+            raise _Reject
+
+    def _subscript(self, node: ast.Subscript):
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if not any(self._is_var(n) for n in ast.walk(node.slice)):
+            return
+        if len(items) <= self.dim:
+            raise _Reject
+        item = items[self.dim]
+        if not (isinstance(item, ast.Slice) and item.step is None and self._is_var(item.lower)
+                and isinstance(item.upper, ast.BinOp) and isinstance(item.upper.op, ast.Add)
+                and self._is_var(item.upper.left) and self._is_step(item.upper.right)):
+            raise _Reject
+        self.covered |= {id(item.lower), id(item.upper.left), id(item.upper.right)}
+
+    def _call(self, node: ast.Call):
+        target = callee(self.env, node)
+        if is_loop(target) or getattr(target, "__name__", None) in _PY_BUILTINS and not op_name(target):
+            return
+        op = base_op(op_name(target))
+        if op is None or op not in _BY_DIM[self.dim]:
+            raise _Reject
+        if op in _SHAPE_ARGS:
+            self._shape(arg(node, *_SHAPE_ARGS[op]), op)
+        valid = next((k.value for k in node.keywords if k.arg == "valid_shape"), None)
+        if valid is not None:
+            self._shape(valid, op)
+        if op in _OFFSET_ARGS and self._offsets(arg(node, *_OFFSET_ARGS[op])):
+            self._tile_extent(node, op, valid)
+        if op in ("matmul", "matmul_acc"):
+            self._matmul(node, op)
+
+    def _shape(self, literal, op):
+        """A tile shape: the extent along `dim` may be the step; [1, step] / [step, 1] vectors too (dim 0)."""
+        if not isinstance(literal, (ast.List, ast.Tuple)):
+            if literal is not None and self._mentions_tiled(literal):
+                raise _Reject
+            return
+        elts = literal.elts
+        steps = [i for i, e in enumerate(elts) if self._is_step(e)]
+        if not steps:
+            return
+        others_one = all(isinstance(e, ast.Constant) and e.value == 1 for i, e in enumerate(elts) if i not in steps)
+        vector = self.dim == 0 and len(elts) == 2 and len(steps) == 1 and others_one
+        if not (steps == [self.dim] and op != "reshape") and not vector:
+            raise _Reject
+        self.covered |= {id(elts[i]) for i in steps}
+
+    def _offsets(self, literal) -> bool:
+        """True when the offset along `dim` is the loop variable (a tiled access)."""
+        if not isinstance(literal, (ast.List, ast.Tuple)) or len(literal.elts) <= self.dim:
+            return False
+        e = literal.elts[self.dim]
+        if self._is_var(e):
+            self.covered.add(id(e))
+            return True
+        return False
+
+    def _tile_extent(self, node, op, valid):
+        """A tiled access moves exactly one step along `dim` (and its valid box spans it)."""
+        if op in ("slice", "load"):
+            extents = [arg(node, *_SHAPE_ARGS[op])] + ([valid] if valid is not None else [])
+            extents = [e.elts[self.dim] if isinstance(e, (ast.List, ast.Tuple)) and len(e.elts) > self.dim
+                       else None for e in extents]
+        else:
+            source = arg(node, 1, "source") if op == "assemble" else arg(node, 0, "tile")
+            shape = self.shapes.of(source)
+            extents = [shape[self.dim] if shape and len(shape) > self.dim else None]
+        if not all(e is not None and self._is_step(e) for e in extents):
+            raise _Reject
+
+    def _matmul(self, node, op):
+        lhs, rhs = (arg(node, 0, "lhs"), arg(node, 1, "rhs")) if op == "matmul" else (
+            arg(node, 1, "lhs"), arg(node, 2, "rhs"))
+        flags = {k.arg: k.value for k in node.keywords}
+        transposed = "a_trans" in flags if self.dim == 0 else "b_trans" in flags
+        tiled_side, other_side = (lhs, rhs) if self.dim == 0 else (rhs, lhs)
+        if transposed or other_side is None or self._mentions_tiled(other_side) or tiled_side is None:
+            raise _Reject
+
+
+class _Reject(Exception):
+    pass

@@ -1,0 +1,109 @@
+"""Coalescing: which tiled loops merge into wide tasks, and that merging never changes a result."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pypto.language as pl
+from pypto_rt import config
+from pypto_rt.frontend.analyze import analyze, enclosing_statement
+from pypto_rt.frontend.resolve import Env
+from pypto_rt.incore_compiler.coalesce import plan_coalescing
+
+ROWS, COLS, TILE = 64, 32, 16
+
+
+def plan(kernel):
+    ir = analyze(kernel)
+    region = ir.regions[0]
+    return plan_coalescing(Env(kernel.fn), region, enclosing_statement(ir.tree, region.stmt))
+
+
+@pl.jit
+def row_softmax(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="softmax"):
+            t = pl.slice(x, [TILE, COLS], [r, 0])
+            e = pl.exp(pl.row_expand_sub(t, pl.row_max(t)))
+            y[r : r + TILE, :] = pl.row_expand_div(e, pl.row_sum(e))
+    return y
+
+
+@pl.jit
+def column_tiles(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for c in pl.range(0, COLS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+            t = x[:, c : c + TILE]
+            y[:, c : c + TILE] = pl.col_expand_mul(t, pl.col_max(t))
+    return y
+
+
+@pl.jit
+def column_sums_of_row_tiles(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="colsum"):
+            t = x[r : r + TILE, :]
+            y[r : r + TILE, :] = pl.col_expand_sub(t, pl.col_sum(t))   # mixes the rows of one tile
+    return y
+
+
+@pl.jit
+def reads_a_scalar_per_tile(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="first"):
+            y[r : r + TILE, :] = pl.mul(x[r : r + TILE, :], pl.read(x, [r, 0]))
+    return y
+
+
+@pl.jit
+def literal_step(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, 16):
+        with pl.at(level=pl.Level.CORE_GROUP):
+            y[r : r + 16, :] = pl.add(x[r : r + 16, :], 1.0)
+    return y
+
+
+def test_row_tiles_of_row_independent_ops_coalesce_along_rows():
+    c = plan(row_softmax)
+    assert c is not None and (c.var, c.dim, c.independent) == ("r", 0, True)
+
+
+def test_column_tiles_of_column_ops_coalesce_along_columns():
+    c = plan(column_tiles)
+    assert c is not None and (c.var, c.dim, c.independent) == ("c", 1, False)
+
+
+@pytest.mark.parametrize("kernel", [column_sums_of_row_tiles, reads_a_scalar_per_tile, literal_step])
+def test_bodies_that_depend_on_the_tiling_do_not_coalesce(kernel):
+    assert plan(kernel) is None
+
+
+@pytest.mark.parametrize("kernel", [row_softmax, column_tiles, column_sums_of_row_tiles])
+def test_coalesced_runs_match_the_reference_bit_for_bit(kernel):
+    x = torch.randn(ROWS, COLS)
+    want = torch.zeros(ROWS, COLS)
+    with config.scope(EXECUTOR="reference"):
+        kernel(x, want)
+    got = torch.zeros(ROWS, COLS)
+    with config.scope(NUM_WORKERS="2"):
+        kernel(x, got)
+    assert torch.equal(got, want)
+
+
+@pl.jit
+def shift_add(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.range(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="shift"):
+            y[r : r + TILE, :] = pl.add(x[r : r + TILE, :], 1.0)
+    return y
+
+
+@pytest.mark.filterwarnings("ignore::pypto_rt.errors.InWriteWarning")
+def test_a_sequential_loop_whose_output_aliases_its_input_keeps_iteration_order():
+    assert plan(shift_add) is not None
+    buf = torch.randn(ROWS + TILE, COLS)
+    want = buf.clone()
+    with config.scope(EXECUTOR="reference"):
+        shift_add(want[:ROWS], want[TILE:])   # each tile reads what the previous iteration wrote
+    shift_add(buf[:ROWS], buf[TILE:])
+    assert torch.equal(buf, want)
