@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from pypto_rt.frontend.names import stored_names
+from pypto_rt.frontend.names import loaded_names, stored_names
 from pypto_rt.frontend.resolve import UNRESOLVED, Env, callee, is_loop, op_name
 from pypto_rt.incore_compiler.pycode import clone
 from pypto_rt.incore_compiler.shapes import _SAME_SHAPE, ShapeInference, arg, base_op
@@ -38,17 +38,22 @@ _PY_BUILTINS = {"int", "float", "min", "max", "len", "range", "abs", "bool"}
 
 @dataclass
 class Coalescing:
-    loop: ast.For          # the host loop whose iterations merge
-    var: str               # its variable: the tile offset along `dim`
-    bounds: list           # the loop call's (start, stop, step) expressions
+    loop: ast.For          # the host statement whose iterations merge (a loop, or the spmd region itself)
+    var: str               # the tile offset along `dim` (the loop variable, or spmd's `t0 = b * STEP`)
+    bounds: list           # (start, stop, step) expressions of the offsets, evaluated on the host
     step: ast.expr         # the tile extent along `dim`
     dim: int
-    independent: bool      # pl.parallel (iterations declared independent) vs pl.range
+    independent: bool      # pl.parallel / pl.spmd (iterations declared independent) vs pl.range
+    spmd: bool = False     # blocks of an spmd region: its first statement `var = block * step` is dropped
 
 
 def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
-    """How `region` (the only statement of `loop`) coalesces, or None when it must run per iteration."""
-    if not isinstance(loop, ast.For) or loop.body != [region.stmt] or loop.orelse or region.results:
+    """How `region` (the only statement of `loop`, or an spmd region) coalesces, or None when it runs as is."""
+    if region.results:
+        return None
+    if region.kind == "spmd":
+        return _plan_spmd(env, region)
+    if not isinstance(loop, ast.For) or loop.body != [region.stmt] or loop.orelse:
         return None
     it = loop.iter
     kind = callee(env, it) if isinstance(it, ast.Call) else UNRESOLVED
@@ -64,8 +69,33 @@ def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
     return None
 
 
+def _plan_spmd(env: Env, region) -> Coalescing | None:
+    """`for b in pl.spmd(n): t0 = b * STEP; <body using t0 as a STEP-tile offset>` -> offsets 0, STEP, ..."""
+    call, body = region.call, region.body
+    if not region.block_var or not body or not call.args or any(k.arg != "name_hint" for k in call.keywords):
+        return None
+    first = body[0]
+    if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
+            and isinstance(first.value, ast.BinOp) and isinstance(first.value.op, ast.Mult)):
+        return None
+    left, right = first.value.left, first.value.right
+    block = ast.Name(region.block_var, ast.Load())
+    step = right if ast.dump(left) == ast.dump(block) else left if ast.dump(right) == ast.dump(block) else None
+    if not isinstance(step, (ast.Name, ast.Attribute)) or region.block_var in loaded_names(body[1:]):
+        return None
+    var = first.targets[0].id
+    stop = ast.BinOp(clone(call.args[0]), ast.Mult(), clone(step))
+    for dim in (0, 1):
+        if _Checker(env, var, step, dim, body[1:]).accepts(body[1:]):
+            return Coalescing(region.stmt, var, [ast.Constant(0), stop, clone(step)], step, dim, True, spmd=True)
+    return None
+
+
 def coalesced_body(body, coalescing: Coalescing):
-    """`body` with every use of the tile extent replaced by the `__extent` parameter."""
+    """`body` with every use of the tile extent replaced by the `__extent` parameter (spmd: without its first
+    statement, whose offset becomes a parameter)."""
+    if coalescing.spmd:
+        body = body[1:]
     step = ast.dump(coalescing.step)
 
     class Replace(ast.NodeTransformer):

@@ -107,3 +107,35 @@ def test_a_sequential_loop_whose_output_aliases_its_input_keeps_iteration_order(
         shift_add(want[:ROWS], want[TILE:])   # each tile reads what the previous iteration wrote
     shift_add(buf[:ROWS], buf[TILE:])
     assert torch.equal(buf, want)
+
+
+@pl.jit
+def spmd_rows(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for b in pl.spmd(ROWS // TILE, name_hint="rows"):
+        r0 = b * TILE
+        acc = pl.full([TILE, 1], dtype=pl.FP32, value=0.0)
+        for c in pl.range(0, COLS, 8):
+            acc = pl.add(acc, pl.row_sum(x[r0 : r0 + TILE, c : c + 8]))
+        y[r0 : r0 + TILE, :] = pl.row_expand_sub(x[r0 : r0 + TILE, :], acc)
+    return y
+
+
+@pl.jit
+def spmd_uses_block_index(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for b in pl.spmd(ROWS // TILE, name_hint="rows"):
+        r0 = b * TILE
+        y[r0 : r0 + TILE, :] = pl.mul(x[r0 : r0 + TILE, :], pl.cast(b, pl.FP32))
+    return y
+
+
+def test_spmd_blocks_with_a_row_offset_coalesce_and_match_the_reference():
+    c = plan(spmd_rows)
+    assert c is not None and c.spmd and (c.var, c.dim) == ("r0", 0)
+    assert plan(spmd_uses_block_index) is None
+    x = torch.randn(ROWS, COLS)
+    for kernel in (spmd_rows, spmd_uses_block_index):
+        want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
+        with config.scope(EXECUTOR="reference"):
+            kernel(x, want)
+        kernel(x, got)
+        assert torch.equal(got, want)
