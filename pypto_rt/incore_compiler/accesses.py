@@ -76,7 +76,9 @@ class _Planner(ast.NodeVisitor):
         return None if used & self.local else expr
 
     def _box(self, offsets, sizes):
-        return [self._exact(o) for o in offsets], [self._exact(s) for s in sizes]
+        """Per-dim exact expressions; a dimension whose offset is not exact is whole (its size says nothing)."""
+        offs = [self._exact(o) for o in offsets]
+        return offs, [self._exact(s) if o is not None else None for o, s in zip(offs, sizes)]
 
     def _target(self, node):
         """The parameter box a Name refers to (a parameter itself or a view alias of one), else None."""

@@ -94,8 +94,8 @@ def _header(kernel: KernelIR, rewriter: _OpRewriter) -> str:
     lines.append("# accesses (mode input[offset:+size], * = to the end, [:] = whole; scalars are listed too):")
     for a in kernel.accesses:
         box = "[:]" if a.offsets is None else "[" + ", ".join(
-            ":" if o is None and s is None else
-            f"{ast.unparse(o) if o is not None else 0}:+{ast.unparse(s) if s is not None else '*'}"
+            ":" if o is None else
+            f"{ast.unparse(o)}:+{ast.unparse(s) if s is not None else '*'}"
             for o, s in zip(a.offsets, a.sizes)) + "]"
         lines.append(f"#   {a.mode:>2} {a.param}{box}")
     lines.append(f"# ops called directly: {', '.join(sorted(n[5:] for n in rewriter.injected)) or '-'}")

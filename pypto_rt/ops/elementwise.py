@@ -20,7 +20,7 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import promote, scalar_dtype, storage_dtype
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.value import TensorValue, valid_mask
+from pypto_rt.ops.value import TensorValue, broadcast_shape, valid_mask
 
 
 def _all(name: str) -> tuple[str, str, str]:
@@ -88,8 +88,8 @@ def _store(data: torch.Tensor, dtype) -> torch.Tensor:
 def _check_broadcast(name: str, a: TensorValue, b) -> None:
     if isinstance(b, TensorValue):
         try:
-            torch.broadcast_shapes(a.shape, b.shape)
-        except RuntimeError:
+            broadcast_shape(a.shape, b.shape)
+        except ValueError:
             raise OpError(f"pl.{name}: operand shapes {list(a.shape)} and {list(b.shape)} do not broadcast",
                           hint="make the shapes equal or 1 on each axis (pl.reshape / pl.slice)") from None
 
@@ -363,8 +363,8 @@ def cmps(lhs, rhs, cmp_type=0):
 def _mask(name: str, mask, shape) -> torch.Tensor:
     _need_value(name, mask, "mask")
     try:
-        torch.broadcast_shapes(mask.shape, shape)
-    except RuntimeError:
+        broadcast_shape(mask.shape, shape)
+    except ValueError:
         raise OpError(f"pl.{name}: mask shape {list(mask.shape)} does not match operand shape {list(shape)}") \
             from None
     return mask.data != 0

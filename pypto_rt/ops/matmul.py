@@ -18,7 +18,7 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import storage_dtype, to_dtype
 from pypto_rt.ops.registry import not_supported, op
-from pypto_rt.ops.value import TensorValue, valid_mask
+from pypto_rt.ops.value import TensorValue, broadcast_shape, valid_mask
 
 _GEMV_DTYPES = (D.INT8, D.FP16, D.BF16, D.FP32)
 _ACC_PHASES = (None, "unspecified", "partial", "final")
@@ -72,8 +72,8 @@ def _oriented(name: str, lhs: TensorValue, rhs: TensorValue, a_trans: bool, b_tr
                       f"rhs {_shape(rhs)} (b_trans={bool(b_trans)}) has K={k_rhs}")
     if a.dim() > 2 or b.dim() > 2:
         try:
-            torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        except RuntimeError:
+            broadcast_shape(a.shape[:-2], b.shape[:-2])
+        except ValueError:
             raise OpError(f"pl.{name}: batch dimensions of lhs {_shape(lhs)} and rhs {_shape(rhs)} do not "
                           "broadcast") from None
     return a, b

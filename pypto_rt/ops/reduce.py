@@ -17,7 +17,7 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import highest, lowest, promote, storage_dtype
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.value import TensorValue
+from pypto_rt.ops.value import TensorValue, broadcast_shape
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -116,8 +116,8 @@ def _check_vector(name: str, x, v, axis: int) -> None:
         want[axis] = 1
     ok = x.ndim >= 2 and v.ndim >= 2 and v.shape[axis] == 1
     try:
-        ok = ok and tuple(torch.broadcast_shapes(x.shape, v.shape)) == x.shape
-    except RuntimeError:
+        ok = ok and broadcast_shape(x.shape, v.shape) == tuple(x.shape)
+    except ValueError:
         ok = False
     if not ok:
         kind = "[M, 1] per-row" if axis == -1 else "[1, N] per-column"

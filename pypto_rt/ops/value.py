@@ -77,6 +77,22 @@ class TensorValue:
         raise TypeError("a PyPTO tensor has no truth value; read an element with pl.read(t, [i, ...])")
 
 
+def broadcast_shape(a, b) -> tuple[int, ...]:
+    """numpy/torch broadcasting of two shapes; ValueError when they do not broadcast.
+
+    Written out because torch.broadcast_shapes imports sympy on first use (~280 ms on the first kernel run).
+    """
+    a, b = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"shapes {list(a)} and {list(b)} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
 def normalize_valid(valid, shape: tuple[int, ...]):
     """None when the box covers the whole shape, else a tuple of ints clipped to the shape."""
     if valid is None:

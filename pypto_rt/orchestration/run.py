@@ -23,6 +23,7 @@ def run_compiled(kernel, binding):
 
 def compile_only(kernel) -> float:
     """Compile `kernel` (host program and kernels) without running it; returns the compile time in ms."""
+    kernel = getattr(kernel, "kernel", kernel)   # a @pl.program method bound to its instance
     if is_incore(kernel):
         return incore_kernel(kernel).compile_ms
     return host_program(kernel).compile_ms

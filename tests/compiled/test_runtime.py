@@ -196,3 +196,24 @@ def test_writing_an_in_parameter_warns_at_the_writing_line():
         scribbles(torch.ones(N, N), torch.zeros(N, N))
     found = [w for w in caught if "an In parameter" in str(w.message)]
     assert len(found) == 1 and found[0].lineno == scribbles.fn.__code__.co_firstlineno + 3
+
+
+@pl.jit
+def inner_loop_reader(a: pl.InOut[pl.Tensor[[8, 32], pl.FP32]], out: pl.Out[pl.Tensor[[8, 1], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="fill_right_half"):
+        slow_down()
+        a[:, 16:32] = pl.full([8, 16], dtype=pl.FP32, value=1.0)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="sum_in_steps"):
+        acc = pl.full([8, 1], dtype=pl.FP32, value=0.0)
+        for k0 in pl.range(0, 32, 16):   # the offset is computed inside: the whole row range is read
+            acc = pl.add(acc, pl.row_sum(a[:, k0 : k0 + 16]))
+        out[:, :] = acc
+    return out
+
+
+def test_an_inner_loop_offset_reads_the_whole_dimension():
+    inner_loop_reader(torch.zeros(8, 32), torch.zeros(8, 1))   # warm: first-run costs must not order the tasks
+    a, out = torch.zeros(8, 32), torch.zeros(8, 1)
+    with config.scope(NUM_WORKERS="2"):
+        inner_loop_reader(a, out)
+    assert torch.equal(out, torch.full((8, 1), 16.0))
