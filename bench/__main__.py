@@ -1,82 +1,66 @@
-"""`make bench`: executor time against the torch golden's time on the same inputs, per conformance kernel.
+"""`make bench` (= `python -m bench`): the benchmark suite, one module per benchmark, markdown out.
 
-Prints a markdown table of ratios measured in one run (median of repeats). Ratios, not seconds,
-are what carry between machines.
+Every table holds ratios measured in this one run (medians of interleaved repeats); ratios, not seconds, are
+what carry between machines. Targets are reported, never asserted. `python -m bench --only per_task,kernels`
+runs a subset; `python -m bench.profile_tasks` profiles benchmark 1.
 """
 from __future__ import annotations
 
-import glob
-import importlib.util
-import inspect
-import math
+import argparse
+import importlib
 import os
-import statistics
+import platform
 import sys
 import time
 
-import torch
+from bench.timing import load_average
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(path):
-    import pypto_rt.golden as golden
-    sys.modules["golden"] = golden
-    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time")
 
 
-def _entry(module):
-    from pypto_rt.language.decorators import KernelFunction, program_entry
-    for value in vars(module).values():
-        if getattr(value, "__pypto_program__", False):
-            return program_entry(value)
-    kernels = [v for v in vars(module).values() if isinstance(v, KernelFunction) and v.kind == "jit"]
-    return kernels[-1]
+def header(argv) -> str:
+    import torch
+
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    warning = (f"**Warning: load average {busy:.2f} before the suite started: another job is using this machine's "
+               f"cores. Single-thread ratios hold up (contenders are interleaved); parallel ones will not.**  "
+               if busy > 0.5 else None)
+
+    command = " ".join([os.path.relpath(sys.executable), "-m", "bench"] + argv)
+    knobs = {k: v for k, v in os.environ.items() if k.startswith("PYPTO_")}
+    return "\n".join(line for line in [
+        "# pypto-rt benchmarks", "",
+        f"Command: `{command}`  ",
+        f"Machine: {os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"load average at start {load_average()}  ",
+        warning,
+        f"PYPTO_* knobs set: {knobs or 'none'} (each benchmark picks its executor explicitly)  ",
+        "Figures: medians of interleaved repeats; torch threads = 1 on the calling thread unless a table says "
+        "otherwise; the compiled runtime's workers set their own count (see benchmark 4)."] if line is not None)
 
 
-def _specs(module):
-    params = inspect.signature(module.build_specs).parameters
-    required = [p for p in params.values() if p.default is inspect.Parameter.empty]
-    return module.build_specs(*([128] * len(required)))
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(BENCHMARKS),
+                        help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    args = parser.parse_args(argv)
+    chosen = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
 
+    import torch
 
-def _median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def bench_kernel(path, repeats=5):
-    module = _load(path)
-    entry = _entry(module)
-    golden = next(v for k, v in vars(module).items() if k.startswith("golden_") and callable(v))
-    specs = _specs(module)
-    tensors = {s.name: s.create_tensor() if hasattr(s, "create_tensor") else s.to_python() for s in specs}
-    args = [tensors[s.name] for s in specs]
-    entry(*args)  # warm-up (first-call preparation is not what this row measures)
-    t_kernel = _median_time(lambda: entry(*args), repeats)
-    t_golden = _median_time(lambda: golden(dict(tensors)), repeats)
-    return os.path.basename(path), t_kernel, t_golden
-
-
-def main() -> int:
-    torch.set_num_threads(1)
-    paths = sorted(glob.glob(os.path.join(REPO, "tests", "conformance", "c0*.py")))
-    rows = [bench_kernel(p) for p in paths]
-    executor = os.environ.get("PYPTO_EXECUTOR", "reference")
-    print(f"executor={executor}, torch threads=1, median of 5 runs\n")
-    print("| kernel | executor / golden time |")
-    print("|---|---|")
-    for name, tk, tg in rows:
-        print(f"| {name} | {tk / tg:.1f}x |")
-    gmean = math.exp(sum(math.log(tk / tg) for _, tk, tg in rows) / len(rows))
-    print(f"| geometric mean | {gmean:.1f}x |")
+    start = time.perf_counter()
+    print(header(argv), flush=True)
+    for name in chosen:
+        module = importlib.import_module(f"bench.{name}")
+        torch.set_num_threads(1)
+        t0 = time.perf_counter()
+        body = module.run()
+        print(f"\n## {module.TITLE}\n\n{body}\n\n_({name}: {time.perf_counter() - t0:.1f} s)_", flush=True)
+    print(f"\nTotal: {time.perf_counter() - start:.1f} s; load average at end {load_average()}.")
     return 0
 
 
