@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(path):
         print(f"pypto-run: no such file: {path}", file=sys.stderr)
         return 2
+    # Idle OpenMP threads of the host's own torch ops otherwise spin and starve the runtime's workers (measured:
+    # a 2-thread GEMM on the host slowed a 1-worker run from 30 to 66-75 ms); read when torch loads, below.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     problem = _check_pypto_is_ours()
     if problem:
         print(problem, file=sys.stderr)

@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# compiled programs of the suite (and of the pypto-run subprocesses it starts) go to a scratch disk cache
+_CACHE = tempfile.mkdtemp(prefix="pypto-rt-test-cache-")
+os.environ["PYPTO_CACHE_DIR"] = _CACHE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_disk_cache():
+    yield
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def run_pypto(path: str, *args: str, env: dict | None = None, cwd: str | None = None, timeout: int = 300):

@@ -30,6 +30,7 @@ class KernelArtifact:
     kernel: CompiledKernel
     accesses: Callable[..., tuple]     # accesses(*inputs) -> ((input index, mode, offsets, sizes, line), ...)
     compile_ms: float = 0.0
+    factory: pycode.Factory | None = None   # of `accesses`
 
     @property
     def ir(self) -> KernelIR:
@@ -86,7 +87,8 @@ def compile_function(ir: FunctionIR, env: Env, module_globals: dict, backend: st
 
 def _finish(kir: KernelIR, module_globals: dict, backend: str) -> KernelArtifact:
     compiled = BACKENDS[backend].compile(kir, module_globals)
-    return KernelArtifact(compiled, _access_function(kir, module_globals))
+    factory, (accesses,) = _access_function(kir, module_globals)
+    return KernelArtifact(compiled, accesses, factory=factory)
 
 
 def _access_function(kir: KernelIR, module_globals: dict):
@@ -103,8 +105,7 @@ def _access_function(kir: KernelIR, module_globals: dict):
                            body=[ast.Return(ast.Tuple(entries, ast.Load()))], decorator_list=[], returns=None,
                            **pycode._TYPE_PARAMS)
     pycode.located(fdef, kir.anchor)
-    (fn,) = pycode.build_functions([fdef], dict(kir.env.closure), kir.file, module_globals, kir.anchor)
-    return fn
+    return pycode.build_functions([fdef], dict(kir.env.closure), kir.file, module_globals, kir.anchor)
 
 
 def _literal_name_hint(region: Region) -> str | None:

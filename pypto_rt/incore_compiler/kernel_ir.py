@@ -37,6 +37,8 @@ class CompiledKernel:
     run: Callable[..., Any]
     source: str                     # readable generated code (dumped with PYPTO_DUMP_DIR)
     backend: str
+    factory: Any = None             # pycode.Factory the run function came from (what the disk cache stores)
+    ops: dict = field(default_factory=dict)   # injected `__op_*` name -> op qualname
 
 
 class Backend(Protocol):

@@ -9,17 +9,30 @@ from __future__ import annotations
 
 import ast
 import types
+from dataclasses import dataclass
 
 
 _TYPE_PARAMS = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
 
 
-def build_functions(defs: list[ast.FunctionDef], injected: dict, file: str, module_globals: dict,
-                    anchor: ast.AST) -> tuple:
-    """Compile `defs` with `injected` names in scope; returns the function objects in order."""
+@dataclass(frozen=True)
+class Factory:
+    """Compiled generated code: `__make(*names)` returns its functions. Code objects marshal, so factories
+    are what the disk cache stores."""
+    code: types.CodeType
+    names: tuple[str, ...]
+
+    def instantiate(self, values: dict, module_globals: dict) -> tuple:
+        """The functions, bound to `module_globals`, with `values[name]` for each injected name."""
+        make = types.FunctionType(self.code, module_globals, "__make")
+        return make(*(values[n] for n in self.names))
+
+
+def compile_factory(defs: list[ast.FunctionDef], names, file: str, anchor: ast.AST) -> Factory:
+    """Compile `defs` inside `def __make(<names>)` under the user's file name."""
     factory = ast.FunctionDef(
         name="__make",
-        args=ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in injected], kwonlyargs=[], kw_defaults=[],
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in names], kwonlyargs=[], kw_defaults=[],
                            defaults=[]),
         body=list(defs) + [ast.Return(ast.Tuple([ast.Name(d.name, ast.Load()) for d in defs], ast.Load()))],
         decorator_list=[], returns=None, **_TYPE_PARAMS)
@@ -28,8 +41,14 @@ def build_functions(defs: list[ast.FunctionDef], injected: dict, file: str, modu
     ast.fix_missing_locations(module)
     code = compile(module, file, "exec")
     make_code = next(c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == "__make")
-    make = types.FunctionType(make_code, module_globals, "__make")
-    return make(*injected.values())
+    return Factory(make_code, tuple(names))
+
+
+def build_functions(defs: list[ast.FunctionDef], injected: dict, file: str, module_globals: dict,
+                    anchor: ast.AST) -> tuple[Factory, tuple]:
+    """Compile `defs` with `injected` names in scope; returns the factory and the function objects in order."""
+    factory = compile_factory(defs, list(injected), file, anchor)
+    return factory, factory.instantiate(injected, module_globals)
 
 
 def source_of(defs: list[ast.FunctionDef], header: str = "") -> str:

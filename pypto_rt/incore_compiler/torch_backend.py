@@ -20,6 +20,21 @@ from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS
 from pypto_rt.ops import OPS
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.ops.views import subscript_read, subscript_write
+
+
+def subscript(x, key):
+    """`x[key]`: a tensor window through the op library, anything else as Python indexes it."""
+    return subscript_read(x, key) if type(x) is TensorValue else x[key]
+
+
+def subscript_set(x, key, value) -> None:
+    """`x[key] = value`: a tensor write through the op library, anything else as Python assigns it."""
+    if type(x) is TensorValue:
+        subscript_write(x, key, value)
+    else:
+        x[key] = value
 
 
 def loop_range(*bounds):
@@ -28,6 +43,11 @@ def loop_range(*bounds):
         return builtins.range(*bounds)
     except TypeError:
         return builtins.range(*(int(b) for b in bounds))
+
+
+# names every generated kernel may use, besides its ops (`__op_*`) and the closure of its function
+RUNTIME_NAMES = {"__UNBOUND": UNBOUND, "__range": loop_range, "__subscript": subscript,
+                 "__subscript_set": subscript_set, "__slice": builtins.slice}
 
 
 class TorchBackend:
@@ -52,11 +72,12 @@ class TorchBackend:
                                + [pycode.located(s, kernel.anchor) for s in epilogue],
                                decorator_list=[], returns=None, **pycode._TYPE_PARAMS)
         ast.copy_location(fdef, kernel.anchor)
-        injected = {"__UNBOUND": UNBOUND, "__range": loop_range, **rewriter.injected}
+        injected = {**RUNTIME_NAMES, **rewriter.injected}
         injected.update(kernel.env.closure)
-        (run,) = pycode.build_functions([fdef], injected, kernel.file, module_globals, kernel.anchor)
+        factory, (run,) = pycode.build_functions([fdef], injected, kernel.file, module_globals, kernel.anchor)
         header = _header(kernel, rewriter)
-        return CompiledKernel(kernel, run, pycode.source_of([fdef], header), self.name)
+        return CompiledKernel(kernel, run, pycode.source_of([fdef], header), self.name, factory,
+                              dict(rewriter.ops))
 
 
 class _OpRewriter(ast.NodeTransformer):
@@ -66,6 +87,7 @@ class _OpRewriter(ast.NodeTransformer):
         self.env = env
         self.direct_ops = direct_ops
         self.injected: dict[str, object] = {}
+        self.ops: dict[str, str] = {}
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
@@ -74,7 +96,22 @@ class _OpRewriter(ast.NodeTransformer):
             return node
         local = "__op_" + qual.replace(".", "_")
         self.injected[local] = OPS[qual]
+        self.ops[local] = qual
         return ast.copy_location(ast.Call(pycode.name(local), node.args, node.keywords), node)
+
+    def visit_Subscript(self, node: ast.Subscript):
+        self.generic_visit(node)
+        if not self.direct_ops or not isinstance(node.ctx, ast.Load):
+            return node
+        return ast.copy_location(ast.Call(pycode.name("__subscript"), [node.value, _key(node.slice)], []), node)
+
+    def visit_Assign(self, node: ast.Assign):
+        self.generic_visit(node)
+        target = node.targets[0]
+        if not self.direct_ops or len(node.targets) != 1 or not isinstance(target, ast.Subscript):
+            return node
+        call = ast.Call(pycode.name("__subscript_set"), [target.value, _key(target.slice), node.value], [])
+        return ast.copy_location(ast.Expr(ast.copy_location(call, node)), node)
 
     def visit_For(self, node: ast.For):
         self.generic_visit(node)
@@ -85,6 +122,17 @@ class _OpRewriter(ast.NodeTransformer):
                 and (loop is not scopes.pipeline or "stage" in keywords)):   # else pl.pipeline says what is missing
             node.iter = ast.copy_location(ast.Call(pycode.name("__range"), it.args, []), it)
         return node
+
+
+def _key(index: ast.expr) -> ast.expr:
+    """A subscript's index as an expression: `a:b` becomes `__slice(a, b, None)` (valid outside brackets)."""
+    if isinstance(index, ast.Slice):
+        parts = [index.lower, index.upper, index.step]
+        return ast.copy_location(ast.Call(pycode.name("__slice"), [p or ast.Constant(None) for p in parts], []),
+                                 index)
+    if isinstance(index, ast.Tuple):
+        return ast.copy_location(ast.Tuple([_key(e) for e in index.elts], ast.Load()), index)
+    return index
 
 
 def _header(kernel: KernelIR, rewriter: _OpRewriter) -> str:

@@ -71,7 +71,8 @@ def _compute_dtype(dtype) -> torch.dtype:
 
 def _arg(name: str, x, cdt: torch.dtype) -> torch.Tensor:
     if isinstance(x, TensorValue):
-        return x.data.to(cdt)
+        data = x.data
+        return data if data.dtype == cdt else data.to(cdt)
     try:
         return torch.tensor(x, dtype=cdt)
     except (OverflowError, RuntimeError, TypeError) as exc:
@@ -82,7 +83,11 @@ def _store(data: torch.Tensor, dtype) -> torch.Tensor:
     """Convert computed values to the storage of `dtype`; UINT16/UINT32 (stored wider) wrap to their width."""
     if dtype in (D.UINT16, D.UINT32):
         data = data.to(torch.int64) & ((1 << dtype.bits) - 1)
-    return data.to(storage_dtype(dtype))
+    storage = storage_dtype(dtype)
+    return data if data.dtype == storage else data.to(storage)
+
+
+_TAKES_PY_SCALAR = (torch.add, torch.sub, torch.mul)
 
 
 def _check_broadcast(name: str, a: TensorValue, b) -> None:
@@ -107,7 +112,11 @@ def _binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
     _check_broadcast(name, a, b)
     dtype = a.dtype if keep_lhs else promote(a.dtype, _dtype_of(b))
     cdt = _compute_dtype(dtype)
-    out = fn(_arg(name, a, cdt), _arg(name, b, cdt))
+    if fn in _TAKES_PY_SCALAR and cdt.is_floating_point and type(b) in (float, int):
+        rhs = b   # torch rounds a Python number to the float compute dtype exactly as torch.tensor(b, cdt) does
+    else:
+        rhs = _arg(name, b, cdt)
+    out = fn(_arg(name, a, cdt), rhs)
     result = dtype if out_dtype is None else out_dtype
     is_tile = a.is_tile or (isinstance(b, TensorValue) and b.is_tile)
     box = _binary_valid(a, b) if valid == "auto" else valid

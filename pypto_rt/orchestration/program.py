@@ -17,27 +17,39 @@ from pypto_rt.frontend.resolve import Env
 from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.coalesce import plan_coalescing
 from pypto_rt.incore_compiler.compiler import KernelArtifact, compile_region
-from pypto_rt.incore_compiler.kernel_ir import UNBOUND
-from pypto_rt.language import _runtime
+from pypto_rt.orchestration import disk_cache
 from pypto_rt.orchestration.hostgen import generate_host
 
 
 @dataclass
 class HostProgram:
     """A function's host code (submitting its regions) and the kernels of those regions."""
-    ir: FunctionIR
+    ir: FunctionIR | None          # None when loaded from the disk cache
     run: Callable
     kernels: list[KernelArtifact]
     source: str
     compile_ms: float
+    factory: pycode.Factory
 
 
 def host_program(kernel) -> HostProgram:
-    """The compiled host program of a `@pl.jit` / inline / opaque / program function."""
+    """The compiled host program of a `@pl.jit` / inline / opaque / program function: from this process's
+    cache, else the disk cache, else compiled now (and stored)."""
     program = kernel.cache.get("host_program")
     if program is None:
-        program = kernel.cache["host_program"] = _compile_host(kernel)
+        start = time.perf_counter()
+        program = disk_cache.load(kernel, lambda kernels, factory, source: _from_factory(
+            kernel, kernels, factory, source, start))
+        if program is None:
+            program = _compile_host(kernel)
+            disk_cache.store(kernel, program)
+        kernel.cache["host_program"] = program
     return program
+
+
+def _from_factory(kernel, kernels, factory, source, start) -> HostProgram:
+    (run,) = factory.instantiate(disk_cache.host_values(kernels, Env(kernel.fn)), kernel.fn.__globals__)
+    return HostProgram(None, run, kernels, source, (time.perf_counter() - start) * 1e3, factory)
 
 
 def _compile_host(kernel) -> HostProgram:
@@ -51,10 +63,10 @@ def _compile_host(kernel) -> HostProgram:
                 r.coalesce = plan_coalescing(env, r, enclosing_statement(ir.tree, r.stmt))
     kernels = [compile_region(ir, r, env, module_globals) for r in ir.regions]
     tree = generate_host(ir)
-    injected = {"__host": _runtime.current, "__UNBOUND": UNBOUND, "__K": kernels, **env.closure}
-    (run,) = pycode.build_functions([tree], injected, ir.file, module_globals, tree)
+    factory, (run,) = pycode.build_functions([tree], disk_cache.host_values(kernels, env), ir.file,
+                                             module_globals, tree)
     source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")
-    program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3)
+    program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3, factory)
     dump(ir, "host", source, [k.kernel.source for k in kernels])
     return program
 

@@ -74,8 +74,8 @@ class ReferenceExecutor:
         if impl is None:
             raise UnknownOpError(f"unknown op pl.{name}", user_span())
         target = IN_PLACE_TARGETS.get(name)
-        if target is not None:
-            self._check_writable(name, self._bind(name, impl, args, kwargs).arguments.get(target))
+        if target is not None and self.binding.readonly:
+            self._check_writable(name, _written_argument(name, impl, target, args, kwargs))
         try:
             return impl(*args, **kwargs)
         except PyptoError as e:
@@ -199,6 +199,19 @@ class ReferenceExecutor:
     def _syncall(self, *args, **kwargs):
         raise NotSupportedError("not supported yet: pl.system.syncall (a barrier between concurrently running spmd "
                                 "blocks; the reference executor runs blocks one after another)", user_span())
+
+
+_TARGET_POSITIONS: dict[str, int] = {}
+
+
+def _written_argument(name, impl, param, args, kwargs):
+    """The argument an in-place op writes (its `param`), found without binding the whole signature."""
+    if param in kwargs:
+        return kwargs[param]
+    position = _TARGET_POSITIONS.get(name)
+    if position is None:
+        position = _TARGET_POSITIONS[name] = list(inspect.signature(impl).parameters).index(param)
+    return args[position] if position < len(args) else None
 
 
 def _warn_directions_on_inline(kernel) -> None:
