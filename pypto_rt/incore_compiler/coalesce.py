@@ -22,6 +22,7 @@ from pypto_rt.incore_compiler.pycode import clone
 from pypto_rt.incore_compiler.shapes import _SAME_SHAPE, ShapeInference, arg, base_op
 
 EXTENT = "__extent"
+OFFSET = "__offset"
 
 _ANY_DIM = (_SAME_SHAPE - {"row_expand", "col_expand"}) | {
     "slice", "load", "assemble", "store", "fillpad", "fillpad_inplace", "cast", "full", "create_tile",
@@ -39,12 +40,14 @@ _PY_BUILTINS = {"int", "float", "min", "max", "len", "range", "abs", "bool"}
 @dataclass
 class Coalescing:
     loop: ast.For          # the host statement whose iterations merge (a loop, or the spmd region itself)
-    var: str               # the tile offset along `dim` (the loop variable, or spmd's `t0 = b * STEP`)
+    var: str               # the tile offset along `dim` inside the kernel
     bounds: list           # (start, stop, step) expressions of the offsets, evaluated on the host
     step: ast.expr         # the tile extent along `dim`
     dim: int
     independent: bool      # pl.parallel / pl.spmd (iterations declared independent) vs pl.range
-    spmd: bool = False     # blocks of an spmd region: its first statement `var = block * step` is dropped
+    body: list             # the region's body with the offset written as `var` (before the extent substitution)
+    new_offset: bool = False      # `var` is a new kernel input (not a name of the user's host code)
+    dropped: str | None = None    # an input the coalesced kernel no longer takes (a unit-step loop index)
 
 
 def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
@@ -53,20 +56,77 @@ def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
         return None
     if region.kind == "spmd":
         return _plan_spmd(env, region)
-    if not isinstance(loop, ast.For) or loop.body != [region.stmt] or loop.orelse:
+    if not isinstance(loop, ast.For) or loop.body != [region.stmt] or loop.orelse or region.kind != "at":
         return None
     it = loop.iter
     kind = callee(env, it) if isinstance(it, ast.Call) else UNRESOLVED
-    if not is_loop(kind) or it.keywords or len(it.args) != 3 or not isinstance(loop.target, ast.Name):
+    if not is_loop(kind) or it.keywords or not 1 <= len(it.args) <= 3 or not isinstance(loop.target, ast.Name):
         return None
-    step = it.args[2]
-    if not isinstance(step, (ast.Name, ast.Attribute)) or region.kind != "at":
-        return None
+    independent = kind.__name__ == "parallel"
     var = loop.target.id
-    for dim in (0, 1):
-        if _Checker(env, var, step, dim, region.body).accepts(region.body):
-            return Coalescing(loop, var, list(it.args), step, dim, independent=(kind.__name__ == "parallel"))
+    step = it.args[2] if len(it.args) == 3 else ast.Constant(1)
+    if isinstance(step, (ast.Name, ast.Attribute)):    # for r in pl.X(a, b, TILE): x[r : r + TILE]
+        dim = _accepting_dim(env, var, step, region.body)
+        return None if dim is None else Coalescing(loop, var, list(it.args), step, dim, independent, region.body)
+    if isinstance(step, ast.Constant) and step.value == 1:   # for i in pl.X(n): x[i * TILE : (i + 1) * TILE]
+        return _plan_scaled_index(env, region, loop, var, independent)
     return None
+
+
+def _accepting_dim(env: Env, var: str, step, body) -> int | None:
+    for dim in (0, 1):
+        if _Checker(env, var, step, dim, body).accepts(body):
+            return dim
+    return None
+
+
+def _plan_scaled_index(env: Env, region, loop, index: str, independent: bool) -> Coalescing | None:
+    """A unit-step index used only as `index * TILE` and `(index + 1) * TILE`: offsets 0, TILE, 2 TILE, ..."""
+    scales = {ast.dump(n.right): n.right for n in ast.walk(ast.Module(body=region.body, type_ignores=[]))
+              if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and _is_name(n.left, index)}
+    if len(scales) != 1:
+        return None
+    (step,) = scales.values()
+    if not isinstance(step, (ast.Name, ast.Attribute)):
+        return None
+    body = _ScaledIndex(index, step).rewrite(region.body)
+    if body is None:
+        return None
+    dim = _accepting_dim(env, OFFSET, step, body)
+    if dim is None:
+        return None
+    args = loop.iter.args
+    start, stop = (ast.Constant(0), args[0]) if len(args) == 1 else (args[0], args[1])
+    bounds = [ast.BinOp(clone(start), ast.Mult(), clone(step)), ast.BinOp(clone(stop), ast.Mult(), clone(step)),
+              clone(step)]
+    return Coalescing(loop, OFFSET, bounds, step, dim, independent, body, new_offset=True, dropped=index)
+
+
+class _ScaledIndex(ast.NodeTransformer):
+    """`i * T` -> `__offset`, `(i + 1) * T` -> `__offset + T`; None when `i` is used any other way."""
+
+    def __init__(self, index: str, step):
+        self.index, self.step = index, ast.dump(step)
+
+    def rewrite(self, body):
+        out = [ast.fix_missing_locations(self.visit(s)) for s in clone(body)]
+        module = ast.Module(body=out, type_ignores=[])
+        return None if any(_is_name(n, self.index) for n in ast.walk(module)) else out
+
+    def visit_BinOp(self, node):
+        if isinstance(node.op, ast.Mult) and ast.dump(node.right) == self.step:
+            left = node.left
+            if _is_name(left, self.index):
+                return ast.copy_location(ast.Name(OFFSET, ast.Load()), node)
+            if (isinstance(left, ast.BinOp) and isinstance(left.op, ast.Add) and _is_name(left.left, self.index)
+                    and isinstance(left.right, ast.Constant) and left.right.value == 1):
+                return ast.copy_location(ast.BinOp(ast.Name(OFFSET, ast.Load()), ast.Add(), clone(node.right)),
+                                         node)
+        return self.generic_visit(node)
+
+
+def _is_name(node, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
 
 
 def _plan_spmd(env: Env, region) -> Coalescing | None:
@@ -85,17 +145,16 @@ def _plan_spmd(env: Env, region) -> Coalescing | None:
         return None
     var = first.targets[0].id
     stop = ast.BinOp(clone(call.args[0]), ast.Mult(), clone(step))
-    for dim in (0, 1):
-        if _Checker(env, var, step, dim, body[1:]).accepts(body[1:]):
-            return Coalescing(region.stmt, var, [ast.Constant(0), stop, clone(step)], step, dim, True, spmd=True)
-    return None
+    dim = _accepting_dim(env, var, step, body[1:])
+    if dim is None:
+        return None
+    return Coalescing(region.stmt, var, [ast.Constant(0), stop, clone(step)], step, dim, True, body[1:],
+                      new_offset=True)
 
 
-def coalesced_body(body, coalescing: Coalescing):
-    """`body` with every use of the tile extent replaced by the `__extent` parameter (spmd: without its first
-    statement, whose offset becomes a parameter)."""
-    if coalescing.spmd:
-        body = body[1:]
+def coalesced_body(coalescing: Coalescing):
+    """The coalesced kernel's body: every use of the tile extent replaced by the `__extent` parameter."""
+    body = coalescing.body
     step = ast.dump(coalescing.step)
 
     class Replace(ast.NodeTransformer):

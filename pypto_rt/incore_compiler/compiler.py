@@ -43,15 +43,16 @@ def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dic
     hint = _literal_name_hint(region)
     body, params = region.body, list(region.live_ins)
     block_var = region.block_var
-    if region.coalesce is not None:
-        body = coalesced_body(region.body, region.coalesce)
-        params += ([region.coalesce.var] if region.coalesce.spmd else []) + [EXTENT]
-        block_var = None if region.coalesce.spmd else block_var
+    c = region.coalesce
+    if c is not None:
+        body = coalesced_body(c)
+        params = [p for p in params if p != c.dropped] + ([c.var] if c.new_offset else []) + [EXTENT]
+        block_var = None
     display = hint or f"{ir.name.rsplit('.', 1)[-1]}_{region.kind}{region.index}"
     kir = KernelIR(name=_identifier(f"{display}_r{region.index}"), display=display, file=ir.file,
                    span=region.span, params=params, body=body, env=env, anchor=region.stmt,
                    block_var=block_var, results=list(region.results),
-                   guards=[p for p in region.live_ins if p in ir.unbound_guard],
+                   guards=[p for p in params if p in ir.unbound_guard],
                    coalesce_var=region.coalesce.var if region.coalesce else None)
     kir.accesses = plan_accesses(env, body, kir.params, block_var, region.aliased)
     return _finish(kir, module_globals, backend)

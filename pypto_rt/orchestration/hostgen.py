@@ -62,13 +62,12 @@ class _Replacer(ast.NodeTransformer):
 def _coalesced(region: Region) -> list[ast.stmt]:
     """`for v, __extent in __rt.chunks(start, stop, step, ...): <submit with v, __extent>` (see coalesce.py)."""
     c = region.coalesce
-    offset = "__offset" if c.spmd else c.var    # an spmd offset is kernel-local: keep it off the host's names
-    others = ast.Tuple([pycode.name(p) for p in region.live_ins if p != c.var], ast.Load())
+    inputs = [p for p in region.live_ins if p != c.dropped] + ([c.var] if c.new_offset else [])
+    others = ast.Tuple([pycode.name(p) for p in inputs if p != c.var], ast.Load())
     chunks = ast.Call(ast.Attribute(pycode.name("__rt"), "chunks", ast.Load()),
                       [pycode.clone(b) for b in c.bounds] + [ast.Constant(c.independent), _kernel(region), others], [])
-    target = ast.Tuple([pycode.name(offset, store=True), pycode.name(EXTENT, store=True)], ast.Store())
-    extra = ([offset] if c.spmd else []) + [EXTENT]
-    loop = ast.For(target, chunks, _submission(region, extra=extra, spmd_blocks=not c.spmd), [])
+    target = ast.Tuple([pycode.name(c.var, store=True), pycode.name(EXTENT, store=True)], ast.Store())
+    loop = ast.For(target, chunks, _submission(region, inputs + [EXTENT], spmd_blocks=False), [])
     return [pycode.located(loop, c.loop)]
 
 
@@ -76,14 +75,14 @@ def _kernel(region: Region) -> ast.expr:
     return ast.Subscript(pycode.name("__K"), ast.Constant(region.index), ast.Load())
 
 
-def _submission(region: Region, extra=(), spmd_blocks=True) -> list[ast.stmt]:
+def _submission(region: Region, inputs=None, spmd_blocks=True) -> list[ast.stmt]:
     call = pycode.clone(region.call)
     keywords = {k.arg: k.value for k in call.keywords}
     none = ast.Constant(None)
     core_num = None
     if region.kind == "spmd" and spmd_blocks:
         core_num = call.args[0] if call.args else keywords.get("core_num")
-    inputs = ast.Tuple([pycode.name(p) for p in list(region.live_ins) + list(extra)], ast.Load())
+    inputs = ast.Tuple([pycode.name(p) for p in (region.live_ins if inputs is None else inputs)], ast.Load())
     submit = ast.Call(
         ast.Attribute(pycode.name("__rt"), "submit", ast.Load()),
         [_kernel(region), inputs,

@@ -130,10 +130,39 @@ def spmd_uses_block_index(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tens
 
 def test_spmd_blocks_with_a_row_offset_coalesce_and_match_the_reference():
     c = plan(spmd_rows)
-    assert c is not None and c.spmd and (c.var, c.dim) == ("r0", 0)
+    assert c is not None and c.new_offset and (c.var, c.dim) == ("r0", 0)
     assert plan(spmd_uses_block_index) is None
     x = torch.randn(ROWS, COLS)
     for kernel in (spmd_rows, spmd_uses_block_index):
+        want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
+        with config.scope(EXECUTOR="reference"):
+            kernel(x, want)
+        kernel(x, got)
+        assert torch.equal(got, want)
+
+
+@pl.jit
+def scaled_index(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for i in pl.range(ROWS // TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="tile"):
+            y[i * TILE : (i + 1) * TILE, :] = pl.exp(x[i * TILE : (i + 1) * TILE, :])
+    return y
+
+
+@pl.jit
+def index_used_as_a_value(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for i in pl.range(ROWS // TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="tile"):
+            y[i * TILE : (i + 1) * TILE, :] = pl.add(x[i * TILE : (i + 1) * TILE, :], pl.cast(i, pl.FP32))
+    return y
+
+
+def test_a_unit_step_index_scaled_by_the_tile_coalesces():
+    c = plan(scaled_index)
+    assert c is not None and c.new_offset and c.dropped == "i" and c.dim == 0
+    assert plan(index_used_as_a_value) is None
+    x = torch.randn(ROWS, COLS)
+    for kernel in (scaled_index, index_used_as_a_value):
         want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
         with config.scope(EXECUTOR="reference"):
             kernel(x, want)
