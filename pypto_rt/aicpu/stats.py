@@ -14,11 +14,15 @@ def format_stats(run: str, stats: dict) -> str:
     def ms(key: str) -> str:
         return f"{stats[key] / 1e6:.2f} ms"
 
-    return (f"pypto-rt stats [{run}]: {stats['tasks']} tasks ({stats['dummy_tasks']} dummy)"
-            f" · {sum(edges.values())} edges (RAW {edges['RAW']}, WAW {edges['WAW']}, WAR {edges['WAR']},"
+    return (f"pypto-rt stats [{run}]: {_count(stats['tasks'], 'task')} ({stats['dummy_tasks']} dummy)"
+            f" · {_count(sum(edges.values()), 'edge')} (RAW {edges['RAW']}, WAW {edges['WAW']}, WAR {edges['WAR']},"
             f" explicit {edges['explicit']})"
             f" · ring high-water {stats['ring_high_water']}/{stats['ring_size']}"
             f" · orchestration {ms('orchestration_ns')}"
-            f" · kernels {ms('kernel_ns')} on {stats['workers']} workers"
+            f" · kernels {ms('kernel_ns')} on {_count(stats['workers'], 'worker')}"
             f" · worker idle while work was ready {ms('idle_while_ready_ns')}"
             f" · wall {ms('wall_ns')}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
