@@ -6,7 +6,6 @@ The executor sets itself with `activate(executor)` for the duration of a kernel 
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 from typing import Any, Iterator, Protocol
 
@@ -43,10 +42,16 @@ def active() -> Executor | None:
     return _active.get()
 
 
-@contextlib.contextmanager
-def activate(executor: Executor):
-    token = _active.set(executor)
-    try:
-        yield executor
-    finally:
-        _active.reset(token)
+class activate:  # noqa: N801 - used as a function: `with activate(executor):`
+    """Make `executor` the active one for a with block (a class: a kernel block pays for this on every task)."""
+    __slots__ = ("executor", "token")
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+
+    def __enter__(self) -> Executor:
+        self.token = _active.set(self.executor)
+        return self.executor
+
+    def __exit__(self, *exc) -> None:
+        _active.reset(self.token)

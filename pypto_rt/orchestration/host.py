@@ -39,14 +39,15 @@ def _base(name: str) -> str:
 class HostExecutor(ReferenceExecutor):
     """Orchestration of one entry call on an engine."""
 
+    INTRINSICS = {**ReferenceExecutor.INTRINSICS, "submit": "_submit_call", "spmd_submit": "_spmd_submit_call",
+                  "system.task_dummy": "_task_dummy"}
+
     def __init__(self, binding, engine):
         super().__init__(binding)
         self.engine = engine
         self.manual_depth = 0
         self.open_scopes: list = []
         self.runner = TaskRunner(binding, check=config.CHECK.get() == "reference")
-        self.intrinsics.update({"submit": self._submit_call, "spmd_submit": self._spmd_submit_call,
-                                "system.task_dummy": self._task_dummy})
 
     # -- entry -----------------------------------------------------------------------------------
     def run_entry(self, kernel):
@@ -151,7 +152,7 @@ class HostExecutor(ReferenceExecutor):
 
     # -- host ops --------------------------------------------------------------------------------
     def call_op(self, name, args, kwargs):
-        if name not in self.intrinsics and _base(name) not in _NO_WAIT:
+        if name not in self.INTRINSICS and _base(name) not in _NO_WAIT:
             self._wait_operands(name, args, kwargs)
         return super().call_op(name, args, kwargs)
 

@@ -35,19 +35,21 @@ class _Carried:
 class ReferenceExecutor:
     """Eager, single-threaded execution of one entry call."""
 
+    # intrinsics: op names answered from executor state -> the method answering them (looked up per call, so
+    # subclasses can add theirs and constructing an executor stays cheap: one is made per task block)
+    INTRINSICS = {
+        "get_block_idx": "_block_idx", "tile.get_block_idx": "_block_idx", "tensor.get_block_idx": "_block_idx",
+        "get_block_num": "_block_num", "tile.get_block_num": "_block_num", "tensor.get_block_num": "_block_num",
+        "get_subblock_idx": "_subblock_idx", "tile.get_subblock_idx": "_subblock_idx",
+        "submit": "_submit", "spmd_submit": "_spmd_submit", "system.syncall": "_syncall",
+    }
+
     def __init__(self, binding):
         self.binding = binding
         self.block_idx = 0
         self.block_num = 1
         self.subblock_idx = 0
         self.carried: list[_Carried] = []
-        self.intrinsics = {
-            "get_block_idx": self._block_idx, "tile.get_block_idx": self._block_idx,
-            "tensor.get_block_idx": self._block_idx, "get_block_num": self._block_num,
-            "tile.get_block_num": self._block_num, "tensor.get_block_num": self._block_num,
-            "get_subblock_idx": self._subblock_idx, "tile.get_subblock_idx": self._subblock_idx,
-            "submit": self._submit, "spmd_submit": self._spmd_submit, "system.syncall": self._syncall,
-        }
 
     # -- entry -----------------------------------------------------------------------------------
     def run_entry(self, kernel):
@@ -70,7 +72,8 @@ class ReferenceExecutor:
 
     # -- ops -------------------------------------------------------------------------------------
     def call_op(self, name, args, kwargs):
-        impl = self.intrinsics.get(name) or OPS.get(name)
+        method = self.INTRINSICS.get(name)
+        impl = getattr(self, method) if method else OPS.get(name)
         if impl is None:
             raise UnknownOpError(f"unknown op pl.{name}", user_span())
         target = IN_PLACE_TARGETS.get(name)
