@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import inspect
 import os
-import sys
 from dataclasses import dataclass
+
+from pypto_rt.golden.files import kernel_entry, load_kernel_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED_ARG = 128  # build_specs parameters without a default (c03's token count: the "prefill" size)
@@ -22,22 +22,11 @@ def short(path: str) -> str:
 
 def load_module(path):
     """Import a kernel-library file the way pypto-run does (`golden` = pypto_rt.golden)."""
-    import pypto_rt.golden as golden
-    sys.modules["golden"] = golden
-    spec = importlib.util.spec_from_file_location(short(path), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_kernel_file(path, short(path))
 
 
 def entry_of(module):
-    """The callable entry: a @pl.program's entry function, else the file's last @pl.jit kernel."""
-    from pypto_rt.language.decorators import KernelFunction, program_entry
-    for value in vars(module).values():
-        if getattr(value, "__pypto_program__", False):
-            return program_entry(value)
-    kernels = [v for v in vars(module).values() if isinstance(v, KernelFunction) and v.kind == "jit"]
-    return kernels[-1]
+    return kernel_entry(module)
 
 
 @dataclass

@@ -7,17 +7,14 @@ the kernel's golden tolerance where a matmul's summation order may depend on tor
 from __future__ import annotations
 
 import glob
-import importlib.util
 import inspect
 import os
-import sys
 
 import pytest
 import torch
 
-import pypto_rt.golden as golden
 from pypto_rt import config
-from pypto_rt.language.decorators import KernelFunction, program_entry
+from pypto_rt.golden.files import kernel_entry, load_kernel_file
 
 CONFORMANCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
 KERNELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFORMANCE, "c0[1-7]*.py")))
@@ -26,18 +23,7 @@ MATMUL_TOLERANCE = {"c02_matmul_bf16_bt.py": 1e-2, "c04_swiglu_inline.py": 1e-2,
 
 
 def load(name):
-    sys.modules.setdefault("golden", golden)
-    spec = importlib.util.spec_from_file_location(f"diff_{name[:-3]}", os.path.join(CONFORMANCE, name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def entry_of(module):
-    for value in vars(module).values():
-        if getattr(value, "__pypto_program__", False):
-            return program_entry(value)
-    return [v for v in vars(module).values() if isinstance(v, KernelFunction) and v.kind == "jit"][-1]
+    return load_kernel_file(os.path.join(CONFORMANCE, name), f"diff_{name[:-3]}")
 
 
 def run_on(executor, entry, specs, inputs):
@@ -50,7 +36,7 @@ def run_on(executor, entry, specs, inputs):
 @pytest.mark.parametrize("name", KERNELS)
 def test_compiled_matches_reference(name):
     module = load(name)
-    entry = entry_of(module)
+    entry = kernel_entry(module)
     params = inspect.signature(module.build_specs).parameters
     required = [p for p in params.values() if p.default is inspect.Parameter.empty]
     specs = module.build_specs(*([64] * len(required)))
