@@ -217,3 +217,29 @@ def test_an_inner_loop_offset_reads_the_whole_dimension():
     with config.scope(NUM_WORKERS="2"):
         inner_loop_reader(a, out)
     assert torch.equal(out, torch.full((8, 1), 16.0))
+
+
+@pl.jit
+def manual_chain(x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+    h = pl.create_tensor([4, N], dtype=pl.FP32)
+    tids = pl.array.create(4, pl.TASK_ID)
+    with pl.manual_scope():
+        for r in pl.range(4):
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="produce") as tid:
+                slow_down()
+                h = pl.assemble(h, pl.mul(x[r : r + 1, :], 2.0), [r, 0])
+            tids[r] = tid
+        done = pl.system.task_dummy(deps=tids)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="consume", deps=[done]):
+            y[:, :] = pl.add(h, 1.0)   # in a manual scope only deps= orders this after the producers
+    return y
+
+
+def test_manual_scope_orders_by_explicit_deps_task_ids_and_a_dummy_join(tmp_path):
+    x = torch.randn(4, N)
+    path = tmp_path / "manual.json"
+    with config.scope(NUM_WORKERS="2", TRACE=str(path)):
+        y = manual_chain(x, torch.zeros(4, N))
+    assert torch.equal(y, x * 2.0 + 1.0)
+    graph = (tmp_path / "manual.graph.dot").read_text()
+    assert "RAW" not in graph and graph.count('label="dep"') == 5   # 4 producers -> join -> consumer
