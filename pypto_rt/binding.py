@@ -29,8 +29,17 @@ class Binding:
 
 def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:
     """Bind and check an entry call; raises KernelArgumentError at the caller's line."""
-    sig = inspect.signature(kernel.fn)
-    where = user_span(3)
+    try:
+        return _bind(kernel, args, kwargs)
+    except KernelArgumentError as e:
+        raise e.at(user_span(3)) from None   # the caller's line, found only when there is an error to report
+
+
+def _bind(kernel, args: tuple, kwargs: dict) -> Binding:
+    sig = kernel.cache.get("signature")
+    if sig is None:
+        sig = kernel.cache["signature"] = inspect.signature(kernel.fn)
+    where = None   # bind_call places the error
     try:
         bound = sig.bind_partial(*args, **kwargs)
     except TypeError as e:

@@ -33,6 +33,7 @@ _now = time.perf_counter_ns
 _lock = threading.Lock()
 _host_cv = threading.Condition(_lock)
 _CLOSE_GRACE_S = 2.0
+_CORES = os.cpu_count() or 1
 _EDGE_STAT = {"RAW": "RAW", "WAW": "WAW", "WAR": "WAR", "dep": "explicit"}
 
 
@@ -60,7 +61,7 @@ class Engine:
                  name: str = "run"):
         self.name = name
         if num_workers is None:
-            num_workers = config.get_int(config.NUM_WORKERS, 1) or os.cpu_count() or 1
+            num_workers = config.get_int(config.NUM_WORKERS, 1) or _CORES
         self.num_workers = _positive("num_workers", num_workers)
         self.timeout_s = _positive("timeout_s", timeout_s if timeout_s is not None else
                                    config.get_float(config.TIMEOUT_S))
