@@ -45,23 +45,25 @@ class _RegionFinder:
     def __init__(self, env: Env, file: str, ir: FunctionIR):
         self.env, self.file, self.ir = env, file, ir
 
-    def block(self, stmts, *, incore: bool, host_loop: bool, loop_in_region: bool = False):
+    def block(self, stmts, *, incore: bool, host_loop: bool, loop_in_region: bool = False,
+              in_region: bool = False):
+        """`in_region`: inside an outlined region's body (an InCore function's own body may `return`)."""
         for stmt in stmts:
-            self.stmt(stmt, incore=incore, host_loop=host_loop, loop_in_region=loop_in_region)
+            self.stmt(stmt, incore=incore, host_loop=host_loop, loop_in_region=loop_in_region, in_region=in_region)
 
-    def stmt(self, stmt, *, incore, host_loop, loop_in_region):
+    def stmt(self, stmt, *, incore, host_loop, loop_in_region, in_region):
         region = None if incore else self._region_of(stmt)
         if region is not None:
             self._check_exprs(self._header_exprs(stmt), incore=False)
             region.index = len(self.ir.regions)
             region.in_host_loop = host_loop
             self.ir.regions.append(region)
-            self.block(region.body, incore=True, host_loop=host_loop)
+            self.block(region.body, incore=True, host_loop=host_loop, in_region=True)
             return
-        if incore and isinstance(stmt, ast.Return):
+        if in_region and isinstance(stmt, ast.Return):
             raise DSLError("`return` inside an InCore region (a pl.at or pl.spmd body)", span_of(self.file, stmt),
                            "assign the value to a name and return it after the region")
-        if incore and not loop_in_region and isinstance(stmt, (ast.Break, ast.Continue)):
+        if in_region and not loop_in_region and isinstance(stmt, (ast.Break, ast.Continue)):
             raise DSLError(f"`{type(stmt).__name__.lower()}` inside an InCore region leaves the region",
                            span_of(self.file, stmt), "move the loop control outside the pl.at body")
         if incore and isinstance(stmt, ast.With) and self._is_incore_scope(stmt):
@@ -73,9 +75,10 @@ class _RegionFinder:
         is_loop = isinstance(stmt, (ast.For, ast.While, ast.AsyncFor))
         for f in body_fields:
             self.block(getattr(stmt, f), incore=incore, host_loop=host_loop or (is_loop and not incore),
-                       loop_in_region=loop_in_region or (is_loop and incore))
+                       loop_in_region=loop_in_region or (is_loop and incore), in_region=in_region)
         for handler in getattr(stmt, "handlers", []):
-            self.block(handler.body, incore=incore, host_loop=host_loop, loop_in_region=loop_in_region)
+            self.block(handler.body, incore=incore, host_loop=host_loop, loop_in_region=loop_in_region,
+                       in_region=in_region)
 
     @staticmethod
     def _header_exprs(stmt):

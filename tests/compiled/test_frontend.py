@@ -119,3 +119,20 @@ def test_unknown_op_is_reported_when_compiling():
     with pytest.raises(UnknownOpError, match="no_such_op") as info:
         analyze(pl.jit(k))
     assert info.value.span.line == k.__code__.co_firstlineno + 2
+
+
+@pl.jit.inline
+def doubled(row: pl.Tensor[[1, N], pl.FP32]) -> pl.Tensor[[1, N], pl.FP32]:
+    return pl.mul(row, 2.0)
+
+
+@pl.jit
+def calls_an_inline_helper_in_a_region(x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+    for b in pl.spmd(4, name_hint="rows"):
+        y[b : b + 1, :] = doubled(pl.slice(x, [1, N], [b, 0]))
+    return y
+
+
+def test_an_inline_helper_called_inside_a_region_may_return_a_value():
+    x = torch.randn(4, N)
+    assert torch.equal(calls_an_inline_helper_in_a_region(x, torch.zeros(4, N)), x * 2.0)
