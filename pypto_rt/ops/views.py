@@ -118,9 +118,11 @@ def subscript_read(x: TensorValue, key):
 def subscript_write(dst: TensorValue, key, src) -> None:
     """`dst[a:b, c:d] = src`: assemble src's valid box into the window."""
     shape, offset, scalar_axes = _parse_key(dst, key, "subscript assignment")
-    if any(o + s > n for o, s, n in zip(offset, shape, dst.shape)):
-        raise OpError(f"subscript assignment: window at {offset} of shape {shape} runs past the target "
+    if any(o >= n and s > 0 for o, s, n in zip(offset, shape, dst.shape)):
+        raise OpError(f"subscript assignment: window at {offset} of shape {shape} starts outside the target "
                       f"{list(dst.shape)}")
+    # a window running past the target's end is clipped: only src's valid box is written, and it must fit
+    shape = [min(s, n - o) for o, s, n in zip(offset, shape, dst.shape)]
     window = _window(dst, shape, offset, "subscript assignment")
     if not isinstance(src, TensorValue):
         window.data.fill_(src)

@@ -78,6 +78,17 @@ def test_assemble_past_the_end_is_an_error():
         views.assemble(tv(torch.zeros(4, 4)), tv(torch.ones(2, 2)), [3, 0])
 
 
+def test_subscript_write_past_the_end_writes_the_valid_box_when_it_fits():
+    # a [16, 4] tile whose valid rows are 3, written at row 5 of an 8-row tensor (the tail tile of a loop)
+    target = torch.zeros(8, 4)
+    tile = views.set_validshape(tv(torch.ones(16, 4)), 3, 4)
+    views.subscript_write(tv(target), (slice(5, 21), slice(None)), tile)
+    assert target[5:].sum() == 12 and target[:5].sum() == 0
+    too_tall = views.set_validshape(tv(torch.ones(16, 4)), 4, 4)
+    with pytest.raises(OpError, match="runs past the target"):
+        views.subscript_write(tv(torch.zeros(8, 4)), (slice(5, 21), slice(None)), too_tall)
+
+
 def test_subscript_rank_rules():
     x = tv(torch.arange(24, dtype=torch.float32).reshape(2, 3, 4))
     assert views.subscript_read(x, (1,)).shape == (3, 4)
