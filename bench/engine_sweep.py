@@ -1,7 +1,8 @@
 """Benchmark 2 - fixed and marginal cost of a run: a 1..4096 no-op task sweep, fitted to time = fixed + n*marginal.
 
 Bare engine: `Engine()`, n x `submit(run=no-op)` (no accesses), `finish()`, `close()` - one run per sample.
-Through @pl.jit: `add_tiles_n(x, n, y)`, n tasks of one 8x8 add each (the smallest task a kernel can have).
+Through @pl.jit: `add_tiles_n(x, n, y)` with PYPTO_COALESCE=0, n tasks of one 8x8 add each (the smallest task a
+kernel can have; by default the loop coalesces into one task per worker, see benchmark 1).
 Compared with the real PyPTO runtime's host engine: 43 µs per run, 8 µs per task.
 """
 from __future__ import annotations
@@ -55,14 +56,17 @@ def run(repeats: int = 7, jit_repeats: int = 3) -> str:
     x = torch.randn(k.TILE * k.MAX_TILES, k.TILE)
     y = torch.empty_like(x)
 
+    import pypto.language as pl
+    per_tile = pl.jit(k.add_tiles_n.fn)   # its own compiled program: coalescing off, one task per tile
+
     def jit_run(n):
         start = time.perf_counter()
-        with config.scope(EXECUTOR="compiled"):
-            k.add_tiles_n(x, n, y)
+        with config.scope(EXECUTOR="compiled", COALESCE="0"):
+            per_tile(x, n, y)
         return time.perf_counter() - start
 
     jit = sweep(jit_run, SIZES, jit_repeats)
-    fits = {name: line_fit(SIZES, ts) for name, ts in (("bare engine", bare), ("@pl.jit add_tiles_n", jit))}
+    fits = {name: line_fit(SIZES, ts) for name, ts in (("bare engine", bare), ("@pl.jit add_tiles_n, one task per tile", jit))}
     rows = []
     for name, (fixed, per_task, worst) in fits.items():
         rows.append([name, us(fixed), us(per_task),
