@@ -61,6 +61,8 @@ def child(path: str) -> None:
 
 def _spawn(path: str, cache_dir: str) -> dict:
     env = dict(os.environ, PYPTO_CACHE_DIR=cache_dir)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as pypto-run: spinning OpenMP threads of input generation
+    # otherwise compete with the compile being timed (c07's inputs: 11 ms -> 78 ms on 2 cores)
     env.pop("PYPTO_EXECUTOR", None)
     done = subprocess.run([sys.executable, "-m", "bench.compile_time", "--child", path], env=env,
                           cwd=conformance.REPO, capture_output=True, text=True, timeout=300)
