@@ -16,11 +16,13 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 
 from pypto_rt import config
 from pypto_rt.errors import PyptoError
 
+from . import host_watch
 from .failures import TaskFailedError, TaskPoisoned, ring_overflow_error, stall_error
 from .regions import Region
 from .stats import format_stats
@@ -84,7 +86,10 @@ class Engine:
         self._edges = {"RAW": 0, "WAW": 0, "WAR": 0, "explicit": 0}
         self._dummies = self._kernel_ns = self._idle_ns = 0
         self._t0 = self._last_progress = _now()               # progress = a submit, a block start or end
-        self._lane_free = [self._t0] * self.num_workers
+        self._lane_free = [self._t0] * (self.num_workers + 1)   # the last lane: blocks the host runs itself
+        self._deferred: deque = deque()                         # (task, block) the host will run when it waits
+        self.host_stall: PyptoError | None = None               # set by host_watch when it interrupts a block
+        self._host = threading.get_ident()
 
     # -- host side ------------------------------------------------------------------------------------------
     def submit(self, name: str, run, accesses=(), *, deps=(), blocks: int = 1, span=None,
@@ -167,6 +172,10 @@ class Engine:
             return
         self._closed = True
         with _lock:
+            while self._deferred:   # never started: dropped, like queued blocks
+                task, block = self._deferred.popleft()
+                self._block_done(task, block, self.num_workers, 0, 0,
+                                 TaskPoisoned(task, self._failure, dropped=True))
             running = self._let_running_blocks_end(min(_CLOSE_GRACE_S, self.timeout_s))
         if running:
             abandon(self._pool)
@@ -252,12 +261,34 @@ class Engine:
                     raise TaskFailedError(self._failure)
                 if done():
                     return
+                if self._deferred:
+                    self._run_deferred()
+                    continue
                 idle_s = (_now() - self._last_progress) / 1e9
                 if idle_s >= self.timeout_s:
                     raise stall_error(self.name, list(self._live.values()), idle_s, _now())
                 _host_cv.wait(self.timeout_s - idle_s)
         finally:
             self._host_waiting -= 1
+
+    def _run_deferred(self) -> None:
+        """Lock held (released meanwhile): the host runs one deferred block on its own lane."""
+        task, block = self._deferred.popleft()
+        _lock.release()
+        host_watch.entering(self, task)
+        try:
+            self.execute(task, block, self.num_workers)
+        finally:
+            host_watch.leaving(self)
+            _lock.acquire()
+        if self.host_stall is not None:   # the watchdog interrupted this block: report the stall, not the interrupt
+            raise self.host_stall
+
+    def stall_report(self) -> PyptoError:
+        """The watchdog's report of this run now (what a host wait raises after timeout_s without progress)."""
+        with _lock:
+            live = list(self._live.values())
+        return stall_error(self.name, live, (_now() - self._last_progress) / 1e9, _now())
 
     def _report(self, t_finish: int) -> None:
         """Lock not held."""
@@ -281,6 +312,11 @@ class Engine:
         if task.error is not None or task.run is None:
             return False
         task.state = "ready"
+        if getattr(task.run, "host_ok", False) and threading.get_ident() == self._host:
+            # a kernel known to be short, made ready by the host itself: the host runs it when it next waits,
+            # which saves the two thread hand-offs (tens of µs each) that would dwarf it
+            self._deferred.extend((task, block) for block in range(task.blocks))
+            return True
         put = self._pool.queue.put
         for block in range(task.blocks):
             put((self, task, block))

@@ -7,6 +7,8 @@ worst element. Blocks of a checked task run one after another, so the copies sta
 """
 from __future__ import annotations
 
+from time import thread_time_ns
+
 import torch
 
 from pypto_rt import config
@@ -28,22 +30,46 @@ class TaskRunner:
         self.binding = binding
         self.check = check
         self.tolerance = float(CHECK_TOL.get()) if check else 0.0
+        self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
 
     def runner(self, artifact, inputs: tuple, blocks: int, accesses) -> "_Run":
         if self.check:
             return _CheckedRun(self, artifact, inputs, blocks, accesses)
-        return _Run(self.binding, artifact.kernel.run, inputs, blocks)
+        history = artifact.__dict__.setdefault("history", RunHistory())
+        return _Run(self.binding, artifact.kernel.run, inputs, blocks, history, history.short(self.inline_ns))
+
+
+class RunHistory:
+    """How much CPU a kernel's blocks take (a moving average, so a cold first run fades): the engine lets the
+    host run kernels that are short, which saves two thread hand-offs per task."""
+    __slots__ = ("runs", "average_ns")
+
+    def __init__(self):
+        self.runs = 0
+        self.average_ns = 0.0
+
+    def short(self, limit_ns: int) -> bool:
+        return self.runs > 0 and self.average_ns < limit_ns
+
+    def note(self, ns: int) -> None:
+        self.average_ns = ns if self.runs == 0 else 0.5 * (self.average_ns + ns)
+        self.runs += 1
 
 
 class _Run:
-    """run(block): one block on the calling worker."""
-    __slots__ = ("binding", "fn", "inputs", "blocks", "nblocks")
+    """run(block): one block on the calling thread (a worker, or the host for a short kernel: `host_ok`)."""
+    __slots__ = ("binding", "fn", "inputs", "blocks", "nblocks", "history", "host_ok")
 
-    def __init__(self, binding, fn, inputs, blocks):
+    def __init__(self, binding, fn, inputs, blocks, history, host_ok):
         self.binding, self.fn, self.inputs, self.blocks, self.nblocks = binding, fn, inputs, blocks, blocks
+        self.history, self.host_ok = history, host_ok
 
     def __call__(self, block: int):
-        return run_block(self.binding, self.fn, self.inputs, block, self.nblocks)
+        start = thread_time_ns()   # CPU time of this thread: waiting for the interpreter lock does not count
+        try:
+            return run_block(self.binding, self.fn, self.inputs, block, self.nblocks)
+        finally:
+            self.history.note(thread_time_ns() - start)
 
 
 def run_block(binding, fn, inputs, block, nblocks):

@@ -121,3 +121,30 @@ def test_a_stuck_task_ends_with_a_stall_report(tmp_path):
     stuck_line = line_of(script, 'name_hint="stuck"')
     assert f"{script}:{stuck_line}" in report
     assert "pypto_rt/" not in report
+
+
+def test_a_short_kernel_that_gets_stuck_on_the_host_thread_is_reported(tmp_path):
+    start = time.monotonic()
+    script, proc = run_script(tmp_path, '''
+        CALLS = [0]
+        NEVER = threading.Event()
+
+        def stuck_on_the_sixth_call():
+            CALLS[0] += 1
+            if CALLS[0] == 6:
+                NEVER.wait(60)
+
+        @pl.jit
+        def k(x: pl.Tensor[[8, 8], pl.FP32], y: pl.Out[pl.Tensor[[8, 8], pl.FP32]]):
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="usually_quick"):
+                stuck_on_the_sixth_call()
+                y[:, :] = pl.add(x, 1.0)
+            return y
+
+        for _ in range(8):
+            k(torch.zeros(8, 8), torch.zeros(8, 8))
+    ''', env={"PYPTO_TIMEOUT_S": "1"})
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "made no progress" in proc.stderr and "'usually_quick'" in proc.stderr
+    assert "running on the host thread" in proc.stderr

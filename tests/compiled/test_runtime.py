@@ -243,3 +243,26 @@ def test_manual_scope_orders_by_explicit_deps_task_ids_and_a_dummy_join(tmp_path
     assert torch.equal(y, x * 2.0 + 1.0)
     graph = (tmp_path / "manual.graph.dot").read_text()
     assert "RAW" not in graph and graph.count('label="dep"') == 5   # 4 producers -> join -> consumer
+
+
+@pl.jit
+def quick_step(x: pl.Tensor[[8, N], pl.FP32], y: pl.Out[pl.Tensor[[8, N], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="quick"):
+        y[:, :] = pl.add(x, 1.0)
+    return y
+
+
+def test_a_kernel_known_to_be_short_runs_on_the_host_thread(tmp_path):
+    x = torch.randn(8, N)
+    for _ in range(3):   # the first runs (on workers) teach the runtime that this kernel is short
+        quick_step(x, torch.zeros(8, N))
+    path = tmp_path / "quick.json"
+    with config.scope(TRACE=str(path), NUM_WORKERS="2"):
+        y = quick_step(x, torch.zeros(8, N))
+    assert torch.equal(y, x + 1.0)
+    lanes = {e["tid"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"}
+    assert lanes == {2}   # lane 2 of 2 workers: the orchestrator's own lane
+    with config.scope(TRACE=str(path), NUM_WORKERS="2", HOST_INLINE_US="0"):
+        quick_step(x, torch.zeros(8, N))
+    lanes = {e["tid"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"}
+    assert lanes <= {0, 1}

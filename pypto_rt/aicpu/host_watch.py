@@ -1,0 +1,59 @@
+"""The watchdog of blocks the host runs itself: no hang without a report, even on the host thread.
+
+A host thread inside a kernel cannot wait with a deadline, so one daemon thread per process looks at
+the blocks hosts are running; a block that runs past its engine's timeout gets the engine's stall
+report on stderr, and the main thread is interrupted (a KeyboardInterrupt at its next Python step).
+Imports nothing from pypto_rt beyond the engine's own modules.
+"""
+from __future__ import annotations
+
+import _thread
+import signal
+import sys
+import threading
+import time
+
+_lock = threading.Lock()
+_running: dict[int, tuple] = {}      # id(engine) -> (engine, task, started perf_counter_ns, reported)
+_thread_started = False
+
+
+def entering(engine, task) -> None:
+    global _thread_started
+    with _lock:
+        _running[id(engine)] = (engine, task, time.perf_counter_ns(), False)
+        if not _thread_started:
+            _thread_started = True
+            threading.Thread(target=_watch, name="pypto-rt host watchdog", daemon=True).start()
+
+
+def leaving(engine) -> None:
+    with _lock:
+        _running.pop(id(engine), None)
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(0.25)
+        now = time.perf_counter_ns()
+        with _lock:
+            late = [(key, entry) for key, entry in _running.items()
+                    if not entry[3] and now - entry[2] > entry[0].timeout_s * 1e9]
+            for key, (engine, task, started, _) in late:
+                _running[key] = (engine, task, started, True)
+        for _, (engine, task, started, _) in late:
+            report = engine.stall_report()
+            engine.host_stall = report
+            print(report.render() + f"\n   = note: task {task.label} is running on the host thread, which cannot "
+                  "be stopped; interrupting the main thread (set PYPTO_HOST_INLINE_US=0 to keep kernels on "
+                  "workers)", file=sys.stderr, flush=True)
+            _interrupt_main()
+
+
+def _interrupt_main() -> None:
+    """A real SIGINT to the main thread: it also ends a wait inside C code (a lock, an Event), where
+    `_thread.interrupt_main` alone would only be noticed after the wait."""
+    try:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    except (AttributeError, OSError, ValueError):
+        _thread.interrupt_main()
