@@ -13,6 +13,16 @@ from pypto_rt.incore_compiler.coalesce import plan_coalescing
 ROWS, COLS, TILE = 64, 32, 16
 
 
+def assert_matches_reference(kernel, x, **knobs):
+    """The compiled run (coalesced where it can be) writes exactly what the reference executor writes."""
+    want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
+    with config.scope(EXECUTOR="reference"):
+        kernel(x, want)
+    with config.scope(**knobs):
+        kernel(x, got)
+    assert torch.equal(got, want)
+
+
 def plan(kernel):
     ir = analyze(kernel)
     region = ir.regions[0]
@@ -80,14 +90,7 @@ def test_bodies_that_depend_on_the_tiling_do_not_coalesce(kernel):
 
 @pytest.mark.parametrize("kernel", [row_softmax, column_tiles, column_sums_of_row_tiles])
 def test_coalesced_runs_match_the_reference_bit_for_bit(kernel):
-    x = torch.randn(ROWS, COLS)
-    want = torch.zeros(ROWS, COLS)
-    with config.scope(EXECUTOR="reference"):
-        kernel(x, want)
-    got = torch.zeros(ROWS, COLS)
-    with config.scope(NUM_WORKERS="2"):
-        kernel(x, got)
-    assert torch.equal(got, want)
+    assert_matches_reference(kernel, torch.randn(ROWS, COLS), NUM_WORKERS="2")
 
 
 @pl.jit
@@ -134,11 +137,7 @@ def test_spmd_blocks_with_a_row_offset_coalesce_and_match_the_reference():
     assert plan(spmd_uses_block_index) is None
     x = torch.randn(ROWS, COLS)
     for kernel in (spmd_rows, spmd_uses_block_index):
-        want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
-        with config.scope(EXECUTOR="reference"):
-            kernel(x, want)
-        kernel(x, got)
-        assert torch.equal(got, want)
+        assert_matches_reference(kernel, x)
 
 
 @pl.jit
@@ -163,8 +162,4 @@ def test_a_unit_step_index_scaled_by_the_tile_coalesces():
     assert plan(index_used_as_a_value) is None
     x = torch.randn(ROWS, COLS)
     for kernel in (scaled_index, index_used_as_a_value):
-        want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
-        with config.scope(EXECUTOR="reference"):
-            kernel(x, want)
-        kernel(x, got)
-        assert torch.equal(got, want)
+        assert_matches_reference(kernel, x)
