@@ -8,6 +8,7 @@ producing (or, for a write, also reading) that tensor. Kernels run on the engine
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 
 from pypto_rt import config
@@ -82,7 +83,8 @@ class HostExecutor(ReferenceExecutor):
         n = len(range(start, stop, step))
         if step <= 0 or n == 0 or (not independent and _may_alias(artifact, others)):
             return [(v, step) for v in range(start, stop, step)]
-        count = min(n, self.engine.num_workers, max(1, _written_bytes(artifact, others) // _MIN_CHUNK_BYTES))
+        written = _written_bytes(artifact, others, start, n * step)
+        count = min(n, self.engine.num_workers, max(1, written // _MIN_CHUNK_BYTES))
         base, extra = divmod(n, count)
         out, first = [], 0
         for c in range(count):
@@ -209,13 +211,24 @@ def is_incore(kernel) -> bool:
 _MIN_CHUNK_BYTES = 256 * 1024
 
 
-def _written_bytes(artifact, others) -> int:
+def _written_bytes(artifact, others, offset, extent) -> int:
+    """Bytes the whole coalesced loop writes: the write boxes of one task spanning all of it."""
     c = artifact.ir
     names = [p for p in c.params if p != c.coalesce_var and p != "__extent"]
-    value = dict(zip(names, others))
-    written = {a.param for a in c.accesses if a.mode != "r"}
-    return sum(v.data.numel() * v.data.element_size() for p, v in value.items()
-               if p in written and isinstance(v, TensorValue))
+    value = dict(zip(names, others), **{c.coalesce_var: offset, "__extent": extent})
+    try:
+        plan = artifact.accesses(*(value[p] for p in c.params))
+    except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: count whole tensors
+        plan = [(i, "w", None, None, 0) for i in range(len(c.params))]
+    total = 0
+    for index, mode, offsets, sizes, _ in plan:
+        tensor = value.get(c.params[index])
+        if mode == "r" or not isinstance(tensor, TensorValue):
+            continue
+        box = _box(tensor.data.shape, offsets, sizes)
+        count = tensor.data.numel() if box is None else math.prod(max(0, s) for s in box[1])
+        total += count * tensor.data.element_size()
+    return total
 
 
 def _may_alias(artifact, others) -> bool:
