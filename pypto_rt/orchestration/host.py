@@ -13,8 +13,7 @@ import warnings
 
 from pypto_rt import config
 from pypto_rt.aicpu import Access as EngineAccess
-from pypto_rt.aicpu import region_of
-from pypto_rt.aicpu import Task
+from pypto_rt.aicpu import Task, region_of
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, user_span
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.language.enums import FunctionType, Level
@@ -23,7 +22,7 @@ from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.program import host_program
 from pypto_rt.orchestration.task_runner import TaskRunner
-from pypto_rt.reference.executor import ReferenceExecutor, _warn_directions_on_inline
+from pypto_rt.reference.executor import ReferenceExecutor, warn_directions_on_inline
 
 # host ops that only make views, shapes or bookkeeping: no tensor data is touched, nothing waits
 _NO_WAIT = {"slice", "reshape", "reinterpret_view", "transpose_view", "dim", "set_validshape", "__getitem__",
@@ -64,7 +63,7 @@ class HostExecutor(ReferenceExecutor):
             return self.results(task)
         if kernel.kind == "inline" and "inline_warned" not in kernel.cache:
             kernel.cache["inline_warned"] = True
-            _warn_directions_on_inline(kernel)
+            warn_directions_on_inline(kernel)
         return host_program(kernel).run(*args, **kwargs)
 
     # -- region tasks (called by generated host code) --------------------------------------------

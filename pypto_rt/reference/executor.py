@@ -65,7 +65,7 @@ class ReferenceExecutor:
         fn = kernel.cache.get("reference")
         if fn is None:
             if kernel.kind == "inline":
-                _warn_directions_on_inline(kernel)
+                warn_directions_on_inline(kernel)
             fn = rewrite_spmd_with(kernel.fn) or kernel.fn
             kernel.cache["reference"] = fn
         return fn(*args, **kwargs)
@@ -217,7 +217,7 @@ def _written_argument(name, impl, param, args, kwargs):
     return args[position] if position < len(args) else None
 
 
-def _warn_directions_on_inline(kernel) -> None:
+def warn_directions_on_inline(kernel) -> None:
     """pl.Out/pl.InOut on an inline kernel's parameter carries no meaning (the caller's tensor is aliased)."""
     wrapped = [name for name, spec in kernel.annotations().items()
                if isinstance(spec, TensorType) and spec.direction in ("out", "inout")]
