@@ -153,16 +153,20 @@ class HostExecutor(ReferenceExecutor):
 
     # -- host ops --------------------------------------------------------------------------------
     def call_op(self, name, args, kwargs):
-        if name not in self.INTRINSICS and _base(name) not in _NO_WAIT:
+        if name == "__getitem__" and _reads_one_element(args):   # `x[i, j]` on the host reads data
+            self._wait_element(args[0], args[1] if isinstance(args[1], tuple) else (args[1],))
+        elif name not in self.INTRINSICS and _base(name) not in _NO_WAIT:
             self._wait_operands(name, args, kwargs)
         return super().call_op(name, args, kwargs)
+
+    def _wait_element(self, tensor, index):
+        box = _box(tensor.data.shape, [int(i) for i in index], [1] * len(index))
+        self.engine.wait_region(region_of(tensor.data, *box) if box else region_of(tensor.data))
 
     def _wait_operands(self, name, args, kwargs):
         writes = name in IN_PLACE_TARGETS
         if _base(name) == "read" and args and isinstance(args[0], TensorValue) and len(args) > 1:
-            index = [int(i) for i in args[1]]
-            box = _box(args[0].data.shape, index, [1] * len(index))
-            self.engine.wait_region(region_of(args[0].data, *box) if box else region_of(args[0].data))
+            self._wait_element(args[0], args[1])
             return
         for value in list(args) + list(kwargs.values()):
             if isinstance(value, TensorValue):
@@ -200,6 +204,14 @@ class HostExecutor(ReferenceExecutor):
             cm, manual = self.open_scopes.pop()
             self.manual_depth -= manual
             cm.__exit__(None, None, None)
+
+
+def _reads_one_element(args) -> bool:
+    """`x[i, j]` with an integer for every axis of a tensor: a data read, not a view."""
+    if len(args) != 2 or not isinstance(args[0], TensorValue):
+        return False
+    key = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return len(key) == args[0].data.dim() and all(isinstance(k, int) for k in key)
 
 
 def is_incore(kernel) -> bool:

@@ -265,3 +265,22 @@ def test_a_kernel_known_to_be_short_runs_on_the_host_thread(tmp_path):
         quick_step(x, torch.zeros(8, N))
     lanes = {e["tid"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"}
     assert lanes <= {0, 1}
+
+
+@pl.jit
+def host_reads_an_element(x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[1, 1], pl.FP32]]):
+    h = pl.create_tensor([4, N], dtype=pl.FP32)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="slow_fill"):
+        slow_down()
+        h = pl.assemble(h, pl.add(x, 1.0), [0, 0])
+    first = h[2, 3]   # on the host: waits for exactly the task writing that element
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="store"):
+        y[:, :] = pl.full([1, 1], dtype=pl.FP32, value=first)
+    return y
+
+
+def test_a_host_subscript_of_one_element_waits_for_its_producer():
+    x = torch.randn(4, N)
+    with config.scope(NUM_WORKERS="2", HOST_INLINE_US="0"):
+        y = host_reads_an_element(x, torch.zeros(1, 1))
+    assert y.item() == pytest.approx(x[2, 3].item() + 1.0)
