@@ -100,9 +100,28 @@ def _parse_key(x: TensorValue, key, opname: str):
     return shape, offset, scalar_axes
 
 
+def _in_bounds_slices(key, shape) -> bool:
+    """The common case of a subscript: only unit-step slices with int bounds inside `shape` (no padding, no
+    dropped axes), where the window is a plain torch view."""
+    if len(key) > len(shape):
+        return False
+    for k, n in zip(key, shape):
+        if type(k) is not slice or k.step not in (None, 1):
+            return False
+        start, stop = k.start, k.stop
+        if (start is not None and (type(start) is not int or start < 0)) or \
+                (stop is not None and (type(stop) is not int or stop > n)) or \
+                (start is not None and stop is not None and stop < start):
+            return False
+    return True
+
+
 @op("__getitem__")
 def subscript_read(x: TensorValue, key):
     """`x[a:b, c]`: a window view; scalar indices drop their axis; all-scalar full rank reads one element."""
+    key = key if isinstance(key, tuple) else (key,)
+    if x.valid is None and _in_bounds_slices(key, x.data.shape):   # fast path, same result as the window below
+        return TensorValue(x.data[key], x.dtype, None, x.is_tile, x.pad)
     shape, offset, scalar_axes = _parse_key(x, key, "subscript")
     if len(scalar_axes) == x.ndim:
         from pypto_rt.ops.access import read
@@ -117,6 +136,13 @@ def subscript_read(x: TensorValue, key):
 @op("__setitem__")
 def subscript_write(dst: TensorValue, key, src) -> None:
     """`dst[a:b, c:d] = src`: assemble src's valid box into the window."""
+    key = key if isinstance(key, tuple) else (key,)
+    if (isinstance(src, TensorValue) and src.valid is None and len(key) == src.data.dim() == dst.data.dim()
+            and _in_bounds_slices(key, dst.data.shape)):
+        window = dst.data[key]
+        if window.shape == src.data.shape:   # fast path: a fully valid source filling the whole window
+            window.copy_(src.data if src.data.dtype == window.dtype else src.data.to(window.dtype))
+            return
     shape, offset, scalar_axes = _parse_key(dst, key, "subscript assignment")
     if any(o >= n and s > 0 for o, s, n in zip(offset, shape, dst.shape)):
         raise OpError(f"subscript assignment: window at {offset} of shape {shape} starts outside the target "
