@@ -30,7 +30,7 @@ def analyze(kernel, context: str = "host") -> FunctionIR:
     args = tree.args
     params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
     params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
-    ir = FunctionIR(kernel.name, parsed.file, tree, parsed.digest, context, params, [],
+    ir = FunctionIR(kernel.name, parsed.file, tree, context, params, [],
                     set(params) | names.stored_names(tree.body))
     finder = _RegionFinder(env, parsed.file, ir)
     finder.block(tree.body, incore=(context == "incore"), host_loop=False)

@@ -29,10 +29,6 @@ class Region:
     results: list[str] = field(default_factory=list)     # names the host reads afterwards (it waits for them)
     aliased: list[str] = field(default_factory=list)     # rebound names that stay the same tensor as a live-in
 
-    @property
-    def label(self) -> str:
-        return f"{self.kind}@{self.span.line}"
-
 
 @dataclass
 class FunctionIR:
@@ -40,7 +36,6 @@ class FunctionIR:
     name: str
     file: str
     tree: ast.FunctionDef
-    digest: str
     context: str                   # "host" (orchestration with regions) | "incore" (kernel code throughout)
     params: list[str]
     regions: list[Region]

@@ -11,7 +11,6 @@ import enum
 import types
 
 from pypto_rt.language import scopes
-from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.ops import Namespace, OpStub
 
 UNRESOLVED = object()
@@ -72,6 +71,3 @@ def is_loop(obj) -> bool:
     """`pl.range/parallel/pipeline/unroll` (compared by identity: `obj` may be unhashable)."""
     return any(obj is f for f in LOOPS)
 
-
-def is_kernel(obj) -> bool:
-    return isinstance(obj, KernelFunction)

@@ -6,7 +6,6 @@ file, so code compiled from it (and every error raised from it) points at the us
 from __future__ import annotations
 
 import ast
-import hashlib
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -18,11 +17,6 @@ from pypto_rt.errors import DSLError, Span
 class ParsedSource:
     tree: ast.FunctionDef     # the function's definition, decorators removed
     file: str
-    text: str                 # the dedented source text (hashed for caches)
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha1(self.text.encode()).hexdigest()[:16]
 
 
 def parse_function(fn) -> ParsedSource:
@@ -48,7 +42,7 @@ def parse_function(fn) -> ParsedSource:
             if node.end_col_offset is not None:
                 node.end_col_offset += indent
     func.decorator_list = []
-    return ParsedSource(func, fn.__code__.co_filename, text)
+    return ParsedSource(func, fn.__code__.co_filename)
 
 
 def _indent_width(raw: str, dedented: str) -> int:
