@@ -45,7 +45,8 @@ class Region:
 
 
 def region_of(t, offsets=None, sizes=None) -> Region:
-    """The box t[offsets[d] : offsets[d] + sizes[d]] of view `t` (None, or a None entry, = the whole dim).
+    """The box t[offsets[d] : offsets[d] + sizes[d]] of view `t` (None, a None entry, or an entry past the end
+    of a shorter list = the whole dim / to the end).
 
     Offsets and sizes are clamped to t's extent, so a box past the end is empty (and overlaps nothing).
     """
@@ -55,10 +56,12 @@ def region_of(t, offsets=None, sizes=None) -> Region:
     shape = tuple(t.shape)
     if offsets is not None or sizes is not None:
         box = []
+        n_off = len(offsets) if offsets is not None else 0
+        n_size = len(sizes) if sizes is not None else 0
         for d, extent in enumerate(shape):
-            start = offsets[d] if offsets is not None and offsets[d] is not None else 0
+            start = int(offsets[d]) if d < n_off and offsets[d] is not None else 0
             start = 0 if start < 0 else extent if start > extent else start
-            size = sizes[d] if sizes is not None and sizes[d] is not None else extent - start
+            size = int(sizes[d]) if d < n_size and sizes[d] is not None else extent - start
             box.append(0 if size < 0 else min(size, extent - start))
             offset += start * strides[d]
         shape = tuple(box)

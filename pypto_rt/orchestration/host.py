@@ -134,8 +134,8 @@ class HostExecutor(ReferenceExecutor):
             value = inputs[index]
             if not isinstance(value, TensorValue) or artifact.ir.params[index] in skip:
                 continue
-            box = _box(value.data.shape, offsets, sizes)
-            region = region_of(value.data, *box) if box else region_of(value.data)
+            region = region_of(value.data, offsets, sizes)
+            box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
             out.append((EngineAccess(region, mode), box, index))
             if mode != "r" and line:   # a definite write (assumed ones, e.g. by a helper call, do not warn)
                 self._warn_in_write(value, artifact, line)
@@ -160,8 +160,7 @@ class HostExecutor(ReferenceExecutor):
         return super().call_op(name, args, kwargs)
 
     def _wait_element(self, tensor, index):
-        box = _box(tensor.data.shape, [int(i) for i in index], [1] * len(index))
-        self.engine.wait_region(region_of(tensor.data, *box) if box else region_of(tensor.data))
+        self.engine.wait_region(region_of(tensor.data, index, [1] * len(index)))
 
     def _wait_operands(self, name, args, kwargs):
         writes = name in IN_PLACE_TARGETS
@@ -225,8 +224,7 @@ _MIN_CHUNK_BYTES = 256 * 1024
 def _written_bytes(artifact, others, offset, extent) -> int:
     """Bytes the whole coalesced loop writes: the write boxes of one task spanning all of it."""
     c = artifact.ir
-    names = [p for p in c.params if p != c.coalesce_var and p != "__extent"]
-    value = dict(zip(names, others), **{c.coalesce_var: offset, "__extent": extent})
+    value = dict(_inputs_by_name(artifact, others), **{c.coalesce_var: offset, "__extent": extent})
     try:
         plan = artifact.accesses(*(value[p] for p in c.params))
     except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: count whole tensors
@@ -236,9 +234,7 @@ def _written_bytes(artifact, others, offset, extent) -> int:
         tensor = value.get(c.params[index])
         if mode == "r" or not isinstance(tensor, TensorValue):
             continue
-        box = _box(tensor.data.shape, offsets, sizes)
-        count = tensor.data.numel() if box is None else math.prod(max(0, s) for s in box[1])
-        total += count * tensor.data.element_size()
+        total += math.prod(region_of(tensor.data, offsets, sizes).shape) * tensor.data.element_size()
     return total
 
 
@@ -246,8 +242,7 @@ def _may_alias(artifact, others) -> bool:
     """Whether a tensor the kernel writes shares storage with one it reads (`others`: inputs minus the loop
     variable and the extent, in parameter order)."""
     c = artifact.ir
-    names = [p for p in c.params if p != c.coalesce_var and p != "__extent"]
-    value = dict(zip(names, others))
+    value = _inputs_by_name(artifact, others)
     written = {a.param for a in c.accesses if a.mode != "r"}
     storages = {}
     for a in c.accesses:
@@ -258,8 +253,15 @@ def _may_alias(artifact, others) -> bool:
                                                                                  if a.mode == "r"})
 
 
+def _inputs_by_name(artifact, others) -> dict:
+    """A coalesced kernel's inputs by name, from `others` (all of them but the offset and the extent)."""
+    c = artifact.ir
+    return dict(zip([p for p in c.params if p != c.coalesce_var and p != "__extent"], others))
+
+
 def _box(shape, offsets, sizes):
-    """Per-dim (offsets, sizes) clipped to `shape`; None entries mean 0 / to the end. None if not a box."""
+    """Per-dim (offsets, sizes) of an access (for PYPTO_CHECK's comparison); None entries mean 0 / to the end.
+    None if the access is the whole tensor."""
     if offsets is None:
         return None
     offs, lens = [], []

@@ -145,3 +145,8 @@ def test_region_is_frozen():
     r = region_of(torch.zeros(2))
     with pytest.raises(AttributeError):
         r.offset = 3
+
+
+def test_a_shorter_box_spans_the_remaining_dims_whole():
+    t = torch.zeros(8, 6)
+    assert region_of(t, [2], [3]) == region_of(t, [2, None], [3, None]) == region_of(t, [2, 0], [3, 6])
