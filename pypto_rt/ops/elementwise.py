@@ -72,7 +72,7 @@ def _compute_dtype(dtype) -> torch.dtype:
 def _arg(name: str, x, cdt: torch.dtype) -> torch.Tensor:
     if isinstance(x, TensorValue):
         data = x.data
-        return data if data.dtype == cdt else data.to(cdt)
+        return data if data.dtype is cdt else data.to(cdt)
     try:
         return torch.tensor(x, dtype=cdt)
     except (OverflowError, RuntimeError, TypeError) as exc:
@@ -84,7 +84,7 @@ def _store(data: torch.Tensor, dtype) -> torch.Tensor:
     if dtype in (D.UINT16, D.UINT32):
         data = data.to(torch.int64) & ((1 << dtype.bits) - 1)
     storage = storage_dtype(dtype)
-    return data if data.dtype == storage else data.to(storage)
+    return data if data.dtype is storage else data.to(storage)
 
 
 _TAKES_PY_SCALAR = (torch.add, torch.sub, torch.mul)
@@ -107,6 +107,10 @@ def _binary_valid(a: TensorValue, b):
 
 def _binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
     """Apply `fn` to (a, b) in the compute dtype of their promoted (or lhs) dtype."""
+    if type(a) is TensorValue and a.dtype is D.FP32 and out_dtype is None and valid == "auto":
+        fast = _binary_fp32(a, b, fn)   # the common case, with the same result as the general path below
+        if fast is not None:
+            return fast
     _need_value(name, a, "first operand")
     _need_operand(name, b)
     _check_broadcast(name, a, b)
@@ -125,12 +129,28 @@ def _binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
     return TensorValue(_store(out, result), result, box, is_tile)
 
 
+def _binary_fp32(a: TensorValue, b, fn):
+    """FP32 lhs with a same-shape FP32 tensor or a Python number (for add/sub/mul): no promotion, no conversion,
+    no broadcasting; None for anything else."""
+    tb = type(b)
+    if tb is TensorValue:
+        if b.dtype is not D.FP32 or b.data.shape != a.data.shape:
+            return None
+        return TensorValue(fn(a.data, b.data), D.FP32, a.valid if a.valid == b.valid else None,
+                           a.is_tile or b.is_tile)
+    if (tb is float or tb is int) and fn in _TAKES_PY_SCALAR:
+        return TensorValue(fn(a.data, b), D.FP32, a.valid, a.is_tile)
+    return None
+
+
 def _unary(name, x, fn, *, float_only=False, fp32_only=False):
     _need_value(name, x, "input")
     if (float_only and not x.dtype.is_float()) or (fp32_only and x.dtype != D.FP32):
         kind = "an FP32" if fp32_only else "a float"
         raise OpError(f"pl.{name} needs {kind} input, got {x.dtype!r}", hint="pl.cast it to pl.FP32 first")
-    return x.derive(_store(fn(x.data.to(_compute_dtype(x.dtype))), x.dtype))
+    data = x.data
+    cdt = _compute_dtype(x.dtype)
+    return x.derive(_store(fn(data if data.dtype is cdt else data.to(cdt)), x.dtype))
 
 
 def _zero_safe(fn):

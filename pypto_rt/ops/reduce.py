@@ -34,13 +34,18 @@ def _need_value(name: str, x, what: str) -> None:
 def _compute(name: str, x: TensorValue) -> torch.Tensor:
     if not (x.dtype.is_float() or x.dtype.is_int()):
         raise OpError(f"pl.{name}: cannot reduce values of dtype {x.dtype!r}", hint="pl.cast to a numeric dtype first")
-    return x.data.to(torch.float32 if x.dtype.is_float() else torch.int64)
+    return _as(x.data, torch.float32 if x.dtype.is_float() else torch.int64)
+
+
+def _as(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`data.to(dtype)` without the call when it is already that dtype (the common FP32 case)."""
+    return data if data.dtype is dtype else data.to(dtype)
 
 
 def _store(data: torch.Tensor, dtype) -> torch.Tensor:
     if dtype in (D.UINT16, D.UINT32):
         data = data.to(torch.int64) & ((1 << dtype.bits) - 1)
-    return data.to(storage_dtype(dtype))
+    return _as(data, storage_dtype(dtype))
 
 
 def _fill(kind: str, x: TensorValue, data: torch.Tensor):
@@ -76,8 +81,10 @@ def _reduce(name: str, x, axis: int, kind: str) -> TensorValue:
         data = torch.where(keep, data, torch.full((), _fill(kind, x, data), dtype=data.dtype))
     out = _REDUCE[kind](data, axis)
     dtype = D.INT32 if kind.startswith("arg") else x.dtype
-    valid = list(x.valid_shape)
-    valid[axis] = 1
+    valid = None   # a fully valid input reduces to a fully valid [..., 1] result
+    if x.valid is not None:
+        valid = list(x.valid)
+        valid[axis] = 1
     return TensorValue(_store(out, dtype), dtype, valid, x.is_tile)
 
 
@@ -111,6 +118,9 @@ def _check_vector(name: str, x, v, axis: int) -> None:
     """v must be x's shape with a 1 on `axis` (-1: a per-row [M, 1] vector; -2: a per-column [1, N] one)."""
     _need_value(name, x, "first operand")
     _need_value(name, v, "second operand")
+    xs, vs = x.shape, v.shape
+    if len(xs) == 2 and len(vs) == 2 and vs[axis] == 1 and vs[axis + 1] == xs[axis + 1]:
+        return  # the common 2-D case, decided without broadcasting
     want = list(x.shape)
     if x.ndim >= 2:
         want[axis] = 1
@@ -129,7 +139,7 @@ def _expand(name: str, x, v, axis: int, fn) -> TensorValue:
     _check_vector(name, x, v, axis)
     dtype = promote(x.dtype, v.dtype)
     cdt = torch.float32 if dtype.is_float() else torch.int64
-    out = fn(x.data.to(cdt), v.data.to(cdt))
+    out = fn(_as(x.data, cdt), _as(v.data, cdt))
     return TensorValue(_store(out, dtype), dtype, x.valid, x.is_tile or v.is_tile)
 
 

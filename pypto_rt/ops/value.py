@@ -23,13 +23,13 @@ class TensorValue:
     def __init__(self, data: torch.Tensor, dtype: DataType, valid=None, is_tile: bool = False, pad=None):
         self.data = data
         self.dtype = dtype
-        self.valid = normalize_valid(valid, tuple(data.shape))
+        self.valid = None if valid is None else normalize_valid(valid, tuple(data.shape))
         self.is_tile = is_tile
         self.pad = pad
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+        return self.data.shape  # a torch.Size: a tuple subclass, compares and hashes as one
 
     @property
     def ndim(self) -> int:
@@ -96,6 +96,8 @@ def broadcast_shape(a, b) -> tuple[int, ...]:
 def normalize_valid(valid, shape: tuple[int, ...]):
     """None when the box covers the whole shape, else a tuple of ints clipped to the shape."""
     if valid is None:
+        return None
+    if valid == shape:
         return None
     valid = tuple(min(max(int(v), 0), s) for v, s in zip(valid, shape))
     if len(valid) != len(shape):
