@@ -36,7 +36,8 @@ NUM_WORKERS = Knob("PYPTO_NUM_WORKERS", "", None, "worker threads of the compile
 WORKER_THREADS = Knob("PYPTO_WORKER_THREADS", "1", None, "torch intra-op threads of each worker (more than 1 "
                       "only pays for large tiles; see README 'Known limits')")
 HOST_INLINE_US = Knob("PYPTO_HOST_INLINE_US", "200", None, "kernels whose blocks have always taken less than this "
-                      "many µs run on the host thread when it waits (0: always on workers)")
+                      "many µs run on the host thread when it waits, and at a run's end the host runs a queued block "
+                      "that an idle worker has not picked up yet (0: kernels always run on workers)")
 TIMEOUT_S = Knob("PYPTO_TIMEOUT_S", "300", None, "seconds without progress before a run ends with a stall report")
 RING_SIZE = Knob("PYPTO_RING_SIZE", "4096", None, "task-ring slots (tasks alive at once) of the compiled runtime")
 TRACE = Knob("PYPTO_TRACE", "", None, "write a Chrome/Perfetto trace of each compiled run to this path")

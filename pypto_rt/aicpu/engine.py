@@ -73,6 +73,7 @@ class Engine:
         self.print_stats = stats if stats is not None else config.STATS.get() == "1"
         self.stats: dict = {}
         self.worker_threads = config.get_int(config.WORKER_THREADS, 1) or 1
+        self.host_helps = (config.get_int(config.HOST_INLINE_US, 0) or 0) > 0   # 0: kernels never run on the host
         self._pool = shared_pool(self.num_workers, self.worker_threads)
         self._tmap = TensorMap()
         self._scopes = [_Scope(name, None, False)]
@@ -88,6 +89,8 @@ class Engine:
         self._t0 = self._last_progress = _now()               # progress = a submit, a block start or end
         self._lane_free = [self._t0] * (self.num_workers + 1)   # the last lane: blocks the host runs itself
         self._deferred: deque = deque()                         # (task, block) the host will run when it waits
+        self._queued: deque = deque()                           # (task, block) ready, claimed by no lane yet
+        self._running = 0                                       # blocks claimed and not yet done (any lane)
         self.host_stall: PyptoError | None = None               # set by host_watch when it interrupts a block
         self._host = threading.get_ident()
 
@@ -160,7 +163,7 @@ class Engine:
         try:
             with _lock:
                 self._close_scope(self._scopes[0])
-                self._wait(lambda: not self._live)
+                self._wait(lambda: not self._live, help_out=self.host_helps)
         finally:
             self._finished = True
             self._report(t_finish)
@@ -172,8 +175,9 @@ class Engine:
             return
         self._closed = True
         with _lock:
-            while self._deferred:   # never started: dropped, like queued blocks
-                task, block = self._deferred.popleft()
+            while self._deferred or self._queued:   # never started: dropped
+                task, block = (self._deferred or self._queued).popleft()
+                self._running += 1
                 self._block_done(task, block, self.num_workers, 0, 0,
                                  TaskPoisoned(task, self._failure, dropped=True))
             running = self._let_running_blocks_end(min(_CLOSE_GRACE_S, self.timeout_s))
@@ -252,8 +256,12 @@ class Engine:
         self._scope_held -= len(scope.tasks)
         scope.tasks = []
 
-    def _wait(self, done) -> None:
-        """Sleep until done(); raise the first failure, or a StallError after timeout_s without progress."""
+    def _wait(self, done, help_out: bool = False) -> None:
+        """Sleep until done(); raise the first failure, or a StallError after timeout_s without progress.
+
+        `help_out`: the host also runs a queued block no worker has claimed yet when every queued block has an
+        idle worker (queued + running <= num_workers; the idle one is still waking up). Concurrency stays within
+        num_workers, and a lone task skips the hand-off to a worker and back."""
         self._host_waiting += 1
         try:
             while True:
@@ -262,7 +270,10 @@ class Engine:
                 if done():
                     return
                 if self._deferred:
-                    self._run_deferred()
+                    self._run_deferred(self._deferred)
+                    continue
+                if help_out and self._queued and len(self._queued) + self._running <= self.num_workers:
+                    self._run_deferred(self._queued)
                     continue
                 idle_s = (_now() - self._last_progress) / 1e9
                 if idle_s >= self.timeout_s:
@@ -271,9 +282,10 @@ class Engine:
         finally:
             self._host_waiting -= 1
 
-    def _run_deferred(self) -> None:
-        """Lock held (released meanwhile): the host runs one deferred block on its own lane."""
-        task, block = self._deferred.popleft()
+    def _run_deferred(self, blocks: deque) -> None:
+        """Lock held (released meanwhile): the host runs the next of `blocks` on its own lane."""
+        task, block = blocks.popleft()
+        self._running += 1
         _lock.release()
         host_watch.entering(self, task)
         try:
@@ -319,8 +331,19 @@ class Engine:
             return True
         put = self._pool.queue.put
         for block in range(task.blocks):
-            put((self, task, block))
+            self._queued.append((task, block))
+            put(self)   # a token: the worker that takes it claims the oldest queued block, if any is left
         return True
+
+    def run_queued(self, lane: int) -> None:
+        """Worker thread, lock not held: claim the oldest unclaimed block and run it (the host may have taken
+        it already, then there is nothing to do)."""
+        with _lock:
+            if not self._queued:
+                return
+            task, block = self._queued.popleft()
+            self._running += 1
+        self.execute(task, block, lane)
 
     def execute(self, task: Task, block: int, lane: int) -> None:
         """Worker thread, lock not held: run one block (or drop it once the run has failed or closed)."""
@@ -346,6 +369,7 @@ class Engine:
             self._block_done(task, block, lane, t0, t1, error)
 
     def _block_done(self, task: Task, block: int, lane: int, t0: int, t1: int, error) -> None:
+        self._running -= 1
         if t1:
             task.slices.append((block, lane, t0, t1))
             self._kernel_ns += t1 - t0

@@ -2,8 +2,9 @@
 
 Starting threads per run would dominate a small run's cost, so one pool lives at module level and is replaced
 only when a run asks for a different size, or when a run closes with a block still running (a kernel that may
-never return must not hold a lane of the next run). Work items are (engine, task, block) on one FIFO; the pool
-knows nothing about them beyond calling `engine.execute(task, block, lane)`. Imports nothing from pypto_rt.
+never return must not hold a lane of the next run). Work items are engine tokens on one FIFO, one per queued
+block; the pool knows nothing about them beyond calling `engine.run_queued(lane)`, which claims a block (the
+host may have claimed it first). Imports nothing from pypto_rt.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 
 class WorkerPool:
-    """`size` daemon threads (lanes 0..size-1) serving `queue`, a FIFO of (engine, task, block) items, each with
+    """`size` daemon threads (lanes 0..size-1) serving `queue`, a FIFO of engine tokens, each with
     `torch_threads` intra-op threads; `stop()` lets each thread exit after its current item."""
 
     def __init__(self, size: int, torch_threads: int):
@@ -35,7 +36,7 @@ class WorkerPool:
         torch.set_num_threads(torch_threads)
         get = self.queue.get
         while (item := get()) is not None:
-            item[0].execute(item[1], item[2], lane)
+            item.run_queued(lane)
 
 
 _pool: WorkerPool | None = None

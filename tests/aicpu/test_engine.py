@@ -5,10 +5,11 @@ import os
 import threading
 import time
 
+import pytest
 import torch
 
 from pypto_rt import config
-from pypto_rt.aicpu import Access, Engine, region_of
+from pypto_rt.aicpu import Access, Engine, StallError, region_of
 
 
 def _write(view, value, delay=0.0):
@@ -145,3 +146,34 @@ def test_workers_set_their_own_torch_thread_count_and_leave_the_hosts_alone():
         e.finish()
     assert t.result == max(1, (os.cpu_count() or 1) // 2)
     assert torch.get_num_threads() == host_threads
+
+
+class _Asleep:
+    """A pool whose workers never hear of queued blocks: only the host can run them."""
+    def __init__(self, pool):
+        self.size, self.torch_threads = pool.size, pool.torch_threads
+        self.queue = type("NoQueue", (), {"put": staticmethod(lambda token: None)})()
+
+
+def test_the_final_join_runs_an_unclaimed_block_itself_while_a_worker_is_idle():
+    ran_on = []
+    with config.scope(HOST_INLINE_US="200"):
+        with Engine(num_workers=1, timeout_s=5) as e:
+            e._pool = _Asleep(e._pool)     # the idle worker is "still waking up" for the whole run
+            e.submit("lone", lambda b: ran_on.append(threading.get_ident()))
+            e.finish()
+    assert ran_on == [threading.get_ident()]
+
+
+def test_the_host_leaves_queued_blocks_to_busy_workers_beyond_their_number():
+    # two queued blocks, one (sleeping) worker: the host taking one would run two at once, so it must not
+    with config.scope(HOST_INLINE_US="200"):
+        e = Engine(num_workers=1, timeout_s=1)
+        try:
+            e._pool = _Asleep(e._pool)
+            e.submit("a", lambda b: None)
+            e.submit("b", lambda b: None)
+            with pytest.raises(StallError):   # nobody ran them: the host did not help out
+                e.finish()
+        finally:
+            e.close()
