@@ -29,7 +29,7 @@ from .stats import format_stats
 from .task import FINISHED, Task
 from .tensormap import TensorMap
 from .trace import write_trace
-from .workers import abandon, shared_pool
+from .workers import abandon, set_torch_threads, shared_pool
 
 _now = time.perf_counter_ns
 _lock = threading.Lock()
@@ -93,6 +93,7 @@ class Engine:
         self._running = 0                                       # blocks claimed and not yet done (any lane)
         self.host_stall: PyptoError | None = None               # set by host_watch when it interrupts a block
         self._host = threading.get_ident()
+        self._host_threads: int | None = None   # the host's own torch thread count while it runs blocks
 
     # -- host side ------------------------------------------------------------------------------------------
     def submit(self, name: str, run, accesses=(), *, deps=(), blocks: int = 1, span=None,
@@ -174,6 +175,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._host_threads is not None:
+            set_torch_threads(self._host_threads)
         with _lock:
             while self._deferred or self._queued:   # never started: dropped
                 task, block = (self._deferred or self._queued).popleft()
@@ -287,6 +290,8 @@ class Engine:
         task, block = blocks.popleft()
         self._running += 1
         _lock.release()
+        if self._host_threads is None:   # a block runs with a worker's thread count on any lane; restored by close
+            self._host_threads = set_torch_threads(self.worker_threads)
         host_watch.entering(self, task)
         try:
             self.execute(task, block, self.num_workers)

@@ -39,6 +39,14 @@ class WorkerPool:
             item.run_queued(lane)
 
 
+def set_torch_threads(n: int) -> int:
+    """Set the calling thread's torch intra-op thread count; returns the previous one."""
+    previous = torch.get_num_threads()
+    if previous != n:
+        torch.set_num_threads(n)
+    return previous
+
+
 _pool: WorkerPool | None = None
 _pool_lock = threading.Lock()
 

@@ -19,6 +19,7 @@ import torch
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import promote, scalar_dtype, storage_dtype
+from pypto_rt.ops.flush import exp_ftz
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue, broadcast_shape, valid_mask
 
@@ -325,7 +326,8 @@ def _unary_op(name, fn, doc, *, hp=False, names=None, **checks):
 
 neg = _unary_op("neg", torch.neg, "-x.")
 abs = _unary_op("abs", torch.abs, "|x|.")  # noqa: A001  (pl.abs)
-exp = _unary_op("exp", torch.exp, "e**x (float inputs).", float_only=True)
+exp = _unary_op("exp", exp_ftz, "e**x (float inputs; subnormal results flush to 0, see ops/flush.py).",
+                float_only=True)
 log = _unary_op("log", torch.log, "Natural log (float inputs).", float_only=True, hp=True)
 sqrt = _unary_op("sqrt", torch.sqrt, "Square root (float inputs).", float_only=True)
 recip = _unary_op("recip", torch.reciprocal, "1 / x (float inputs).", float_only=True, hp=True)

@@ -16,6 +16,7 @@ import torch
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import highest, lowest, promote, storage_dtype
+from pypto_rt.ops.flush import exp_ftz
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue, broadcast_shape
 
@@ -152,7 +153,7 @@ def _tdiv(a, b):
 
 
 _OPS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": _tdiv, "max": torch.maximum,
-        "min": torch.minimum, "expdif": lambda a, b: torch.exp(a - b)}
+        "min": torch.minimum, "expdif": lambda a, b: exp_ftz(a - b)}
 
 
 def _expand_op(side: str, what: str):

@@ -272,3 +272,21 @@ def test_registered_names():
     for base in ("relu", "lrelu", "prelu", "rem", "rems", "sel", "sels", "cmps", "addc", "subsc", "maximums"):
         assert base in OPS and f"tile.{base}" in OPS, base
     assert "tensor.min" not in OPS and "tensor.max" not in OPS
+
+
+def test_exp_flushes_subnormal_results_to_zero_and_is_torch_exp_elsewhere():
+    x = torch.tensor([[-3.4e38, -1000.0, -100.0, -87.5, -87.2, -20.0, 0.0, 3.0, 80.0,
+                       float("nan"), float("inf"), float("-inf")]])
+    got = OPS["exp"](TensorValue(x, D.FP32)).data
+    want = torch.exp(x)
+    want[want < 1.1832e-38] = 0.0   # subnormal results (and the few just above FLT_MIN at the clamp) flush
+    assert torch.equal(got[:, :9], want[:, :9]) and got[0, 4] > 0 and got[0, 3] == 0
+    assert torch.isnan(got[0, 9]) and got[0, 10] == float("inf") and got[0, 11] == 0
+    plain = torch.randn(4, 64) * 10   # no input below the clamp: exactly torch.exp
+    assert torch.equal(OPS["exp"](TensorValue(plain, D.FP32)).data, torch.exp(plain))
+
+
+def test_row_expand_expdif_flushes_like_exp():
+    x = torch.tensor([[0.0, -200.0, -1.0]])
+    got = OPS["row_expand_expdif"](TensorValue(x, D.FP32), TensorValue(torch.zeros(1, 1), D.FP32)).data
+    assert torch.equal(got, torch.tensor([[1.0, 0.0, float(torch.exp(torch.tensor(-1.0)))]]))
