@@ -39,7 +39,15 @@ def _bind(kernel, args: tuple, kwargs: dict) -> Binding:
     sig = kernel.cache.get("signature")
     if sig is None:
         sig = kernel.cache["signature"] = inspect.signature(kernel.fn)
+        kernel.cache["plain_params"] = _plain_params(sig)
     where = None   # bind_call places the error
+    plain = kernel.cache["plain_params"]
+    if plain is not None and not kwargs and len(args) == len(plain):
+        # every parameter passed positionally (the common call): no inspect binding, same checks per argument
+        ann = kernel.annotations()
+        binding = Binding(list(plain), [])
+        binding.values = [_bind_one(kernel, name, ann.get(name), arg, binding, where) for name, arg in zip(plain, args)]
+        return binding
     try:
         bound = sig.bind_partial(*args, **kwargs)
     except TypeError as e:
@@ -59,6 +67,12 @@ def _bind(kernel, args: tuple, kwargs: dict) -> Binding:
         binding.values.append(value)
     _allocate_outputs(kernel, sig, ann, missing, binding, where)
     return binding
+
+
+def _plain_params(sig) -> tuple[str, ...] | None:
+    """The parameter names when all are plain positional-or-keyword ones (no *args, **kw, keyword-only)."""
+    kinds = {p.kind for p in sig.parameters.values()}
+    return tuple(sig.parameters) if kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD} else None
 
 
 def _signature_hint(kernel, sig) -> str:
