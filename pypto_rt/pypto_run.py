@@ -12,6 +12,7 @@ import os
 import runpy
 import sys
 import traceback
+import types
 
 USAGE = "usage: pypto-run FILE.py [args...]   (runs a PyPTO kernel file on the CPU; see README)"
 
@@ -48,28 +49,51 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(path):
         print(f"pypto-run: no such file: {path}", file=sys.stderr)
         return 2
-    # Idle OpenMP threads of the host's own torch ops otherwise spin and starve the runtime's workers (measured:
-    # a 2-thread GEMM on the host slowed a 1-worker run from 30 to 66-75 ms); read when torch loads, below.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    problem = _check_pypto_is_ours()
+    problem = prepare(path, argv[1:])
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    import pypto_rt.golden as golden
-    sys.modules["golden"] = golden
-    os.environ["PYPTO_RUN_CPU_FALLBACK"] = "1"
-    folder = os.path.dirname(os.path.abspath(path))
-    root = _library_root(folder)
-    sys.path[:0] = [p for p in (folder, root) if p and p not in sys.path[:2]]
-    sys.argv = [path, *argv[1:]]
     # torch and pypto-rt are loaded: later full collections need not rescan their ~10^5 long-lived objects
     # (each such collection paused a run for ~80 ms on this machine)
     gc.freeze()
     return _run(path)
 
 
+def prepare(path: str, args: list[str], folder: str | None = None, lazy_golden: bool = False) -> str | None:
+    """Set this interpreter up to run `path` as pypto-run does; returns a problem sentence, or None.
+
+    `folder` (default: the file's own) and the library root above it go on sys.path. With `lazy_golden`,
+    `golden` (and with it torch) is imported only when the program first uses it (pypto-launch's ranks).
+    """
+    # Idle OpenMP threads of the host's own torch ops otherwise spin and starve the runtime's workers (measured:
+    # a 2-thread GEMM on the host slowed a 1-worker run from 30 to 66-75 ms); read when torch loads, below.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    problem = _check_pypto_is_ours()
+    if problem:
+        return problem
+    if lazy_golden:
+        sys.modules["golden"] = _LazyGolden("golden")
+    else:
+        import pypto_rt.golden as golden
+        sys.modules["golden"] = golden
+    os.environ["PYPTO_RUN_CPU_FALLBACK"] = "1"
+    folder = folder or os.path.dirname(os.path.abspath(path))
+    root = _library_root(folder)
+    sys.path[:0] = [p for p in (folder, root) if p and p not in sys.path[:2]]
+    sys.argv = [path, *args]
+    return None
+
+
+class _LazyGolden(types.ModuleType):
+    """Stands in for `golden` until first use, then imports pypto_rt.golden and takes its place."""
+
+    def __getattr__(self, name: str):
+        import pypto_rt.golden as golden
+        sys.modules["golden"] = golden
+        return getattr(golden, name)
+
+
 def _run(path: str) -> int:
-    from pypto_rt.errors import PyptoError, strip_internal_frames
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
@@ -80,26 +104,29 @@ def _run(path: str) -> int:
             return code
         print(code, file=sys.stderr)
         return 1
-    except PyptoError as e:
-        _print_user_traceback(e, strip_internal_frames(e.__traceback__))
-        return 1
     except KeyboardInterrupt:
         print("pypto-run: interrupted", file=sys.stderr)
         return 130
     except BaseException as e:  # noqa: BLE001 - report any failure of the user's file, exit 1
-        tb = strip_internal_frames(e.__traceback__)
-        traceback.print_exception(type(e), e, tb, file=sys.stderr)
+        print(format_user_error(e), file=sys.stderr)
         return 1
     return 0
 
 
-def _print_user_traceback(err, tb) -> None:
+def format_user_error(err: BaseException) -> str:
+    """The text pypto-run prints for an error of the user's file: user frames only, a PyptoError rendered."""
+    from pypto_rt.errors import PyptoError, strip_internal_frames
+    tb = strip_internal_frames(err.__traceback__)
+    if not isinstance(err, PyptoError):
+        return "".join(traceback.format_exception(type(err), err, tb)).rstrip()
     frames = traceback.extract_tb(tb)
     frames = [f for f in frames if not f.filename.endswith("runpy.py")]
+    lines = []
     if len(frames) > 1:
-        print("Traceback (user frames only):", file=sys.stderr)
-        print("".join(traceback.format_list(frames[:-1])).rstrip(), file=sys.stderr)
-    print(err.render(), file=sys.stderr)
+        lines.append("Traceback (user frames only):")
+        lines.append("".join(traceback.format_list(frames[:-1])).rstrip())
+    lines.append(err.render())
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""`pypto-launch [flags] prog.py args...` (or `-m module args...`): flags -> a validated `LaunchConfig` -> a job.
+
+Every flag falls back to a `PYPTO_*` environment variable (the flag wins); kebab-case and snake_case spellings
+are both accepted, as torchrun does. Exit codes: what `job.run_job` returns (0 all ranks passed, 1 a rank
+failed, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP), 2 for a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import sys
+
+from pypto_rt.launch.config import BACKENDS, COMMS, LaunchConfig
+
+PROG = "pypto-launch"
+
+# flag -> (environment fallback, help); defaults and checks live in `_config`
+_FLAGS = {
+    "nproc": ("PYPTO_NPROC", "ranks on this host (default 1)"),
+    "nnodes": ("PYPTO_NNODES", "hosts in the job, one launcher each (default 1)"),
+    "node-rank": ("PYPTO_NODE_RANK", "this host's index, 0 .. nnodes-1 (default 0); node 0 hosts the store"),
+    "master-addr": ("PYPTO_MASTER_ADDR", "host of the rendezvous store (default 127.0.0.1)"),
+    "master-port": ("PYPTO_MASTER_PORT", "its port (default: a free port the store binds; required on node-rank > 0)"),
+    "log-dir": ("PYPTO_LOG_DIR", "write rankN.stdout.log, rankN.stderr.log and rankN.error.json here"),
+    "comm": ("PYPTO_COMM", "communicator for the ranks: shm|gloo|nccl|hccl (default shm on one host, else gloo)"),
+    "backend": ("PYPTO_LAUNCH_BACKEND", "how ranks start: local|ray (default local; ray is not available yet)"),
+    "timeout-s": ("PYPTO_TIMEOUT_S", "seconds without progress before a rank stops with a stall report"),
+    "job-id": ("PYPTO_JOB_ID", "names the job's shared memory (pypto-<id>*); default: random"),
+}
+_TEE_ENV = "PYPTO_TEE"
+
+
+class UsageError(Exception):
+    """A flag or environment value that cannot work; the message says which and what to do."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        description="Start N ranks of a Python program, end them all when one fails, and report which failed first.",
+        epilog="Each flag can also be set by the environment variable named in its help; the flag wins.")
+    for flag, (env, help_text) in _FLAGS.items():
+        names = [f"--{flag}"] + ([f"--{flag.replace('-', '_')}"] if "-" in flag else [])
+        p.add_argument(*names, dest=flag.replace("-", "_"), default=None, metavar=flag.split("-")[-1].upper(),
+                       help=f"{help_text} [{env}]")
+    p.add_argument("--tee", action="store_true", default=None,
+                   help=f"with --log-dir, also echo rank output to the terminal as [rank N] lines [{_TEE_ENV}=1]")
+    p.add_argument("-m", "--module", action="store_true", help="run the target as a module, as `python -m` does")
+    p.add_argument("target", nargs="?", help="the program file (or module name with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the program's own arguments")
+    return p
+
+
+def _pick(ns: argparse.Namespace, flag: str) -> tuple[str | None, str]:
+    """The raw value of a flag (or its environment fallback) and how to name its source in an error."""
+    value = getattr(ns, flag.replace("-", "_"))
+    if value is not None:
+        return value, f"--{flag}"
+    env = _FLAGS[flag][0]
+    return os.environ.get(env) or None, env
+
+
+def _int(ns, flag: str, default: int | None, minimum: int, maximum: int | None = None) -> int | None:
+    raw, source = _pick(ns, flag)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise UsageError(f"{source} must be an integer {bound}, got {raw!r}")
+    return value
+
+
+def _config(ns: argparse.Namespace) -> LaunchConfig:
+    if not ns.target:
+        raise UsageError("no program given; usage: pypto-launch --nproc N prog.py [args...]  (or -m module)")
+    nproc = _int(ns, "nproc", 1, 1)
+    nnodes = _int(ns, "nnodes", 1, 1)
+    node_rank = _int(ns, "node-rank", 0, 0)
+    if node_rank >= nnodes:
+        raise UsageError(f"--node-rank {node_rank} is not below --nnodes {nnodes}; number the hosts 0 .. {nnodes - 1}")
+    master_port = _int(ns, "master-port", None, 0, 65535)
+    if node_rank > 0 and not master_port:
+        raise UsageError(f"--node-rank {node_rank} needs --master-port: the port node 0's launcher printed or was "
+                         "given")
+    comm, source = _pick(ns, "comm")
+    comm = comm or ("shm" if nnodes == 1 else "gloo")
+    if comm not in COMMS:
+        raise UsageError(f"{source} must be one of {', '.join(COMMS)}, got {comm!r}")
+    if comm == "shm" and nnodes > 1:
+        raise UsageError(f"--comm shm works within one host only; use --comm gloo for --nnodes {nnodes}")
+    backend, source = _pick(ns, "backend")
+    backend = backend or "local"
+    if backend not in BACKENDS:
+        raise UsageError(f"{source} must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "ray":
+        raise UsageError("--backend ray is not available yet; use --backend local (the default), and for several "
+                         "hosts run one pypto-launch per host with --nnodes/--node-rank/--master-addr/--master-port")
+    timeout_s = None
+    raw, source = _pick(ns, "timeout-s")
+    if raw is not None:
+        try:
+            timeout_s = float(raw)
+        except ValueError:
+            timeout_s = -1.0
+        if not timeout_s > 0:
+            raise UsageError(f"{source} must be a positive number of seconds, got {raw!r}")
+    job_id, source = _pick(ns, "job-id")
+    job_id = job_id or secrets.token_hex(6)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", job_id):
+        raise UsageError(f"{source} may hold only letters, digits, '_', '.', '-' (at most 64), got {job_id!r}")
+    tee = bool(ns.tee) or os.environ.get(_TEE_ENV, "0") not in ("", "0")
+    log_dir, _ = _pick(ns, "log-dir")
+    master_addr, _ = _pick(ns, "master-addr")
+    if not ns.module and not os.path.isfile(ns.target):
+        raise UsageError(f"no such file: {ns.target} (to run a module, use -m {ns.target})")
+    return LaunchConfig(target=ns.target, args=tuple(ns.args), module=ns.module, nproc=nproc, nnodes=nnodes,
+                        node_rank=node_rank, master_addr=master_addr or "127.0.0.1", master_port=master_port,
+                        log_dir=log_dir, tee=tee, comm=comm, backend=backend, timeout_s=timeout_s, job_id=job_id)
+
+
+def parse(argv: list[str]) -> LaunchConfig:
+    """The LaunchConfig for a command line (and the environment); raises UsageError."""
+    return _config(_parser().parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry of `pypto-launch`; returns the exit code."""
+    try:
+        try:
+            cfg = parse(list(sys.argv[1:] if argv is None else argv))
+        except UsageError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 2
+        from pypto_rt.launch.job import run_job
+        return run_job(cfg)
+    except KeyboardInterrupt:  # only before the job installs its own handlers; it cleans up after itself
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""`LaunchConfig`: everything one pypto-launch job needs, already validated (the CLI builds it, nothing else reads
+argparse objects)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMMS = ("shm", "gloo", "nccl", "hccl")
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One job: `nproc` ranks on this host (node `node_rank` of `nnodes`) running `target`.
+
+    Attributes:
+        target: the program: a file path, or a module name when `module` is True (`-m`).
+        args: the program's own arguments.
+        module: run `target` as `python -m target` would.
+        nproc: ranks on this host.
+        nnodes: hosts in the job; each runs one launcher.
+        node_rank: this host's index; node 0 hosts the rendezvous store.
+        master_addr: host of the store.
+        master_port: its port; None (node 0 only) lets the store pick a free one.
+        log_dir: per-rank stdout/stderr/error files go here; None: rank output goes to the terminal.
+        tee: with `log_dir`, also echo rank output to the terminal.
+        comm: communicator the ranks build (exported as PYPTO_COMM).
+        backend: how ranks are started; only "local" exists today.
+        timeout_s: the ranks' no-progress deadline (exported as PYPTO_TIMEOUT_S); None: the ranks' default.
+        job_id: names the job's shared memory (`pypto-<job_id>*`) and log lines.
+    """
+    target: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    log_dir: str | None = None
+    tee: bool = False
+    comm: str = "shm"
+    backend: str = "local"
+    timeout_s: float | None = None
+    job_id: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc + local_rank

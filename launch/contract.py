@@ -1,0 +1,65 @@
+"""The environment contract between pypto-launch and each rank it starts (names only; no logic but `rank_env`).
+
+Every rank process gets, on top of the launcher's own environment:
+
+====================  ================================================================================
+RANK                  global rank, ``node_rank * nproc + local_rank``
+LOCAL_RANK            rank on this host, ``0 .. nproc-1``
+WORLD_SIZE            ``nnodes * nproc``
+LOCAL_WORLD_SIZE      ``nproc``
+MASTER_ADDR           host of the rendezvous store (the launcher of node 0 hosts it)
+MASTER_PORT           its port: the port the store actually bound, so there is no free-port race
+PYPTO_LAUNCHED        ``1``
+PYPTO_COMM            ``shm`` | ``gloo`` | ``nccl`` | ``hccl``: the communicator the ranks should build
+PYPTO_JOB_ID          the job's id (``--job-id``, else random hex)
+PYPTO_SHM_PREFIX      ``pypto-<job id>``: name every shared-memory segment with it; the launcher owns them
+                      and removes every ``/dev/shm/<prefix>*`` when the job ends, however it ends
+PYPTO_ERROR_FILE      where the rank writes its error record (JSON, see ``rank_main``) when it fails
+PYPTO_START_TIME      the launcher's start, wall-clock seconds (``time.time()``), for rank wait clocks
+PYPTO_TIMEOUT_S       only with ``--timeout-s``: the ranks' no-progress deadline
+====================  ================================================================================
+
+Also set, for code written against torch's launcher: ``TORCHELASTIC_USE_AGENT_STORE=True`` (MASTER_ADDR:PORT is
+the launcher's store, so ranks join it as clients, and ``init_process_group(init_method="env://")`` works as it
+does under torchrun), and ``PYTHONUNBUFFERED=1`` unless already set, so rank output reaches logs line by line.
+"""
+from __future__ import annotations
+
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+LAUNCHED = "PYPTO_LAUNCHED"
+COMM = "PYPTO_COMM"
+JOB_ID = "PYPTO_JOB_ID"
+SHM_PREFIX = "PYPTO_SHM_PREFIX"
+ERROR_FILE = "PYPTO_ERROR_FILE"
+START_TIME = "PYPTO_START_TIME"
+TIMEOUT_S = "PYPTO_TIMEOUT_S"
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+
+SHM_DIR = "/dev/shm"
+
+
+def shm_prefix(job_id: str) -> str:
+    """Name prefix of the job's shared-memory segments (a file name under /dev/shm, no slash)."""
+    return f"pypto-{job_id}"
+
+
+def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
+             master_addr: str, master_port: int, comm: str, job_id: str, error_file: str, start_time: float,
+             timeout_s: float | None) -> dict[str, str]:
+    """`base` plus the contract variables for one rank."""
+    env = dict(base)
+    env.update({
+        RANK: str(rank), LOCAL_RANK: str(local_rank), WORLD_SIZE: str(world_size),
+        LOCAL_WORLD_SIZE: str(local_world_size), MASTER_ADDR: master_addr, MASTER_PORT: str(master_port),
+        LAUNCHED: "1", COMM: comm, JOB_ID: job_id, SHM_PREFIX: shm_prefix(job_id), ERROR_FILE: error_file,
+        START_TIME: repr(start_time), AGENT_STORE: "True",
+    })
+    if timeout_s is not None:
+        env[TIMEOUT_S] = repr(timeout_s)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

@@ -1,0 +1,114 @@
+"""One pypto-launch job on this host: host the store (node 0), start the ranks, supervise them, report, clean up.
+
+Ownership: the launcher owns the job's temporary folder, the rendezvous store and every shared-memory segment
+named `pypto-<job id>*`; all are gone when `run_job` returns, however the job ended (a SIGKILLed launcher
+excepted). Exit codes: 0 every rank exited 0; 1 a rank failed (or could not start); 128+N the launcher got
+signal N (130 for Ctrl-C, 143 for SIGTERM); 2 the job could not be set up (log folder, store port).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+from pypto_rt.launch import contract
+from pypto_rt.launch.config import LaunchConfig
+from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
+from pypto_rt.launch.shm import remove_segments
+from pypto_rt.launch.signals import SignalWatch
+from pypto_rt.launch.supervisor import RankProc, RankSpec, Supervisor
+
+# After a failure that carries a wait report, the other ranks are likely stuck in waits whose deadlines are
+# about to expire too; their reports complete the cross-rank picture, so they get this long before SIGTERM.
+WAIT_SETTLE_S = 2.0
+
+
+def run_job(cfg: LaunchConfig) -> int:
+    """Run the job described by `cfg` to its end; returns the launcher's exit code."""
+    start_time = time.time()
+    tmp_dir = store = None
+    try:
+        if cfg.log_dir:
+            try:
+                os.makedirs(cfg.log_dir, exist_ok=True)
+            except OSError as e:
+                return _setup_error(f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
+        else:
+            tmp_dir = tempfile.mkdtemp(prefix=f"pypto-launch-{cfg.job_id}-")
+        port = cfg.master_port
+        if cfg.node_rank == 0:
+            from pypto_rt.launch.rendezvous import StoreError, host_store
+            try:
+                store, port = host_store(cfg.master_addr, cfg.master_port)
+            except StoreError as e:
+                return _setup_error(str(e))
+            if cfg.nnodes > 1:
+                print(f"pypto-launch: rendezvous store at {cfg.master_addr}:{port}; start the other nodes with "
+                      f"--master-addr {cfg.master_addr} --master-port {port}", file=sys.stderr)
+        specs = [_spec(cfg, local_rank, port, start_time, cfg.log_dir or tmp_dir) for local_rank in range(cfg.nproc)]
+        with SignalWatch() as watch:
+            return _supervise(cfg, specs, watch)
+    finally:
+        remove_segments(contract.shm_prefix(cfg.job_id))
+        del store  # closes the store's server socket
+        if tmp_dir:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, folder: str) -> RankSpec:
+    rank = cfg.global_rank(local_rank)
+    error_file = os.path.join(folder, f"rank{rank}.error.json")
+    for stale in (error_file, error_file + ".tmp"):  # a previous job's record must not be read as this one's
+        if os.path.exists(stale):
+            os.unlink(stale)
+    env = contract.rank_env(os.environ, rank=rank, local_rank=local_rank, world_size=cfg.world_size,
+                            local_world_size=cfg.nproc, master_addr=cfg.master_addr, master_port=port,
+                            comm=cfg.comm, job_id=cfg.job_id, error_file=error_file, start_time=start_time,
+                            timeout_s=cfg.timeout_s)
+    argv = [sys.executable, "-m", "pypto_rt.launch.rank_main", *(["-m"] if cfg.module else []), cfg.target,
+            *cfg.args]
+    logs = [os.path.join(cfg.log_dir, f"rank{rank}.{kind}.log") if cfg.log_dir else None
+            for kind in ("stdout", "stderr")]
+    return RankSpec(rank, local_rank, argv, env, error_file, echo=cfg.tee or not cfg.log_dir,
+                    stdout_log=logs[0], stderr_log=logs[1])
+
+
+def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch) -> int:
+    sup = Supervisor(specs, watch)
+    try:
+        try:
+            sup.start()
+        except OSError as e:
+            print(f"pypto-launch: cannot start the ranks ({sys.executable}): {e}", file=sys.stderr)
+            return 1
+        got_signal = sup.run()
+        first = first_failure([_result(r) for r in sup.ranks if r.returncode is not None])
+        sup.end(settle_s=WAIT_SETTLE_S if first and first.record and first.record.get("wait") else 0.0)
+    except BaseException:
+        sup.kill_now()
+        raise
+    results = [_result(r) for r in sup.ranks]
+    if got_signal is None and all(r.returncode == 0 for r in results):
+        strays = [str(r.rank) for r in results if r.left_processes]
+        if strays:
+            print(f"pypto-launch: rank(s) {', '.join(strays)} exited 0 but left processes running; the launcher "
+                  "ended them (wait for your child processes before exiting)", file=sys.stderr)
+        return 0
+    print(summarize(results, cfg.job_id, got_signal), file=sys.stderr)
+    return 128 + got_signal if got_signal is not None else 1
+
+
+def _result(r: RankProc) -> RankResult:
+    # a rank still unreaped after SIGKILL (stuck in the kernel) is reported as killed by it
+    returncode = r.returncode if r.returncode is not None else -signal.SIGKILL
+    return RankResult(rank=r.spec.rank, local_rank=r.spec.local_rank, pid=r.proc.pid, returncode=returncode,
+                      ended_at=r.ended_at or time.time(), signalled=r.signalled, signalled_at=r.signalled_at,
+                      record=read_record(r.spec.error_file), log=r.spec.stderr_log, left_processes=r.left_processes)
+
+
+def _setup_error(message: str) -> int:
+    print(f"pypto-launch: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,241 @@
+"""Start rank processes, pump their output, notice the first failure or a signal, and end every rank.
+
+Invariants:
+- Each rank leads its own session and process group (pgid == pid): a signal to the group reaches the rank and
+  everything it started, and the terminal's Ctrl-C reaches only the launcher, which decides what the ranks get.
+- Nothing here waits without a deadline, except `run` waiting for the ranks to finish on their own (the job).
+  Every wait is a `select` of at most POLL_S that also wakes on a signal to the launcher.
+- Whatever way the job ends, `end` (or `kill_now` on a launcher bug) leaves no process of any rank's group alive.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from pypto_rt.launch.output import RankStream
+
+POLL_S = 0.1  # longest sleep between looks at the ranks
+GRACE_S = 3.0  # SIGTERM -> SIGKILL
+REAP_S = 5.0  # SIGKILL -> gone (only a process stuck in the kernel takes longer)
+DRAIN_S = 0.5  # output left in pipes once every process is gone
+
+
+@dataclass
+class RankSpec:
+    """How to start one rank: its command, environment and where its output goes."""
+    rank: int
+    local_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    error_file: str
+    echo: bool  # output to the terminal, prefixed
+    stdout_log: str | None = None
+    stderr_log: str | None = None
+
+
+@dataclass
+class RankProc:
+    """A started rank and what the launcher saw of it (wall-clock times, `time.time()`)."""
+    spec: RankSpec
+    proc: subprocess.Popen
+    ended_at: float | None = None
+    signalled: int | None = None  # the last signal the launcher sent its group
+    signalled_at: float | None = None  # when the launcher first signalled it
+    left_processes: bool = False  # its group outlived it and was ended by the launcher
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+
+@dataclass
+class Supervisor:
+    specs: list[RankSpec]
+    watch: object  # SignalWatch: .pending, .fileno(), .drain()
+    ranks: list[RankProc] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._sel = selectors.DefaultSelector()
+        if self.watch.fileno() is not None:
+            self._sel.register(self.watch.fileno(), selectors.EVENT_READ, None)
+
+    # ---- starting
+    def start(self) -> None:
+        """Start every rank; raises OSError (after ending those already started) if one cannot start."""
+        for spec in self.specs:
+            try:
+                self.ranks.append(self._start(spec))
+            except OSError:
+                self.kill_now()
+                raise
+
+    def _start(self, spec: RankSpec) -> RankProc:
+        outs = []
+        for kind, log_path in (("stdout", spec.stdout_log), ("stderr", spec.stderr_log)):
+            log = open(log_path, "wb") if log_path else None
+            outs.append((kind, log))
+        # with echo the launcher copies pipes to log and terminal; without, the rank writes its log file itself
+        pipe_or_log = [subprocess.PIPE if spec.echo else (log or subprocess.DEVNULL) for _, log in outs]
+        try:
+            proc = subprocess.Popen(spec.argv, env=spec.env, stdin=subprocess.DEVNULL, stdout=pipe_or_log[0],
+                                    stderr=pipe_or_log[1], start_new_session=True)
+        except OSError:
+            for _, log in outs:
+                if log:
+                    log.close()
+            raise
+        for (kind, log), pipe in zip(outs, (proc.stdout, proc.stderr)):
+            if spec.echo:
+                self._sel.register(pipe, selectors.EVENT_READ, (RankStream(spec.rank, kind, True, log), pipe))
+            elif log:
+                log.close()  # the child holds its own descriptor
+        return RankProc(spec, proc)
+
+    # ---- watching
+    def run(self) -> int | None:
+        """Wait until every rank has exited 0 or one has failed (returns None; the return codes say which), or
+        until the launcher gets a signal (returns its number)."""
+        while True:
+            self._poll()
+            if self.watch.pending:
+                return self.watch.pending[0]
+            if any(r.returncode not in (None, 0) for r in self.ranks):
+                return None
+            if all(r.returncode is not None for r in self.ranks):
+                return None
+            self._step(POLL_S)
+
+    def alive(self) -> list[RankProc]:
+        return [r for r in self.ranks if r.returncode is None]
+
+    def _poll(self) -> None:
+        for r in self.alive():
+            if r.proc.poll() is not None:
+                r.ended_at = time.time()
+
+    def _step(self, timeout: float) -> None:
+        """Copy whatever output is ready, waiting at most `timeout` (a signal to the launcher wakes it)."""
+        for key, _ in self._sel.select(max(0.0, timeout)):
+            if key.data is None:
+                self.watch.drain()
+                continue
+            stream, pipe = key.data
+            try:
+                data = os.read(key.fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if data:
+                stream.feed(data)
+            else:
+                self._close_stream(key.fileobj, stream, pipe)
+
+    def _close_stream(self, fileobj, stream: RankStream, pipe) -> None:
+        self._sel.unregister(fileobj)
+        stream.close()
+        pipe.close()
+
+    def _wait_for_ranks(self, seconds: float) -> bool:
+        """Wait up to `seconds` for every rank to end; stops early on a new signal. True when all ended."""
+        deadline = time.monotonic() + seconds
+        signals = len(self.watch.pending)
+        while True:
+            self._poll()
+            left = deadline - time.monotonic()
+            if not self.alive() or left <= 0 or len(self.watch.pending) > signals:
+                return not self.alive()
+            self._step(min(POLL_S, left))
+
+    # ---- ending
+    def end(self, settle_s: float = 0.0) -> None:
+        """End the job: let ranks finish for `settle_s`, then SIGTERM each group, SIGKILL after GRACE_S, reap,
+        end any processes the ranks left behind, and copy the last output. A signal to the launcher meanwhile
+        skips straight to the next, harder step."""
+        if settle_s > 0:
+            self._wait_for_ranks(settle_s)
+        self._signal_alive(signal.SIGTERM)
+        if not self._wait_for_ranks(GRACE_S):
+            self._signal_alive(signal.SIGKILL)
+            self._wait_for_ranks(REAP_S)
+        self._end_left_processes()
+        self._drain(DRAIN_S)
+        self._sel.close()
+
+    def kill_now(self) -> None:
+        """Last resort on a launcher error: SIGKILL every rank's group and reap, without reporting."""
+        for r in self.ranks:
+            _killpg(r.proc.pid, signal.SIGKILL)
+        for r in self.ranks:
+            try:
+                r.proc.wait(REAP_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self._sel.close()
+
+    def _signal_alive(self, sig: int) -> None:
+        for r in self.alive():
+            if r.proc.poll() is not None:  # ended on its own just now: not the launcher's doing
+                r.ended_at = time.time()
+                continue
+            _killpg(r.proc.pid, sig)
+            r.signalled = sig
+            r.signalled_at = r.signalled_at or time.time()
+
+    def _end_left_processes(self) -> None:
+        """Processes a rank started outlive it in its group (its pgid); end them too, TERM then KILL."""
+        stray = [r for r in self.ranks if _group_alive(r.proc.pid)]
+        for r in stray:
+            r.left_processes = True
+            _killpg(r.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        signals = len(self.watch.pending)
+        while stray and time.monotonic() < deadline and len(self.watch.pending) == signals:
+            self._step(POLL_S)
+            stray = [r for r in stray if _group_alive(r.proc.pid)]
+        for r in stray:
+            _killpg(r.proc.pid, signal.SIGKILL)
+
+    def _drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self._streams() and time.monotonic() < deadline:
+            self._step(min(POLL_S, deadline - time.monotonic()))
+        for key in self._streams():  # a pipe still held open by something we could not end
+            self._close_stream(key.fileobj, *key.data)
+
+    def _streams(self) -> list:
+        return [k for k in self._sel.get_map().values() if k.data is not None]
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group `pgid` has a member that is not a zombie (orphans may wait long to be reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False

@@ -1,0 +1,264 @@
+"""pypto-launch end to end: real rank processes, the launcher run in this process (`cli.main`)."""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+from tests.launch.conftest import pid_gone
+
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYPTO_LAUNCHED",
+            "PYPTO_COMM", "PYPTO_JOB_ID", "PYPTO_SHM_PREFIX", "PYPTO_ERROR_FILE", "PYPTO_START_TIME",
+            "PYPTO_TIMEOUT_S", "TORCHELASTIC_USE_AGENT_STORE")
+
+# each rank writes its contract variables to OUT/rank<N>.json
+DUMP_ENV = f"""
+    import json, os, sys
+    names = {RANK_ENV!r}
+    env = {{k: os.environ.get(k) for k in names}}
+    env["argv"] = sys.argv[1:]
+    env["torch_loaded"] = "torch" in sys.modules
+    with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".json"), "w") as f:
+        json.dump(env, f)
+"""
+
+
+def _dumps(folder) -> dict[int, dict]:
+    return {int(p.name[4:-5]): json.loads(p.read_text()) for p in folder.glob("rank*.json")}
+
+
+@pytest.mark.timeout(90)
+def test_four_ranks_pass_with_torchrun_env_and_a_store_they_can_join(tmp_path, program, launch):
+    prog = program(DUMP_ENV + """
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=30))
+    store.set(f"hello/{rank}", str(rank * 10))
+    assert [int(store.get(f"hello/{r}")) for r in range(world)] == [r * 10 for r in range(world)]
+    # torch's own env:// rendezvous joins the launcher's store as a client (TORCHELASTIC_USE_AGENT_STORE)
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=30))
+    t = torch.ones(1) * rank
+    dist.all_reduce(t)
+    assert t.item() == sum(range(world)), t
+    dist.destroy_process_group()
+    """)
+    out = tmp_path / "out"
+    out.mkdir()
+    job = launch("--nproc", "4", prog, str(out), "extra")
+    assert job.rc == 0, job.err
+    dumps = _dumps(out)
+    assert sorted(dumps) == [0, 1, 2, 3]
+    ports = {d["MASTER_PORT"] for d in dumps.values()}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    for rank, d in dumps.items():
+        assert (d["RANK"], d["LOCAL_RANK"], d["WORLD_SIZE"], d["LOCAL_WORLD_SIZE"]) == (str(rank), str(rank), "4", "4")
+        assert (d["MASTER_ADDR"], d["PYPTO_LAUNCHED"], d["PYPTO_COMM"]) == ("127.0.0.1", "1", "shm")
+        assert d["PYPTO_SHM_PREFIX"] == "pypto-" + d["PYPTO_JOB_ID"]
+        assert d["PYPTO_ERROR_FILE"].endswith(f"rank{rank}.error.json")
+        assert d["PYPTO_TIMEOUT_S"] is None and float(d["PYPTO_START_TIME"]) > 0
+        assert d["argv"] == [str(out), "extra"] and not d["torch_loaded"]
+    assert len({d["PYPTO_JOB_ID"] for d in dumps.values()}) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_raising_at_start_ends_the_job_naming_rank_error_and_line(program, launch):
+    prog = program("""
+    import os, time
+    if os.environ["RANK"] == "1":
+        raise ValueError("boom from rank 1")
+    time.sleep(120)
+    """)
+    job = launch("--nproc", "4", prog)
+    assert job.rc == 1
+    assert job.seconds < 30
+    assert "rank 1 failed first (exit code 1" in job.err
+    assert f'File "{prog}", line 3' in job.err and "ValueError: boom from rank 1" in job.err
+    for rank in (0, 2, 3):
+        assert f"rank {rank}: killed by the launcher (SIGTERM)" in job.err
+    assert "rank_main" not in job.err and "runpy" not in job.err
+
+
+@pytest.mark.timeout(60)
+def test_first_failure_is_the_earliest_error_not_the_first_rank_to_exit(program, launch):
+    # rank 2 fails first but lingers on exit; rank 0 fails after seeing rank 2's error file, and exits first
+    prog = program("""
+    import atexit, os, time
+    rank = int(os.environ["RANK"])
+    if rank == 2:
+        atexit.register(time.sleep, 20)
+        raise RuntimeError("rank 2 broke first")
+    if rank == 0:
+        theirs = os.path.join(os.path.dirname(os.environ["PYPTO_ERROR_FILE"]), "rank2.error.json")
+        while not os.path.exists(theirs):
+            time.sleep(0.02)
+        raise RuntimeError("rank 0 broke later")
+    time.sleep(120)
+    """)
+    job = launch("--nproc", "4", prog)
+    assert job.rc == 1
+    assert "rank 2 failed first (exit code 1; the launcher's SIGTERM ended it while it was exiting" in job.err
+    assert "RuntimeError: rank 2 broke first" in job.err
+    assert "rank 0: failed" in job.err and "later (exit code 1): RuntimeError: rank 0 broke later" in job.err
+    assert "rank 1: killed by the launcher (SIGTERM)" in job.err
+
+
+@pytest.mark.timeout(60)
+def test_system_exit_1_is_a_failure_with_an_error_file(tmp_path, program, launch):
+    prog = program("""
+    import os
+    ok = os.environ["RANK"] != "1"
+    print("rank", os.environ["RANK"], "PASS" if ok else "FAIL")
+    raise SystemExit(0 if ok else 1)
+    """)
+    logs = tmp_path / "logs"
+    job = launch("--nproc", "2", "--log-dir", str(logs), prog)
+    assert job.rc == 1
+    assert "rank 1 failed first (exit code 1" in job.err and "rank 1 exited with code 1" in job.err
+    assert "rank 0: exited 0" in job.err
+    assert f"logs: {logs / 'rank1.stderr.log'}" in job.err
+    record = json.loads((logs / "rank1.error.json").read_text())
+    assert set(record) == {"rank", "local_rank", "pid", "time", "exit_code", "error_type", "message", "where", "wait"}
+    assert (record["rank"], record["local_rank"], record["exit_code"]) == (1, 1, 1)
+    assert (record["error_type"], record["wait"]) == ("SystemExit", None)
+    assert not (logs / "rank0.error.json").exists()
+    assert (logs / "rank1.stdout.log").read_text() == "rank 1 FAIL\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_by_a_signal_is_reported_with_its_name(program, launch):
+    prog = program("""
+    import os, signal, time
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+    """)
+    job = launch("--nproc", "2", prog)
+    assert job.rc == 1
+    assert "rank 1 failed first (killed by SIGKILL" in job.err and "rank 1 was killed by SIGKILL" in job.err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fail", [False, True], ids=["success", "failure"])
+def test_the_jobs_shared_memory_is_removed_when_it_ends(program, launch, fail):
+    job_id = f"test-{uuid.uuid4().hex[:10]}"
+    bystander = f"/dev/shm/pypto-other-{job_id}"
+    open(bystander, "w").close()
+    prog = program(f"""
+    import os
+    with open("/dev/shm/" + os.environ["PYPTO_SHM_PREFIX"] + "x" + os.environ["RANK"], "w") as f:
+        f.write("segment")
+    if {fail} and os.environ["RANK"] == "1":
+        raise RuntimeError("failing after creating a segment")
+    """)
+    try:
+        job = launch("--nproc", "2", "--job-id", job_id, prog)
+        assert job.rc == (1 if fail else 0), job.err
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(f"pypto-{job_id}")] == []
+        assert os.path.exists(bystander)
+    finally:
+        os.unlink(bystander)
+
+
+@pytest.mark.timeout(60)
+def test_env_variables_set_flags_and_flags_win(tmp_path, program, launch, monkeypatch):
+    prog = program(DUMP_ENV)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("PYPTO_NPROC", "3")
+    monkeypatch.setenv("PYPTO_COMM", "gloo")
+    monkeypatch.setenv("PYPTO_TIMEOUT_S", "7")
+    monkeypatch.setenv("PYPTO_JOB_ID", "envjob")
+    job = launch("--nproc", "2", prog, str(out))
+    assert job.rc == 0, job.err
+    dumps = _dumps(out)
+    assert sorted(dumps) == [0, 1]
+    assert {(d["PYPTO_COMM"], d["PYPTO_TIMEOUT_S"], d["PYPTO_JOB_ID"]) for d in dumps.values()} == {
+        ("gloo", "7.0", "envjob")}
+    monkeypatch.delenv("PYPTO_NPROC")
+    for f in out.iterdir():
+        f.unlink()
+    assert launch(prog, str(out)).rc == 0
+    assert sorted(_dumps(out)) == [0]
+
+
+@pytest.mark.timeout(60)
+def test_output_goes_to_log_files_and_with_tee_to_the_terminal_prefixed(tmp_path, program, launch):
+    prog = program("""
+    import os, sys
+    print("out of", os.environ["RANK"])
+    print("err of", os.environ["RANK"], file=sys.stderr)
+    sys.stdout.write("no newline")
+    """)
+    plain = launch("--nproc", "2", prog)
+    assert plain.rc == 0
+    assert {"[rank 0] out of 0", "[rank 1] out of 1", "[rank 0] no newline"} <= set(plain.out.splitlines())
+    assert {"[rank 0] err of 0", "[rank 1] err of 1"} <= set(plain.err.splitlines())
+    logs = tmp_path / "logs"
+    quiet = launch("--nproc", "2", "--log-dir", str(logs), prog)
+    assert quiet.rc == 0 and "[rank" not in quiet.out + quiet.err
+    assert (logs / "rank1.stdout.log").read_text() == "out of 1\nno newline"
+    assert (logs / "rank1.stderr.log").read_text() == "err of 1\n"
+    tee = launch("--nproc", "2", "--log-dir", str(logs), "--tee", prog)
+    assert tee.rc == 0 and "[rank 1] out of 1" in tee.out and "[rank 0] err of 0" in tee.err
+    assert (logs / "rank0.stdout.log").read_text() == "out of 0\nno newline"
+
+
+@pytest.mark.timeout(60)
+def test_wait_reports_of_failed_ranks_are_merged_into_one_picture(program, launch):
+    # rank 1 gives up 0.3 s after rank 0: the launcher lets it report (settle) before ending it
+    prog = program("""
+    import os, time
+    rank = int(os.environ["RANK"])
+
+    class StallError(Exception):
+        pass
+
+    class TaskFailed(Exception):
+        def __init__(self, error):
+            super().__init__(f"task failed: {error}")
+            self.error = error
+
+    time.sleep(0.3 * rank)
+    stall = StallError(f"rank {rank} stalled")
+    stall.wait = {"rank": rank, "op": "wait", "label": "allgather", "window": "signal", "cell": [1 - rank, 0],
+                  "seen": 0, "expected": 1, "cmp": "Ge", "peers": [1 - rank], "waited_s": 5.0}
+    raise TaskFailed(stall)
+    """)
+    job = launch("--nproc", "2", prog)
+    assert job.rc == 1
+    assert "rank 0 failed first" in job.err and "TaskFailed: task failed: rank 0 stalled" in job.err
+    assert "cross-rank waits" in job.err
+    assert "rank 1: failed" in job.err
+    picture = job.err.split("cross-rank waits", 1)[1]
+    assert "rank 0" in picture and "rank 1" in picture and "allgather" in picture
+
+
+@pytest.mark.timeout(60)
+def test_module_form_runs_a_module_as_main(tmp_path, program, launch, monkeypatch):
+    program("""
+    import os, sys
+    print("module rank", os.environ["RANK"], sys.argv[1:], __name__)
+    """, name="rankmod.py")
+    monkeypatch.chdir(tmp_path)
+    job = launch("--nproc", "1", "-m", "rankmod", "x")
+    assert job.rc == 0, job.err
+    assert "[rank 0] module rank 0 ['x'] __main__" in job.out
+
+
+@pytest.mark.timeout(60)
+def test_processes_a_passing_rank_left_behind_are_ended(tmp_path, program, launch):
+    pid_file = tmp_path / "child.pid"
+    prog = program(f"""
+    import subprocess
+    child = subprocess.Popen(["sleep", "120"])
+    open({str(pid_file)!r}, "w").write(str(child.pid))
+    """)
+    job = launch("--nproc", "1", prog)
+    assert job.rc == 0, job.err
+    assert "rank(s) 0 exited 0 but left processes running; the launcher ended them" in job.err
+    assert pid_gone(int(pid_file.read_text()))
