@@ -24,9 +24,15 @@ FORBIDDEN = {
     "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu"},
     "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run"},
     "orchestration": {"golden", "driver", "pypto_run"},
+    # communicators sit beside the engine, below everything else: only errors and config from pypto_rt
+    "collective": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
+                   "orchestration", "aicpu", "pypto_run", "launch", "kernels"},
 }
-# the one sanctioned upward edge: KernelFunction.__call__/compile reach the driver
-ALLOWED = {("language/decorators.py", "driver")}
+# sanctioned upward edges: KernelFunction.__call__/compile reach the driver; pld reaches the op library
+ALLOWED = {("language/decorators.py", "driver"),
+           # pld's plain-Python half: window views need the dtype -> torch storage mapping, and collectives called
+           # outside any kernel run on the op library directly (there is no executor to dispatch through)
+           ("language/distributed.py", "ops")}
 
 
 def _imports(path):

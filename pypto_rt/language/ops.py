@@ -16,10 +16,15 @@ class OpStub:
         self.__qualname__ = qualname
 
     def __call__(self, *args, **kwargs):
-        return _runtime.current(f"pl.{self.qualname}").call_op(self.qualname, args, kwargs)
+        return _runtime.current(spelled(self.qualname)).call_op(self.qualname, args, kwargs)
 
     def __repr__(self) -> str:
-        return f"<pl.{self.qualname}>"
+        return f"<{spelled(self.qualname)}>"
+
+
+def spelled(qualname: str) -> str:
+    """How users write an op: `pl.tensor.add`, and `pld.system.notify` for the distributed ones."""
+    return qualname if qualname.startswith("pld.") else f"pl.{qualname}"
 
 
 class Namespace:
@@ -36,8 +41,8 @@ class Namespace:
     def __getattr__(self, item: str):
         if item.startswith("__"):
             raise AttributeError(item)
-        raise UnknownOpError(f"unknown op pl.{self._name}.{item}", user_span(2),
-                             f"pl.{self._name} has: {', '.join(sorted(self._members))}")
+        raise UnknownOpError(f"unknown op {spelled(self._name)}.{item}", user_span(2),
+                             f"{spelled(self._name)} has: {', '.join(sorted(self._members))}")
 
     def __dir__(self):
         return sorted(self._members)

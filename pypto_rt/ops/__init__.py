@@ -2,10 +2,11 @@
 
 The one place op semantics live. Every executor calls it (or, for compiled
 backends, is tested against it). Importing this package registers every op in
-`registry.OPS`. Imports only `errors` and `language` (dtypes, enums) from pypto_rt.
+`registry.OPS`. Imports only `errors` and `language` (dtypes, enums) from pypto_rt, and `collective` for the
+`pld` ops (windows and communicators).
 """
 from pypto_rt.ops import (  # noqa: F401  (imported for registration)
-    access, cast, create, elementwise, gather, matmul, reduce, sort, system, views,
+    access, cast, create, distributed, elementwise, gather, matmul, reduce, sort, system, views,
 )
 from pypto_rt.ops.registry import OPS
 from pypto_rt.ops.value import TensorValue

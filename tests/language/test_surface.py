@@ -16,9 +16,22 @@ def test_every_surface_op_has_an_implementation():
     assert missing == []
 
 
+def _pld_op_names() -> set[str]:
+    """The qualified names of the `pld` op stubs: its namespaces' members and its collectives."""
+    import pypto_rt.language.distributed as pld
+    from pypto_rt.language.ops import OpStub
+    members = {getattr(getattr(pld, ns), m).qualname for ns in ("system", "tensor", "tile")
+               for m in dir(getattr(pld, ns))}
+    return members | {v.qualname for v in vars(pld).values() if isinstance(v, OpStub)}
+
+
 def test_every_implementation_is_reachable_from_the_surface():
-    reachable = surface.qualified_names() | {"__getitem__", "__setitem__"}
+    reachable = surface.qualified_names() | {"__getitem__", "__setitem__"} | _pld_op_names()
     assert sorted(set(OPS) - reachable) == []
+
+
+def test_every_pld_op_has_an_implementation():
+    assert sorted(_pld_op_names() - set(OPS)) == []
 
 
 @pytest.mark.parametrize("dtype,nbytes,bits,is_float,signed", [

@@ -1,0 +1,246 @@
+"""The `pld` ops (spec §4.10, runtime_model §4.3): signals, one-sided window access and collectives.
+
+Window operands are views of `pld.window` buffers; each op finds its window, communicator and byte offsets
+through `pypto_rt.collective.process` and acts on the peer's memory directly (the `shm` communicator maps every
+rank's window). Semantics:
+- `system.notify(target, peer=, offsets=, value=, op=AtomicAdd|Set)`: the INT32 cell `target[offsets]` on rank
+  `peer` is atomically increased by, or set to, `value` (atomic across processes);
+- `system.wait(signal=, offsets=, expected=, cmp=Ge|Eq)`: block until this rank's cell compares true, backing
+  off, with the PYPTO_TIMEOUT_S deadline and a wait report naming the cell, the value seen and expected;
+- `tile.remote_load(target, peer=, offsets=, shape=)`: a copy of peer's `target[offsets : +shape]`;
+- `tile.remote_store` / `tensor.remote_store(src, target, peer=, offsets=, atomic=)`: write (or with
+  `atomic=pl.AtomicType.Add` atomically add) `src` into peer's `target[offsets : +src.shape]`;
+- `tensor.put(dst=, peer=, src=, dst_offsets=, src_offsets=, shape=, atomic=)`: local `src[src_offsets : +shape]`
+  into peer's window `dst` at `dst_offsets`; `tensor.get(dst=, peer=, src=, ...)`: peer's window `src` region
+  into the local `dst` (chunking/pipelining hints are accepted and ignored);
+- collectives, in place on torch or window tensors, on the process communicator: `allreduce(data, op=)`,
+  `allgather(out, inp)`, `reduce_scatter(out, inp, op=)`, `all_to_all(out, inp)`,
+  `all_to_all_v(out, inp, send_counts, recv_counts)`, `broadcast(data, root=)`, `barrier()`; a `signal=`
+  window, as the real collectives take, is accepted and not needed.
+"""
+from __future__ import annotations
+
+import torch
+
+from pypto_rt.collective import process
+from pypto_rt.errors import OpError
+from pypto_rt.language.enums import NotifyOp, ReduceOp, WaitCmp
+from pypto_rt.ops.dtype_rules import from_torch
+from pypto_rt.ops.registry import op
+from pypto_rt.ops.value import TensorValue
+
+
+def _tensor(x) -> torch.Tensor:
+    return x.data if isinstance(x, TensorValue) else x
+
+
+def _window(name: str, x, what: str):
+    """(buffer, byte offset of x's first element) of a window operand; an OpError naming the op otherwise."""
+    data = _tensor(x)
+    found = process.window_of(data) if isinstance(data, torch.Tensor) else None
+    if found is None:
+        raise OpError(f"pld.{name}: `{what}` must be a window tensor (a pld.DistributedTensor bound to a pld.window "
+                      f"view), got {x!r}", hint="allocate it with pld.alloc_window_buffer and view it with pld.window")
+    return found
+
+
+def _peer(name: str, buf, peer) -> int:
+    peer = int(peer)
+    if not 0 <= peer < buf.comm.world_size:
+        raise OpError(f"pld.{name}: peer {peer} is outside the job's ranks 0..{buf.comm.world_size - 1}")
+    return peer
+
+
+def _box(name: str, data: torch.Tensor, offsets, shape, what: str) -> torch.Tensor:
+    """The view data[offsets : offsets + shape] (shape defaults to the rest of each axis), bounds-checked."""
+    offsets = [int(o) for o in offsets]
+    shape = [s - o for s, o in zip(data.shape, offsets)] if shape is None else [int(s) for s in shape]
+    if not (len(offsets) == len(shape) == data.dim()) or any(
+            o < 0 or n < 0 or o + n > s for o, n, s in zip(offsets, shape, data.shape)):
+        raise OpError(f"pld.{name}: the box at {offsets} of shape {shape} does not fit `{what}` of shape "
+                      f"{list(data.shape)}")
+    for axis, (o, n) in enumerate(zip(offsets, shape)):
+        data = data.narrow(axis, o, n)
+    return data
+
+
+def _runs(view: torch.Tensor):
+    """The view as contiguous pieces: (piece, index of its first element) with the leading axes iterated."""
+    if view.is_contiguous() or view.numel() == 0:
+        yield view.reshape(-1)
+        return
+    if view.dim() == 1:
+        for i in range(view.shape[0]):
+            yield view[i:i + 1]
+        return
+    for i in range(view.shape[0]):
+        yield from _runs(view[i])
+
+
+def _cell(name: str, x, offsets, what: str):
+    buf, base = _window(name, x, what)
+    data = _tensor(x)
+    if data.dtype != torch.int32:
+        raise OpError(f"pld.{name}: the signal `{what}` must be INT32, got {data.dtype}")
+    cell = _box(name, data, offsets, [1] * data.dim(), what)
+    return buf, cell.data_ptr() - buf.base, [int(o) for o in offsets]
+
+
+# ------------------------------------------------------------------------------------------------ signals
+
+@op("pld.system.notify")
+def notify(target, peer, offsets, value=1, op=NotifyOp.AtomicAdd):
+    """Atomically add `value` to (or set) the INT32 cell target[offsets] on rank `peer`."""
+    buf, offset, _ = _cell("system.notify", target, offsets, "target")
+    kind = "set" if op in (NotifyOp.Set, "set") else "atomic_add"
+    buf.comm.notify(buf.window, _peer("system.notify", buf, peer), offset, int(value), kind)
+
+
+@op("pld.system.wait")
+def wait(signal, offsets, expected, cmp=WaitCmp.Ge):
+    """Block until this rank's INT32 cell signal[offsets] is >= (Ge) or == (Eq) `expected`."""
+    buf, offset, cell = _cell("system.wait", signal, offsets, "signal")
+    kind = "eq" if cmp in (WaitCmp.Eq, "eq") else "ge"
+    comm = buf.comm
+    # the [NR, ...] signal convention: row r is the cell rank r notifies (named in a hang's wait-for picture)
+    rows = _tensor(signal).shape[0] if _tensor(signal).dim() else 0
+    peers = [cell[0]] if rows == comm.world_size and cell and cell[0] != comm.rank else None
+    comm.wait(buf.window, offset, int(expected), kind, label=process.current_label(), cell=cell, peers=peers)
+
+
+# ------------------------------------------------------------------------------------------ one-sided access
+
+def _load(name: str, buf, peer: int, view: torch.Tensor) -> torch.Tensor:
+    """A copy of rank `peer`'s bytes under `view` (a view of this rank's window): one read of the span."""
+    if view.numel() == 0:
+        return torch.empty(view.shape, dtype=view.dtype)
+    item = view.element_size()
+    last = sum((n - 1) * s for n, s in zip(view.shape, view.stride()))
+    span = buf.comm.remote_load(buf.window, peer, view.data_ptr() - buf.base, (last + 1) * item, view.dtype)
+    return span.as_strided(view.shape, view.stride()).clone()
+
+
+def _store(name: str, buf, peer: int, view: torch.Tensor, src: torch.Tensor, atomic: bool) -> None:
+    """Write (or atomically add) `src` into rank `peer`'s bytes under `view`, one contiguous run at a time."""
+    src = src.to(view.dtype).expand(view.shape)
+    for piece, values in zip(_runs(view), _runs(src.contiguous())):
+        buf.comm.remote_store(buf.window, peer, piece.data_ptr() - buf.base, values, atomic_add=atomic)
+
+
+def _is_add(atomic) -> bool:
+    return atomic is not None and (getattr(atomic, "name", str(atomic)).lower() in ("add", "atomictype.add")
+                                   or atomic is True)
+
+
+@op("pld.tile.remote_load")
+def remote_load(target, peer, offsets, shape, valid_shape=None):
+    """A tile holding a copy of rank `peer`'s target[offsets : +shape]."""
+    buf, _ = _window("tile.remote_load", target, "target")
+    view = _box("tile.remote_load", _tensor(target), offsets, shape, "target")
+    data = _load("tile.remote_load", buf, _peer("tile.remote_load", buf, peer), view)
+    dtype = target.dtype if isinstance(target, TensorValue) else from_torch(data.dtype)
+    return TensorValue(data, dtype, valid_shape, is_tile=True)
+
+
+@op("pld.tile.remote_store", "pld.tensor.remote_store")
+def remote_store(src, target, peer, offsets, atomic=None):
+    """Write (atomic=pl.AtomicType.Add: add) `src` into rank `peer`'s target[offsets : +src.shape]."""
+    buf, _ = _window("remote_store", target, "target")
+    values = _tensor(src)
+    view = _box("remote_store", _tensor(target), offsets, list(values.shape), "target")
+    _store("remote_store", buf, _peer("remote_store", buf, peer), view, values, _is_add(atomic))
+
+
+@op("pld.tensor.put")
+def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=None, **_hints):
+    """Local src[src_offsets : +shape] into rank `peer`'s window dst at dst_offsets."""
+    buf, _ = _window("tensor.put", dst, "dst")
+    local = _tensor(src)
+    values = _box("tensor.put", local, src_offsets or [0] * local.dim(), shape, "src")
+    view = _box("tensor.put", _tensor(dst), dst_offsets or [0] * _tensor(dst).dim(), list(values.shape), "dst")
+    _store("tensor.put", buf, _peer("tensor.put", buf, peer), view, values, _is_add(atomic))
+
+
+@op("pld.tensor.get")
+def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, **_hints):
+    """Rank `peer`'s window src[src_offsets : +shape] into the local dst at dst_offsets; returns dst."""
+    buf, _ = _window("tensor.get", src, "src")
+    view = _box("tensor.get", _tensor(src), src_offsets or [0] * _tensor(src).dim(), shape, "src")
+    local = _tensor(dst)
+    _box("tensor.get", local, dst_offsets or [0] * local.dim(), list(view.shape), "dst").copy_(
+        _load("tensor.get", buf, _peer("tensor.get", buf, peer), view))
+    return dst
+
+
+# ------------------------------------------------------------------------------------------------ collectives
+
+def _reduce(op_) -> str:
+    name = getattr(op_, "name", str(op_)).lower()
+    if name not in ("sum", "max", "min"):
+        raise OpError(f"pld collectives reduce with ReduceOp.Sum, Max or Min, got {op_!r}")
+    return name
+
+
+def _comm(name: str):
+    return process.communicator(f"pld.{name}")
+
+
+@op("pld.allreduce")
+def allreduce(data, signal=None, op=ReduceOp.Sum, **_hints):
+    """In place: every rank's `data` becomes the element-wise reduction over all ranks."""
+    _comm("allreduce").allreduce(_tensor(data), _reduce(op), label=process.current_label())
+    return data
+
+
+@op("pld.allgather")
+def allgather(out, inp, signal=None, **_hints):
+    """out[r] = rank r's inp, on every rank (out has a leading world-size axis)."""
+    _comm("allgather").allgather(_tensor(out), _tensor(inp), label=process.current_label())
+    return out
+
+
+@op("pld.reduce_scatter")
+def reduce_scatter(out, inp, signal=None, op=ReduceOp.Sum, **_hints):
+    """out = the reduction over ranks of inp's chunk (along axis 0) for this rank."""
+    _comm("reduce_scatter").reduce_scatter(_tensor(out), _tensor(inp), _reduce(op), label=process.current_label())
+    return out
+
+
+@op("pld.all_to_all")
+def all_to_all(out, inp, signal=None, **_hints):
+    """Chunk r (axis 0) of inp goes to rank r; out's chunk s comes from rank s."""
+    _comm("all_to_all").all_to_all(_tensor(out), _tensor(inp), label=process.current_label())
+    return out
+
+
+@op("pld.all_to_all_v")
+def all_to_all_v(out, inp, send_counts, recv_counts, signal=None, **_hints):
+    """Like all_to_all with send_counts[r] rows (axis 0) to rank r; only the live rows travel."""
+    counts = [[int(c) for c in _tensor(x).reshape(-1).tolist()] if hasattr(_tensor(x), "tolist") else list(x)
+              for x in (send_counts, recv_counts)]
+    _comm("all_to_all_v").all_to_all_v(_tensor(out), _tensor(inp), counts[0], counts[1],
+                                       label=process.current_label())
+    return out
+
+
+@op("pld.broadcast")
+def broadcast(data, signal=None, root=0, **_hints):
+    """In place: every rank's `data` becomes rank `root`'s."""
+    _comm("broadcast").broadcast(_tensor(data), int(root), label=process.current_label())
+    return data
+
+
+@op("pld.barrier")
+def barrier(signal=None, **_hints):
+    """Every rank waits until all have arrived."""
+    _comm("barrier").barrier(label=process.current_label())
+
+
+_PLAIN = {"pld.allreduce": allreduce, "pld.allgather": allgather, "pld.reduce_scatter": reduce_scatter,
+          "pld.all_to_all": all_to_all, "pld.all_to_all_v": all_to_all_v, "pld.broadcast": broadcast,
+          "pld.barrier": barrier}
+
+
+def run_plain(qualname: str, args, kwargs):
+    """A collective called from plain Python (no kernel running): on torch tensors, at once."""
+    return _PLAIN[qualname](*args, **kwargs)
