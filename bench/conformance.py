@@ -12,8 +12,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED_ARG = 128  # build_specs parameters without a default (c03's token count: the "prefill" size)
 
 
+MULTI_RANK = ("c08_allreduce_host.py", "c09_allgather_launched.py")   # multi-rank programs: not timed here
+
+
 def paths() -> list[str]:
-    return sorted(glob.glob(os.path.join(REPO, "tests", "conformance", "c0*.py")))
+    """The single-rank conformance kernels."""
+    return sorted(p for p in glob.glob(os.path.join(REPO, "tests", "conformance", "c0*.py"))
+                  if os.path.basename(p) not in MULTI_RANK)
 
 
 def short(path: str) -> str:

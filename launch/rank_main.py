@@ -52,6 +52,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(target: str, module: bool) -> int:
+    return _end_communication(_run_program(target, module))
+
+
+def _end_communication(code: int) -> int:
+    """The program's communicator, if it made one: an exit barrier after success (a peer may still read this
+    rank's windows), an abort after a failure (peers waiting on this rank fail at once instead of timing out)."""
+    process = sys.modules.get("pypto_rt.collective.process")
+    if process is None:
+        return code
+    try:
+        if code == 0:
+            process.close()
+        else:
+            process.abort(f"rank {_env_int(contract.RANK)} failed (exit code {code})")
+    except BaseException as e:  # noqa: BLE001 - the exit barrier failing is this rank's failure too
+        return _fail(1, _type_name(e), format_user_error(e), exc=e, when=time.time())
+    return code
+
+
+def _run_program(target: str, module: bool) -> int:
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)

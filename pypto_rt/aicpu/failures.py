@@ -17,6 +17,7 @@ class TaskFailedError(PyptoError):
         span = cause.span if isinstance(cause, PyptoError) and cause.span is not None else task.span
         super().__init__(f"task {task.label} failed: {text}", span)
         self.task = task
+        self.error = cause          # also kept where `raise ... from None` drops __cause__ (wait reports read it)
         self.__cause__ = cause
 
 

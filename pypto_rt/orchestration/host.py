@@ -4,19 +4,33 @@ What runs on the host: loops (one task-ring scope per iteration, as the real run
 scope per loop body), ifs, scalar code, views and `create_tensor` (no waiting: they touch no data),
 and any op that reads or writes tensor data — which first waits for exactly the in-flight tasks
 producing (or, for a write, also reading) that tensor. Kernels run on the engine's workers.
+
+Communication is ordered by program order, not by the tensor map (runtime_model §4.5: a wait-only task
+scheduled ahead of the same rank's send deadlocks a one-worker rank). A *communication task* is one whose
+kernel calls a `pld.*` op (see `communicates`) or that gets a window tensor (a view of a
+`pld.alloc_window_buffer`) as an input. Each communication task gets an explicit dependency on the previous
+one this executor submitted (one comm domain: the whole job), so a rank's communication tasks form a chain in
+program order — across nested and inline calls and inside manual scopes too (explicit deps hold there).
+Window tensors make no tensor-map accesses: peers write them behind the engine's back, and ordering on them
+comes from the chain. A host op touching a window (or a `pld.*` op run on the host) first waits for the chain.
 """
 from __future__ import annotations
 
 import inspect
 import math
+import types
 import warnings
 
 from pypto_rt import config
 from pypto_rt.aicpu import Access as EngineAccess
 from pypto_rt.aicpu import Task, region_of
+from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, user_span
 from pypto_rt.incore_compiler.compiler import incore_kernel
+from pypto_rt.language import distributed as pld
+from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.enums import FunctionType, Level
+from pypto_rt.language.ops import Namespace, OpStub
 from pypto_rt.language.scopes import Spmd
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.value import TensorValue
@@ -48,6 +62,7 @@ class HostExecutor(ReferenceExecutor):
         self.manual_depth = 0
         self.open_scopes: list = []
         self.runner = TaskRunner(binding, check=config.CHECK.get() == "reference")
+        self.last_comm: Task | None = None   # the communication task submitted last: the next one depends on it
 
     # -- entry -----------------------------------------------------------------------------------
     def run_entry(self, kernel):
@@ -69,11 +84,33 @@ class HostExecutor(ReferenceExecutor):
     # -- region tasks (called by generated host code) --------------------------------------------
     def submit(self, artifact, inputs, name_hint=None, deps=None, core_num=None, no_dep_args=None):
         blocks = 1 if core_num is None else int(core_num)
-        accesses = self._accesses(artifact, inputs, no_dep_args)
-        run = self.runner.runner(artifact, inputs, blocks, accesses)
-        return self.engine.submit(name_hint or artifact.ir.display, run, [a for a, _, _ in accesses],
-                                  deps=_flatten(deps), blocks=run.blocks, span=artifact.ir.span,
+        return self._task(artifact, inputs, blocks, no_dep_args, name_hint or artifact.ir.display, deps,
+                          artifact.ir.span)
+
+    def _task(self, artifact, inputs, blocks, no_dep_args, name, deps, span):
+        """Submit one kernel; a communication task also depends on the previous one (program order)."""
+        accesses, windows = self._accesses(artifact, inputs, no_dep_args)
+        deps = _flatten(deps)
+        comm = windows or communicates(artifact)
+        if comm:
+            if self.last_comm is not None:
+                deps.append(self.last_comm)
+            else:   # the run's first communication task
+                self._comm_waits_report_first()
+        run = self.runner.runner(artifact, inputs, blocks, accesses, label=name if comm else None)
+        task = self.engine.submit(name, run, [a for a, _, _ in accesses], deps=deps, blocks=run.blocks, span=span,
                                   manual=self.manual_depth > 0)
+        if comm:
+            self.last_comm = task
+        return task
+
+    def _comm_waits_report_first(self):
+        """A run that communicates: its engine's no-progress watchdog (PYPTO_TIMEOUT_S since the last task
+        started or finished) waits a little longer than a comm wait's own deadline (PYPTO_TIMEOUT_S since the wait
+        began), so a wait nobody satisfies ends with the wait's report (rank, region, cell, values seen and
+        expected), which the launcher merges across ranks, rather than with the engine's task list."""
+        waits = config.get_float(config.TIMEOUT_S)
+        self.engine.timeout_s = max(self.engine.timeout_s, waits + max(1.0, 0.1 * waits))
 
     def chunks(self, start, stop, step, independent, artifact, others):
         """(offset, extent) per task of a coalesced loop: one chunk per worker, or one per iteration when the
@@ -105,11 +142,8 @@ class HostExecutor(ReferenceExecutor):
             raise KernelArgumentError(f"{kernel.name}: {e}", user_span()) from None
         bound.apply_defaults()
         inputs = tuple(bound.arguments[p] for p in artifact.ir.params)
-        accesses = self._accesses(artifact, inputs, None)
-        run = self.runner.runner(artifact, inputs, blocks, accesses)
-        return self.engine.submit(name or artifact.ir.display, run, [a for a, _, _ in accesses],
-                                  deps=_flatten(deps), blocks=run.blocks, span=user_span() or artifact.ir.span,
-                                  manual=self.manual_depth > 0)
+        return self._task(artifact, inputs, blocks, None, name or artifact.ir.display, deps,
+                          user_span() or artifact.ir.span)
 
     def _submit_call(self, kernel, *args, deps=None, **kwargs):
         task = self._submit_function(kernel, args, kwargs, deps, 1, None)
@@ -123,23 +157,30 @@ class HostExecutor(ReferenceExecutor):
         return self.engine.dummy(_flatten(deps), span=user_span())
 
     def _accesses(self, artifact, inputs, no_dep_args):
-        """[(engine access, box, input index)] of the tensor inputs: exact boxes where the plan has them, else whole."""
+        """([(engine access, box, input index)] of the tensor inputs: exact boxes where the plan has them, else
+        whole; whether an input is a window tensor (those make no accesses: the comm chain orders them))."""
         skip = set(no_dep_args or ())
         try:
             plan = artifact.accesses(*inputs)
         except Exception:  # noqa: BLE001 - a plan expression the host cannot evaluate: be conservative
             plan = tuple((i, "rw", None, None, 0) for i in range(len(inputs)))
         out = []
+        windows = False
         for index, mode, offsets, sizes, line in plan:
             value = inputs[index]
-            if not isinstance(value, TensorValue) or artifact.ir.params[index] in skip:
+            if not isinstance(value, TensorValue):
+                continue
+            if process.window_of(value.data) is not None:   # None at once in a process without windows
+                windows = True
+                continue
+            if artifact.ir.params[index] in skip:
                 continue
             region = region_of(value.data, offsets, sizes)
             box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
             out.append((EngineAccess(region, mode), box, index))
             if mode != "r" and line:   # a definite write (assumed ones, e.g. by a helper call, do not warn)
                 self._warn_in_write(value, artifact, line)
-        return out
+        return out, windows
 
     def _warn_in_write(self, value, artifact, line):
         param = self.binding.readonly.get(value.data.untyped_storage().data_ptr()) if self.binding.readonly else None
@@ -160,16 +201,24 @@ class HostExecutor(ReferenceExecutor):
         return super().call_op(name, args, kwargs)
 
     def _wait_element(self, tensor, index):
+        if self.last_comm is not None and process.window_of(tensor.data) is not None:
+            self.engine.wait([self.last_comm])   # windows are not in the tensor map: wait for the comm chain
+            return
         self.engine.wait_region(region_of(tensor.data, index, [1] * len(index)))
 
     def _wait_operands(self, name, args, kwargs):
         writes = name in IN_PLACE_TARGETS
+        if self.last_comm is not None and name.startswith("pld."):
+            self.engine.wait([self.last_comm])   # communication on the host comes after the chain, in program order
         if _base(name) == "read" and args and isinstance(args[0], TensorValue) and len(args) > 1:
             self._wait_element(args[0], args[1])
             return
         for value in list(args) + list(kwargs.values()):
             if isinstance(value, TensorValue):
-                self.engine.wait_region(region_of(value.data), for_write=writes)
+                if self.last_comm is not None and process.window_of(value.data) is not None:
+                    self.engine.wait([self.last_comm])
+                else:
+                    self.engine.wait_region(region_of(value.data), for_write=writes)
 
     # -- loops and scopes ------------------------------------------------------------------------
     def iterate(self, loop):
@@ -203,6 +252,69 @@ class HostExecutor(ReferenceExecutor):
             cm, manual = self.open_scopes.pop()
             self.manual_depth -= manual
             cm.__exit__(None, None, None)
+
+
+def communicates(artifact) -> bool:
+    """Whether a kernel communicates (decided once per artifact): it calls a `pld.*` op directly (its injected
+    ops), or its generated code refers to a `pld` op, namespace or module it did not turn into a direct call, or
+    to a helper kernel (`@pl.jit.inline` / `.incore`) that communicates by the same test. A helper that cannot be
+    compiled counts as communicating (unknown: the chain only adds an ordering edge). Not seen: plain Python
+    functions (no `@pl.jit...`) that call `pld` ops."""
+    known = artifact.__dict__.get("communicates")
+    if known is None:
+        known = artifact.communicates = _communicates(artifact, set())
+    return known
+
+
+def _communicates(artifact, seen: set) -> bool:
+    if any(q.startswith("pld.") for q in artifact.kernel.ops.values()):
+        return True
+    run = artifact.kernel.run
+    code = getattr(run, "__code__", None)
+    if code is None:
+        return False
+    cells = {name: c.cell_contents for name, c in zip(code.co_freevars, run.__closure__ or ()) if _bound(c)}
+    module_globals = getattr(run, "__globals__", {})
+    for name in _names(code):
+        value = cells[name] if name in cells else module_globals.get(name)
+        if value is None:
+            continue
+        if _is_pld(value):
+            return True
+        if isinstance(value, KernelFunction) and value.kind != "extern" and id(value) not in seen:
+            seen.add(id(value))
+            try:
+                helper = incore_kernel(value)
+            except Exception:  # noqa: BLE001 - it fails again where it runs; here: unknown, so conservative
+                return True
+            if helper.__dict__.get("communicates") or _communicates(helper, seen):
+                return True
+    return False
+
+
+def _bound(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _names(code: types.CodeType):
+    """Global and free names a function's code (and the code nested in it) refers to."""
+    yield from code.co_names
+    yield from code.co_freevars
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def _is_pld(value) -> bool:
+    if isinstance(value, OpStub):
+        return value.qualname.startswith("pld.")
+    if isinstance(value, Namespace):
+        return value._name.startswith("pld")
+    return isinstance(value, types.ModuleType) and getattr(value, "system", None) is pld.system
 
 
 def _reads_one_element(args) -> bool:

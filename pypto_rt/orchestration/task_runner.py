@@ -4,6 +4,11 @@ With `PYPTO_CHECK=reference` a task also runs its region eagerly on the op libra
 through the reference executor), on copies of its inputs taken when it starts, and fails at the
 first region whose outputs differ beyond the tolerance — naming the region, the tensor and the
 worst element. Blocks of a checked task run one after another, so the copies stay consistent.
+
+A communication task (the host passes its region name as `label`) runs with that label set for its thread
+(`pypto_rt.collective.process.set_label`), so a `pld.system.wait` that times out names the region it was in; it
+always runs on a worker (never inline on the host, which must keep submitting in program order). Other tasks pay
+nothing for this.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from time import thread_time_ns
 import torch
 
 from pypto_rt import config
+from pypto_rt.collective import process
 from pypto_rt.errors import OpError, PyptoError, is_internal_file, span_from_traceback
 from pypto_rt.incore_compiler.compiler import BACKENDS
 from pypto_rt.incore_compiler.executor import KernelExecutor
@@ -32,10 +38,15 @@ class TaskRunner:
         self.tolerance = float(CHECK_TOL.get()) if check else 0.0
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
 
-    def runner(self, artifact, inputs: tuple, blocks: int, accesses) -> "_Run":
+    def runner(self, artifact, inputs: tuple, blocks: int, accesses, label: str | None = None) -> "_Run":
+        """What the engine runs per block; `label`: a communication task's region name (for wait reports)."""
         if self.check:
-            return _CheckedRun(self, artifact, inputs, blocks, accesses)
+            run = _CheckedRun(self, artifact, inputs, blocks, accesses)
+            run.label = label
+            return run
         history = artifact.__dict__.setdefault("history", RunHistory())
+        if label is not None:
+            return _CommRun(self.binding, artifact.kernel.run, inputs, blocks, history, False, label)
         return _Run(self.binding, artifact.kernel.run, inputs, blocks, history, history.short(self.inline_ns))
 
 
@@ -72,6 +83,23 @@ class _Run:
             self.history.note(thread_time_ns() - start)
 
 
+class _CommRun(_Run):
+    """A communication task's block: its thread's wait label is the region's name while it runs."""
+    __slots__ = ("label",)
+
+    def __init__(self, binding, fn, inputs, blocks, history, host_ok, label):
+        super().__init__(binding, fn, inputs, blocks, history, host_ok)
+        self.label = label
+
+    def __call__(self, block: int):
+        previous = process.current_label()
+        process.set_label(self.label)
+        try:
+            return _Run.__call__(self, block)
+        finally:
+            process.set_label(previous)
+
+
 def run_block(binding, fn, inputs, block, nblocks):
     try:
         with activate(KernelExecutor(binding, block, nblocks)):
@@ -99,14 +127,25 @@ def _failing_op(tb) -> str:
 
 class _CheckedRun:
     """All blocks, then the same region on the op library on copies, then a comparison of what it wrote."""
-    __slots__ = ("runner", "artifact", "inputs", "nblocks", "accesses", "blocks")
+    __slots__ = ("runner", "artifact", "inputs", "nblocks", "accesses", "blocks", "label")
 
     def __init__(self, runner, artifact, inputs, nblocks, accesses):
         self.runner, self.artifact, self.inputs, self.nblocks, self.accesses = (
             runner, artifact, inputs, nblocks, accesses)
         self.blocks = 1
+        self.label = None
 
     def __call__(self, _block: int):
+        if self.label is None:
+            return self._check()
+        previous = process.current_label()
+        process.set_label(self.label)
+        try:
+            return self._check()
+        finally:
+            process.set_label(previous)
+
+    def _check(self):
         binding = self.runner.binding
         copies = tuple(TensorValue(v.data.clone(), v.dtype) if isinstance(v, TensorValue) else v
                        for v in self.inputs)

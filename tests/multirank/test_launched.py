@@ -1,0 +1,139 @@
+"""Multi-rank programs under `pypto-launch`: program order of communication, hangs that end with a report.
+
+Every job runs in a subprocess (`pypto-launch` next to this interpreter) with its own `--job-id`, and must leave
+none of its `/dev/shm/pypto-<job id>*` segments behind. Other jobs on the machine may create and remove pypto-*
+segments meanwhile, so only segments of this test's job count.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from pypto_rt.collective import process
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGS = os.path.join(HERE, "progs")
+C09 = os.path.join(os.path.dirname(HERE), "conformance", "c09_allgather_launched.py")
+LAUNCH = os.path.join(os.path.dirname(sys.executable), "pypto-launch")
+
+# the launcher's own settings from the caller's environment must not change what a test launches
+_LAUNCHER_ENV = ("PYPTO_NPROC", "PYPTO_NNODES", "PYPTO_NODE_RANK", "PYPTO_MASTER_ADDR", "PYPTO_MASTER_PORT",
+                 "PYPTO_LOG_DIR", "PYPTO_COMM", "PYPTO_LAUNCH_BACKEND", "PYPTO_TIMEOUT_S", "PYPTO_JOB_ID",
+                 "PYPTO_LAUNCHED", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYPTO_COMM_CHECK",
+                 "PYPTO_NUM_WORKERS")
+
+
+@dataclass
+class Job:
+    rc: int
+    out: str
+    err: str
+    seconds: float
+
+
+def _segments() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("pypto-")}
+    except FileNotFoundError:
+        return set()
+
+
+def launch(nproc: int, prog: str, *flags: str, env: dict | None = None, limit_s: float = 120) -> Job:
+    """`pypto-launch --nproc N flags... prog` with a fresh job id; checks the job left no shared memory."""
+    job_id = "mr" + uuid.uuid4().hex[:12]
+    full_env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
+    full_env.update(env or {})
+    before = _segments()
+    start = time.monotonic()
+    proc = subprocess.run([LAUNCH, "--nproc", str(nproc), "--job-id", job_id, *flags, prog], capture_output=True,
+                          text=True, env=full_env, timeout=limit_s)
+    seconds = time.monotonic() - start
+    left = sorted(n for n in _segments() - before if n.startswith(f"pypto-{job_id}"))
+    assert not left, f"job {job_id} left shared memory behind: {left}\n{proc.stderr[-3000:]}"
+    return Job(proc.returncode, proc.stdout, proc.stderr, seconds)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nproc", [2, 4, 8])
+def test_c09_allgather_passes_on_every_rank(nproc):
+    job = launch(nproc, C09)
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(nproc):
+        assert f"rank {rank}/{nproc}: PASS" in job.out
+
+
+@pytest.mark.timeout(60)
+def test_send_then_receive_on_one_worker_follows_program_order():
+    # recv is ready before send (send waits for a slow task's output; recv shares no tensor-map tensor with
+    # either): only the chain of communication tasks keeps the rank's one worker from taking recv first and
+    # waiting forever (without the chain this job times out on both ranks with a wait report)
+    job = launch(2, os.path.join(PROGS, "send_recv_one_worker.py"), "--timeout-s", "10",
+                 env={"PYPTO_NUM_WORKERS": "1"})
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    assert "rank 0/2: PASS" in job.out and "rank 1/2: PASS" in job.out
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_nobody_satisfies_ends_with_a_report_naming_rank_region_cell_and_values():
+    timeout_s = 2
+    job = launch(2, os.path.join(PROGS, "wait_never_satisfied.py"), "--timeout-s", str(timeout_s))
+    assert job.rc != 0
+    assert job.seconds < timeout_s + 15, job.seconds   # start-up (torch import) + the deadline + the report
+    summary = job.err.split("pypto-launch: job", 1)[-1]
+    first = re.search(r"rank (\d) failed first", summary)
+    assert first, job.err[-3000:]
+    rank = int(first.group(1))
+    line = (f"rank {rank} waits in `wait` (label never_notified) for cell [{rank}, 0] of window 'w0' "
+            f"(seen 0, expected >= {rank + 7})")
+    assert line in summary, job.err[-3000:]
+    # the other rank timed out too, or its wait ended when the first one's failure aborted the communicator
+    assert f"rank {1 - rank}: " in summary, job.err[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_collectives_with_comm_check_name_both_ranks_and_their_calls():
+    job = launch(3, os.path.join(PROGS, "mismatched_collectives.py"), "--timeout-s", "20",
+                 env={"PYPTO_COMM_CHECK": "1"})
+    assert job.rc != 0
+    assert job.seconds < 30, job.seconds   # an error, not a wait until the deadline
+    assert "no error" not in job.out
+    summary = job.err.split("pypto-launch: job", 1)[-1]
+    first = re.search(r"rank (\d) failed first", summary)
+    assert first and "collective #0 differs across ranks" in summary, job.err[-3000:]
+    calls = {0: "allreduce((4,) float32, op=sum)", 1: "allreduce((8,) float32, op=sum)", 2: "broadcast("}
+    expected = {0: f"rank 0 calls {calls[0]} but rank 1 calls {calls[1]}",
+                1: f"rank 1 calls {calls[1]} but rank 0 calls {calls[0]}",
+                2: f"rank 2 calls {calls[2]}"}
+    failed = [r for r in range(3) if r == int(first.group(1)) or f"rank {r}: failed" in summary]
+    for rank in failed:   # a rank the launcher ended first (SIGTERM) reports nothing
+        assert expected[rank] in summary, job.err[-3000:]
+    if 2 in failed:
+        assert f"but rank 0 calls {calls[0]}" in summary
+
+
+@pytest.mark.timeout(60)
+def test_rank_and_world_size_come_from_the_launcher():
+    job = launch(3, os.path.join(PROGS, "rank_and_world.py"))
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(3):
+        assert f"rank {rank} of 3" in job.out
+
+
+def test_rank_and_world_size_outside_the_launcher_are_0_and_1(monkeypatch):
+    import pypto.language.distributed as pld
+
+    for name in ("PYPTO_LAUNCHED", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(process, "_comm", None)   # no communicator installed by an earlier test
+    assert (pld.rank(), pld.world_size()) == (0, 1)
+
+
+# A rank raising at start ends a 4-rank job within 30 s naming that rank: tests/launch/test_jobs.py
+# (test_a_rank_raising_at_start_ends_the_job_naming_rank_error_and_line), not repeated here.
