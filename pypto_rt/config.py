@@ -38,6 +38,8 @@ WORKER_THREADS = Knob("PYPTO_WORKER_THREADS", "1", None, "torch intra-op threads
 HOST_INLINE_US = Knob("PYPTO_HOST_INLINE_US", "200", None, "kernels whose blocks have always taken less than this "
                       "many µs run on the host thread when it waits, and at a run's end the host runs a queued block "
                       "that an idle worker has not picked up yet (0: kernels always run on workers)")
+DEVICE_IDS = Knob("PYPTO_DEVICE_IDS", "0", None, "device ids a @pl.jit.host program spans, one rank process each "
+                  "(run_jit sets them from compile_cfg's DistributedConfig)")
 TIMEOUT_S = Knob("PYPTO_TIMEOUT_S", "300", None, "seconds without progress before a run ends with a stall report")
 RING_SIZE = Knob("PYPTO_RING_SIZE", "4096", None, "task-ring slots (tasks alive at once) of the compiled runtime")
 TRACE = Knob("PYPTO_TRACE", "", None, "write a Chrome/Perfetto trace of each compiled run to this path")

@@ -40,7 +40,10 @@ def run_entry(kernel, args: tuple, kwargs: dict):
     """Run an entry call; Out/InOut tensors are written in place, the kernel's return value is returned."""
     try:
         binding = bind_call(kernel, args, kwargs)
-        if config.EXECUTOR.get() == "compiled":
+        if kernel.kind == "host":   # a multi-rank host program: its body here, its dispatches on rank processes
+            from pypto_rt.orchestration.host_form import run_host
+            result = run_host(kernel, binding)
+        elif config.EXECUTOR.get() == "compiled":
             from pypto_rt.orchestration.run import run_compiled  # the compiled runtime sits above the driver
             result = run_compiled(kernel, binding)
         else:

@@ -8,6 +8,7 @@ Imports nothing from pypto_rt beyond the engine's own modules.
 from __future__ import annotations
 
 import _thread
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,16 @@ import time
 _lock = threading.Lock()
 _running: dict[int, tuple] = {}      # id(engine) -> (engine, task, started perf_counter_ns, reported)
 _thread_started = False
+
+
+def _reset_in_child() -> None:
+    """A forked process has no watchdog thread yet (and no blocks running)."""
+    global _thread_started, _lock
+    _thread_started, _lock = False, threading.Lock()
+    _running.clear()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def entering(engine, task) -> None:

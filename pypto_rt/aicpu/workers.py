@@ -8,6 +8,7 @@ host may have claimed it first). Imports nothing from pypto_rt.
 """
 from __future__ import annotations
 
+import os
 import threading
 from queue import SimpleQueue
 
@@ -63,6 +64,15 @@ def shared_pool(size: int, torch_threads: int = 1) -> WorkerPool:
                 _pool.stop()
             _pool = WorkerPool(size, torch_threads)
         return _pool
+
+
+def _forget_pool_in_child() -> None:
+    """A forked process (a host-form rank) has none of its parent's threads: its first run starts a pool."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def abandon(pool: WorkerPool) -> None:

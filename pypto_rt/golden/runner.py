@@ -11,6 +11,7 @@ The work directory is `runtime_dir` when given, else a fresh temporary directory
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from pypto_rt import config
 
 from .compare import validate_golden
 from .spec import ScalarSpec, TensorSpec
@@ -305,7 +308,8 @@ def run_jit(fn: Callable, specs: list[Spec], golden_fn: Callable | None = None, 
             scalar) in place; its return value is ignored.
         golden_data: Directory with `in/<name>.pt` and `out/<name>.pt` to use instead of generated inputs and
             `golden_fn`. With neither this nor `golden_fn`, validation is skipped.
-        compile_cfg: Accepted for compatibility; ignored on the CPU.
+        compile_cfg: `distributed_config` (a DistributedConfig) sets the devices a @pl.jit.host program spans,
+            one rank process each; every other key is accepted and ignored on the CPU.
         runtime_cfg: `platform` (`cpu` by default, or `a2a3sim`, `a5sim`; `a2a3`/`a5` only through `pypto-run`);
             every other key (`device_id`, `enable_*`, `log_level`, ...) is accepted and ignored.
         rtol: Relative tolerance of the default `torch.allclose` check (and passed to comparators).
@@ -318,9 +322,16 @@ def run_jit(fn: Callable, specs: list[Spec], golden_fn: Callable | None = None, 
     Returns:
         The `RunResult`; a mismatch or setup problem gives `passed=False` with `error` set.
     """
-    del compile_cfg
-    return _harness(lambda: fn, specs, golden_fn, golden_data, runtime_cfg, rtol, atol, compare_fn,
-                    compile_only, runtime_dir, save_data, "JIT compile")
+    with _distributed(compile_cfg):
+        return _harness(lambda: fn, specs, golden_fn, golden_data, runtime_cfg, rtol, atol, compare_fn,
+                        compile_only, runtime_dir, save_data, "JIT compile")
+
+
+def _distributed(compile_cfg):
+    """compile_cfg's DistributedConfig: the devices a @pl.jit.host program spans (one rank process each)."""
+    dist = (compile_cfg or {}).get("distributed_config")
+    ids = getattr(dist, "device_ids", None)
+    return config.scope(DEVICE_IDS=",".join(str(int(d)) for d in ids)) if ids else contextlib.nullcontext()
 
 
 def _program_entry(program: Any) -> Callable:
@@ -353,6 +364,6 @@ def run(program: Any, specs: list[Spec], golden_fn: Callable | None = None, gold
     Returns:
         The `RunResult`, as in `run_jit`.
     """
-    del compile_cfg
-    return _harness(lambda: _program_entry(program), specs, golden_fn, golden_data, runtime_cfg, rtol, atol,
-                    compare_fn, compile_only, runtime_dir, save_data, "compile")
+    with _distributed(compile_cfg):
+        return _harness(lambda: _program_entry(program), specs, golden_fn, golden_data, runtime_cfg, rtol, atol,
+                        compare_fn, compile_only, runtime_dir, save_data, "compile")

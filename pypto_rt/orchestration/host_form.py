@@ -1,0 +1,357 @@
+"""The host form of a multi-rank program: a `@pl.jit.host` function runs in this process and dispatches chip
+programs with `device=r` to one rank process per device id, which this runtime starts itself.
+
+    host process                                   rank process r (forked; one per device id)
+    ------------                                   ----------------------------------------------
+    share the entry's tensors (share_memory_)      shm communicator (rank r of n), installed as
+    fork the ranks, host their TCPStore            this process's communicator
+    run the host body (ReferenceExecutor):
+      pld.alloc_window_buffer -> "alloc" to all    -> a collective alloc_window, acknowledged
+      f(..., device=r)        -> "run" to rank r   -> f(*args) on this process's runtime, then
+                                                      "done", or "error" with the rendered error
+    the body's end joins every dispatch            "exit": an exit barrier, then the process ends
+    remove /dev/shm/<prefix>* (this process owns the job's segments, also on failure)
+
+Dispatches are asynchronous; the function's end joins all ranks (DESIGN.md "Host form"). Tensors reach the
+ranks as views of the entry's tensors, whose storage was moved to shared memory in place before the fork, so
+the ranks' writes land in the caller's tensors. A rank that fails aborts its communicator (peers waiting on it
+fail at once); the host reports the first failure, with every rank's wait report merged.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import secrets
+import sys
+import time
+import traceback
+from multiprocessing.connection import wait as wait_for_messages
+
+from pypto_rt import config
+from pypto_rt.collective import merge_reports, process
+from pypto_rt.collective.segments import remove_segments
+from pypto_rt.errors import NotSupportedError, PyptoError, user_span
+from pypto_rt.language._runtime import activate
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.reference.executor import ReferenceExecutor
+
+_EXIT_GRACE_S = 10.0     # a rank's exit barrier and process end, after the last dispatch finished
+_REPORT_GRACE_S = 2.0    # after a first failure: time for the other ranks' own reports (the merged wait picture)
+
+
+def device_ids() -> list[int]:
+    text = config.DEVICE_IDS.get().strip()
+    try:
+        ids = [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        ids = []
+    if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise PyptoError(f"PYPTO_DEVICE_IDS={text!r} must list distinct non-negative device ids, e.g. 0,1,2,3")
+    return ids
+
+
+def run_host(kernel, binding):
+    """Run a @pl.jit.host entry: its body here, its `device=r` dispatches on rank processes."""
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "fork") and sys.platform != "linux":
+        raise NotSupportedError("host-form programs need fork() (Linux) to start their rank processes")
+    for value in binding.values:   # the ranks write into these: shared memory, moved in place before the fork
+        if isinstance(value, TensorValue):
+            value.data.share_memory_()
+    job = _Job(len(device_ids()), binding)
+    try:
+        executor = _HostFormExecutor(binding, job)
+        process.set_host_form(job)
+        try:
+            with activate(executor):
+                result = executor.run_entry(kernel)
+        finally:
+            process.set_host_form(None)
+        job.join()
+    except BaseException:
+        job.kill()
+        raise
+    finally:
+        job.close()
+    return result
+
+
+class _HostFormExecutor(ReferenceExecutor):
+    """The host body runs eagerly, as on the reference executor; `f(..., device=r)` becomes a dispatch."""
+
+    def __init__(self, binding, job):
+        super().__init__(binding)
+        self.job = job
+
+    def call_kernel(self, kernel, args, kwargs):
+        if "device" not in kwargs:
+            return super().call_kernel(kernel, args, kwargs)
+        kwargs = dict(kwargs)
+        rank = int(kwargs.pop("device"))
+        self.job.dispatch(rank, kernel, args, kwargs, user_span())
+        return None
+
+
+class _Job:
+    """The rank processes of one host-form call, their store, pipes and segments."""
+
+    def __init__(self, world_size: int, binding):
+        self.world_size = world_size
+        self.binding = binding
+        self.prefix = f"pypto-{os.getpid()}-{secrets.token_hex(3)}"
+        self.store = None
+        self.timeout_s = config.get_float(config.TIMEOUT_S)
+        self.windows = 0
+        self.pending = [0] * world_size      # dispatches sent to each rank and not finished
+        self.acks = [0] * world_size         # window allocations not yet acknowledged
+        self.spans: dict[tuple[int, int], object] = {}
+        self.failures: list[dict] = []
+        self.sequence = 0
+        ctx = multiprocessing.get_context("fork")
+        self.conns, self.procs = [], []
+        for r in range(world_size):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(r, world_size, self.prefix, theirs, binding),
+                               name=f"pypto-rt rank {r}", daemon=True)
+            proc.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.procs.append(proc)
+        # the store's server threads start only after the forks: a child must not inherit a lock one of them holds
+        from torch.distributed import TCPStore
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        for conn in self.conns:
+            conn.send(("store", self.store.port))
+
+    # -- the host body's requests ----------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> process.HostWindowBuffer:
+        """COLLECTIVE on every rank: the next window buffer, acknowledged by all before the body goes on."""
+        buf = process.HostWindowBuffer(self.windows, nbytes)
+        self.windows += 1
+        for r, conn in enumerate(self.conns):
+            self.acks[r] += 1
+            conn.send(("alloc", nbytes))
+        self._collect(lambda: not any(self.acks))
+        return buf
+
+    def dispatch(self, rank: int, kernel, args, kwargs, span) -> None:
+        if not 0 <= rank < self.world_size:
+            raise PyptoError(f"device={rank} is outside this host program's {self.world_size} devices", span,
+                             "set DistributedConfig(device_ids=[...]) with one id per rank")
+        self.sequence += 1
+        message = ("run", self.sequence, _kernel_ref(kernel, span), [self._describe(a, span) for a in args],
+                   {k: self._describe(v, span) for k, v in kwargs.items()})
+        self.spans[(rank, self.sequence)] = span
+        self.pending[rank] += 1
+        self.conns[rank].send(message)
+        self._drain()
+
+    def _describe(self, value, span):
+        """How a rank rebuilds an argument: a view of an entry tensor, a window view, or the value itself."""
+        if isinstance(value, TensorValue):
+            value = value.data
+        if isinstance(value, process.HostWindowView):
+            return ("window", value.buffer.index, value.shape, value.dtype)
+        if hasattr(value, "untyped_storage"):
+            ptr = value.untyped_storage().data_ptr()
+            for index, base in enumerate(self.binding.values):
+                if isinstance(base, TensorValue) and base.data.untyped_storage().data_ptr() == ptr:
+                    return ("tensor", index, value.storage_offset(), tuple(value.shape), tuple(value.stride()))
+            raise NotSupportedError("a device= dispatch can pass the host program's own tensor parameters (and "
+                                    "views of them), windows and scalars; this tensor was made in the host body",
+                                    span, "pass it in as a parameter of the @pl.jit.host function")
+        return ("value", value)
+
+    # -- joining -----------------------------------------------------------------------------------------------
+    def join(self) -> None:
+        """Wait until every dispatch has finished; raise the first failure."""
+        self._collect(lambda: not any(self.pending))
+
+    def _drain(self) -> None:
+        """Take replies already there (a failure is reported at once, not at the end)."""
+        self._collect(lambda: True, poll_only=True)
+
+    def _collect(self, done, poll_only: bool = False) -> None:
+        last = time.monotonic()
+        while not done() or poll_only:
+            ready = wait_for_messages(self.conns, timeout=0 if poll_only else 0.5)
+            if poll_only and not ready:
+                break
+            for conn in ready:
+                self._receive(self.conns.index(conn))
+                last = time.monotonic()
+            if self.failures:
+                self._fail()
+            if not ready:
+                self._check_alive(last)
+            if poll_only:
+                break
+
+    def _receive(self, rank: int) -> None:
+        try:
+            message = self.conns[rank].recv()
+        except EOFError:
+            self._lost(rank)
+            return
+        kind = message[0]
+        if kind == "ok":
+            self.acks[rank] -= 1
+        elif kind == "done":
+            self.pending[rank] -= 1
+        elif kind == "error":
+            self.pending[rank] -= 1
+            self.failures.append(dict(message[1], rank=rank, time=time.time()))
+
+    def _lost(self, rank: int) -> None:
+        code = self.procs[rank].exitcode
+        self.procs[rank].join(1)
+        code = self.procs[rank].exitcode if code is None else code
+        how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
+        self.failures.append({"rank": rank, "time": time.time(), "wait": None,
+                              "message": f"rank {rank}'s process ended unexpectedly ({how})"})
+
+    def _check_alive(self, last_progress: float) -> None:
+        for r, proc in enumerate(self.procs):
+            if not proc.is_alive() and (self.pending[r] or self.acks[r]):
+                self._lost(r)
+        if self.failures:
+            self._fail()
+        if time.monotonic() - last_progress > self.timeout_s + 30:
+            busy = [r for r in range(self.world_size) if self.pending[r]]
+            raise PyptoError(f"host-form program: ranks {busy} made no progress for {self.timeout_s + 30:.0f} s "
+                             "and reported nothing (their own waits end after PYPTO_TIMEOUT_S)")
+
+    def _fail(self) -> None:
+        """Gather the other ranks' reports briefly, then raise the first failure with the merged wait picture."""
+        deadline = time.monotonic() + _REPORT_GRACE_S
+        while time.monotonic() < deadline and len({f["rank"] for f in self.failures}) < self.world_size:
+            for conn in wait_for_messages(self.conns, timeout=0.1):
+                self._receive(self.conns.index(conn))
+        first = min(self.failures, key=lambda f: f["time"])
+        others = sorted({f["rank"] for f in self.failures} - {first["rank"]})
+        message = first["message"][len("error: "):] if first["message"].startswith("error: ") else first["message"]
+        lines = [f"rank {first['rank']} failed first: {message}"]
+        if others:
+            lines.append(f"ranks {others} failed after it")
+        waits = [f["wait"] for f in self.failures if f.get("wait")]
+        if waits:
+            lines += ["", merge_reports(waits, self.world_size)]
+        hint = ("a wait nobody satisfies: check that every rank notifies the cells its peers wait for, with the "
+                "values they expect" if waits else None)
+        raise PyptoError("\n".join(lines), None, hint)
+
+    # -- teardown ----------------------------------------------------------------------------------------------
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+
+    def close(self) -> None:
+        """End the ranks (an exit barrier when healthy), then remove every segment of the job."""
+        for conn in self.conns:
+            try:
+                conn.send(("exit",))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + _EXIT_GRACE_S
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+        for proc in self.procs:
+            proc.join(1)
+        for conn in self.conns:
+            conn.close()
+        remove_segments(self.prefix)
+        del self.store
+
+
+def _kernel_ref(kernel, span):
+    module = getattr(kernel.fn, "__module__", None)
+    if module not in sys.modules:
+        raise NotSupportedError(f"cannot dispatch {kernel.name}: its module is not importable", span)
+    return module, kernel.fn.__qualname__
+
+
+# ------------------------------------------------------------------------------------- the rank processes
+
+def _rank_main(rank: int, world_size: int, prefix: str, conn, binding) -> None:
+    """A rank process (forked): serve the host's requests until it says exit."""
+    code = 0
+    try:
+        from torch.distributed import TCPStore
+
+        from pypto_rt.collective import create_communicator
+        _, port = conn.recv()   # ("store", port): the host starts its store after forking every rank
+        store = TCPStore("127.0.0.1", port, is_master=False)
+        process.install(create_communicator("shm", rank, world_size, store=store, prefix=prefix,
+                                            owner_unlinks=False))
+        while True:
+            message = conn.recv()
+            if message[0] == "exit":
+                break
+            if message[0] == "alloc":
+                process.alloc(message[1], "pld.alloc_window_buffer")
+                conn.send(("ok",))
+            elif message[0] == "run":
+                conn.send(_run_dispatch(message, binding))
+        process.close()
+    except BaseException as e:   # noqa: BLE001 - a rank reports any failure and ends
+        process.abort(f"{type(e).__name__}: {e}")
+        try:
+            conn.send(("error", _report(e)))
+        except (BrokenPipeError, OSError):
+            pass
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)   # no atexit handlers or finalizers of the parent's objects run in a forked child
+
+
+def _run_dispatch(message, binding):
+    _, sequence, (module, qualname), args, kwargs = message
+    try:
+        target = sys.modules[module]
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        target(*[_rebuild(a, binding) for a in args], **{k: _rebuild(v, binding) for k, v in kwargs.items()})
+    except BaseException as e:   # noqa: BLE001 - reported to the host, which ends the job
+        process.abort(f"{type(e).__name__}: {e}")
+        return ("error", _report(e))
+    return ("done", sequence)
+
+
+def _rebuild(described, binding):
+    kind = described[0]
+    if kind == "value":
+        return described[1]
+    if kind == "tensor":
+        _, index, offset, shape, stride = described
+        return binding.values[index].data.as_strided(shape, stride, offset)
+    _, index, shape, dtype = described
+    from pypto_rt.language.distributed import window
+    return window(process.local_buffers()[index], shape, dtype)
+
+
+def _report(error: BaseException) -> dict:
+    """The rendered error (user frames only) and the first wait report found in its chain."""
+    from pypto_rt.errors import strip_internal_frames
+    render = getattr(error, "render", None)
+    if render is not None:
+        text = render()
+    else:
+        text = "".join(traceback.format_exception(type(error), error, strip_internal_frames(error.__traceback__)))
+    return {"message": text.rstrip(), "wait": _find_wait(error)}
+
+
+def _find_wait(error: BaseException):
+    seen, queue = set(), [error]
+    while queue:
+        e = queue.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        wait = getattr(e, "wait", None)
+        if isinstance(wait, dict):
+            return wait
+        queue += [getattr(getattr(e, "task", None), "error", None), e.__cause__, e.__context__]
+    return None

@@ -1,0 +1,96 @@
+"""The host form: a @pl.jit.host program dispatches chip programs with device=r to rank processes the runtime
+starts itself; failures and hangs end the program with a report, and /dev/shm is left clean."""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+PROGRAM = textwrap.dedent('''
+    import torch
+    import pypto.language as pl
+    import pypto.language.distributed as pld
+    from pypto.ir.distributed_compiled_program import DistributedConfig
+    from golden import TensorSpec, run_jit
+
+    N = 3
+    SIZE = 64
+
+    @pl.jit
+    def exchange(inp: pl.Tensor[[1, SIZE], pl.FP32], out: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                 data: pld.DistributedTensor[[1, SIZE], pl.FP32], signal: pld.DistributedTensor[[N, 1], pl.INT32],
+                 me: pl.Scalar[pl.INT32]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="ring_step"):
+            data = pl.store(pl.load(inp, [0, 0], [1, SIZE]), [0, 0], data)
+            nxt = (me + 1) % N
+            pld.system.notify(signal, peer=nxt, offsets=[me, 0], value=1, op=pld.NotifyOp.AtomicAdd)
+            prev = (me + N - 1) % N
+            pld.system.wait(signal=signal, offsets=[prev, 0], expected=EXPECTED, cmp=pld.WaitCmp.Ge)
+            FAIL_HERE
+            out[:, :] = pld.tile.remote_load(data, peer=prev, offsets=[0, 0], shape=[1, SIZE])
+        return out
+
+    @pl.jit.host
+    def ring(inputs: pl.Tensor[[N, 1, SIZE], pl.FP32], outputs: pl.Out[pl.Tensor[[N, 1, SIZE], pl.FP32]]):
+        data_buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
+        signal_buf = pld.alloc_window_buffer([N, 1], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            exchange(inputs[r], outputs[r], pld.window(data_buf, [1, SIZE], dtype=pl.FP32),
+                     pld.window(signal_buf, [N, 1], dtype=pl.INT32), r, device=r)
+
+    def golden(values):
+        values["outputs"][:] = values["inputs"].roll(1, dims=0)
+
+    specs = [TensorSpec("inputs", [N, 1, SIZE], torch.float32, init_value=torch.randn),
+             TensorSpec("outputs", [N, 1, SIZE], torch.float32, is_output=True)]
+    result = run_jit(fn=ring, specs=specs, golden_fn=golden,
+                     compile_cfg=dict(distributed_config=DistributedConfig(device_ids=list(range(N)))))
+    if not result.passed:
+        print(result.error)
+    raise SystemExit(0 if result.passed else 1)
+''')
+
+
+def _run(tmp_path, expected="1", fail_here="pass", env=None, timeout=120):
+    path = tmp_path / "ring.py"
+    path.write_text(PROGRAM.replace("EXPECTED", expected).replace("FAIL_HERE", fail_here))
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    stdout, stderr = proc.communicate(timeout=timeout)
+    elapsed = time.monotonic() - start
+    leftovers = glob.glob(f"/dev/shm/pypto-{proc.pid}-*")   # the host process names (and owns) its job's segments
+    assert not leftovers, f"segments left behind: {sorted(leftovers)}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), elapsed, str(path)
+
+
+@pytest.mark.timeout(120)
+def test_a_ring_exchange_runs_on_rank_processes_and_writes_the_callers_outputs(tmp_path):
+    proc, _, _ = _run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[RUN] PASS" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_raises_ends_the_program_naming_the_rank_and_the_line(tmp_path):
+    proc, elapsed, path = _run(tmp_path, fail_here="assert me != 1, 'rank one gives up'")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "rank 1 failed first" in out and "rank one gives up" in out, out[-3000:]
+    assert f"{os.path.basename(path)}:" in out
+    assert elapsed < 60
+
+
+@pytest.mark.timeout(120)
+def test_a_wait_that_can_never_be_satisfied_ends_with_a_wait_report(tmp_path):
+    proc, elapsed, _ = _run(tmp_path, expected="2", env={"PYPTO_TIMEOUT_S": "3"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "ring_step" in out, out[-3000:]   # the region the wait was in
+    assert "expected" in out and "seen 1" in out, out[-3000:]
+    assert elapsed < 60
