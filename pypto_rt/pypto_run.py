@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import runpy
+import signal
 import sys
 import traceback
 import types
@@ -93,7 +94,13 @@ class _LazyGolden(types.ModuleType):
         return getattr(golden, name)
 
 
+def _terminated(signum, frame):
+    """SIGTERM ends the program like an exit: cleanup (e.g. a host-form job's ranks and segments) still runs."""
+    raise SystemExit(128 + signum)
+
+
 def _run(path: str) -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as e:

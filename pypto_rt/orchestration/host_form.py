@@ -110,7 +110,8 @@ class _Job:
         self.conns, self.procs = [], []
         for r in range(world_size):
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(r, world_size, self.prefix, theirs, binding),
+            inherited = self.conns + [mine]   # host ends a fork copies into the child; it closes them at once
+            proc = ctx.Process(target=_rank_main, args=(r, world_size, self.prefix, theirs, binding, inherited),
                                name=f"pypto-rt rank {r}", daemon=True)
             proc.start()
             theirs.close()
@@ -273,8 +274,10 @@ def _kernel_ref(kernel, span):
 
 # ------------------------------------------------------------------------------------- the rank processes
 
-def _rank_main(rank: int, world_size: int, prefix: str, conn, binding) -> None:
+def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited) -> None:
     """A rank process (forked): serve the host's requests until it says exit."""
+    for host_end in inherited:   # else this process itself keeps its pipe open, and a dead host is never seen
+        host_end.close()
     code = 0
     try:
         from torch.distributed import TCPStore
@@ -295,6 +298,8 @@ def _rank_main(rank: int, world_size: int, prefix: str, conn, binding) -> None:
                 conn.send(_run_dispatch(message, binding))
         process.close()
     except BaseException as e:   # noqa: BLE001 - a rank reports any failure and ends
+        if isinstance(e, (EOFError, BrokenPipeError, ConnectionResetError)):
+            remove_segments(prefix)   # the host process is gone without ending the job: nobody else cleans up
         process.abort(f"{type(e).__name__}: {e}")
         try:
             conn.send(("error", _report(e)))

@@ -94,3 +94,19 @@ def test_a_wait_that_can_never_be_satisfied_ends_with_a_wait_report(tmp_path):
     assert "ring_step" in out, out[-3000:]   # the region the wait was in
     assert "expected" in out and "seen 1" in out, out[-3000:]
     assert elapsed < 60
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_host_process_ends_the_ranks_and_removes_the_segments(tmp_path):
+    path = tmp_path / "ring.py"
+    path.write_text(PROGRAM.replace("EXPECTED", "2").replace("FAIL_HERE", "pass"))   # waits forever (60 s)
+    proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYPTO_TIMEOUT_S": "60"})
+    deadline = time.monotonic() + 60
+    while not glob.glob(f"/dev/shm/pypto-{proc.pid}-*-w1-*") and time.monotonic() < deadline:
+        time.sleep(0.2)   # until the ranks hold their windows
+    assert glob.glob(f"/dev/shm/pypto-{proc.pid}-*"), "the job never started"
+    proc.terminate()
+    proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert not glob.glob(f"/dev/shm/pypto-{proc.pid}-*")
