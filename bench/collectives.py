@@ -163,7 +163,7 @@ def _collective_rows(ranks: list[dict], sizes) -> list[list]:
     return rows
 
 
-def run(worlds=(2, 4), quick: bool = False) -> str:
+def run(worlds=(2, 4, 8), quick: bool = False) -> str:
     out = []
     for world in worlds:
         brief = quick or world > 2   # more ranks than cores: the two end sizes are enough to see the trend
@@ -198,7 +198,7 @@ if __name__ == "__main__":
         import argparse
 
         parser = argparse.ArgumentParser(prog="python -m bench.collectives", description=__doc__.splitlines()[0])
-        parser.add_argument("--worlds", default="2,4", help="comma-separated rank counts (default 2,4)")
+        parser.add_argument("--worlds", default="2,4,8", help="comma-separated rank counts (default 2,4,8)")
         parser.add_argument("--quick", action="store_true", help="only 1 KiB and 16 MiB")
         args = parser.parse_args()
         start = time.perf_counter()
