@@ -137,3 +137,12 @@ def test_rank_and_world_size_outside_the_launcher_are_0_and_1(monkeypatch):
 
 # A rank raising at start ends a 4-rank job within 30 s naming that rank: tests/launch/test_jobs.py
 # (test_a_rank_raising_at_start_ends_the_job_naming_rank_error_and_line), not repeated here.
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("executor", ["compiled", "reference"])
+def test_one_sided_ops_and_collectives_in_kernels_and_plain_python(executor):
+    job = launch(3, os.path.join(PROGS, "one_sided_and_collectives.py"), "--timeout-s", "30",
+                 env={"PYPTO_EXECUTOR": executor})
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    assert job.out.count(": PASS") == 3 * 9 + 1 and "FAIL" not in job.out, job.out[-3000:]
