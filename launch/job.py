@@ -49,8 +49,9 @@ def run_job(cfg: LaunchConfig) -> int:
                 print(f"pypto-launch: rendezvous store at {cfg.master_addr}:{port}; start the other nodes with "
                       f"--master-addr {cfg.master_addr} --master-port {port}", file=sys.stderr)
         specs = [_spec(cfg, local_rank, port, start_time, cfg.log_dir or tmp_dir) for local_rank in range(cfg.nproc)]
+        nodes = _Nodes(cfg, store, port) if cfg.nnodes > 1 else None
         with SignalWatch() as watch:
-            return _supervise(cfg, specs, watch)
+            return _supervise(cfg, specs, watch, nodes)
     finally:
         remove_segments(contract.shm_prefix(cfg.job_id))
         del store  # closes the store's server socket
@@ -76,8 +77,36 @@ def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, fold
                     stdout_log=logs[0], stderr_log=logs[1])
 
 
-def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch) -> int:
-    sup = Supervisor(specs, watch)
+class _Nodes:
+    """A job across hosts: each node's launcher posts its first failure in the job's store and watches for
+    another node's, so one failing rank ends the ranks of every host, not only its own."""
+    KEY = "pypto-launch/failed"
+
+    def __init__(self, cfg: LaunchConfig, store, port: int):
+        self.node = cfg.node_rank
+        if store is None:   # nodes > 0 join node 0's store as clients
+            from torch.distributed import TCPStore
+            store = TCPStore(cfg.master_addr, port, is_master=False, wait_for_workers=False)
+        self.store = store
+
+    def failed_elsewhere(self) -> str | None:
+        try:
+            if not self.store.check([self.KEY]):
+                return None
+            text = self.store.get(self.KEY).decode()
+        except Exception:  # noqa: BLE001 - node 0's launcher ended (maybe its ranks all passed): no verdict
+            return None
+        return None if text.startswith(f"node {self.node}:") else text
+
+    def post(self, text: str) -> None:
+        try:
+            self.store.compare_set(self.KEY, "", f"node {self.node}: {text}")   # the first node to fail wins
+        except Exception:  # noqa: BLE001 - the store is gone: the other nodes see that instead
+            pass
+
+
+def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, nodes: _Nodes | None = None) -> int:
+    sup = Supervisor(specs, watch, remote_failure=nodes.failed_elsewhere if nodes else None)
     try:
         try:
             sup.start()
@@ -86,6 +115,8 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch) -> 
             return 1
         got_signal = sup.run()
         first = first_failure([_result(r) for r in sup.ranks if r.returncode is not None])
+        if nodes is not None and first is not None:
+            nodes.post(f"rank {first.rank} failed (exit code {first.returncode})")
         sup.end(settle_s=WAIT_SETTLE_S if first and first.record and first.record.get("wait") else 0.0)
     except BaseException:
         sup.kill_now()
@@ -97,6 +128,10 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch) -> 
             print(f"pypto-launch: rank(s) {', '.join(strays)} exited 0 but left processes running; the launcher "
                   "ended them (wait for your child processes before exiting)", file=sys.stderr)
         return 0
+    if sup.remote and first is None:
+        print(f"pypto-launch: job {cfg.job_id}: ended this node's ranks because another node failed — {sup.remote} "
+              "(its launcher's summary has the error)", file=sys.stderr)
+        return 1
     print(summarize(results, cfg.job_id, got_signal), file=sys.stderr)
     return 128 + got_signal if got_signal is not None else 1
 

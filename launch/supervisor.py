@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pypto_rt.launch.output import RankStream
 
 POLL_S = 0.1  # longest sleep between looks at the ranks
+REMOTE_POLL_S = 0.5  # how often a multi-node job's launcher asks the store whether another node failed
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
 REAP_S = 5.0  # SIGKILL -> gone (only a process stuck in the kernel takes longer)
 DRAIN_S = 0.5  # output left in pipes once every process is gone
@@ -57,6 +58,9 @@ class Supervisor:
     specs: list[RankSpec]
     watch: object  # SignalWatch: .pending, .fileno(), .drain()
     ranks: list[RankProc] = field(default_factory=list)
+    # another node's failure, when the job spans hosts: called about every REMOTE_POLL_S, returns what it said
+    remote_failure: object = None
+    remote: str | None = None
 
     def __post_init__(self):
         self._sel = selectors.DefaultSelector()
@@ -99,6 +103,7 @@ class Supervisor:
     def run(self) -> int | None:
         """Wait until every rank has exited 0 or one has failed (returns None; the return codes say which), or
         until the launcher gets a signal (returns its number)."""
+        next_remote = 0.0
         while True:
             self._poll()
             if self.watch.pending:
@@ -107,6 +112,11 @@ class Supervisor:
                 return None
             if all(r.returncode is not None for r in self.ranks):
                 return None
+            if self.remote_failure is not None and time.monotonic() >= next_remote:
+                next_remote = time.monotonic() + REMOTE_POLL_S
+                self.remote = self.remote_failure()
+                if self.remote:
+                    return None
             self._step(POLL_S)
 
     def alive(self) -> list[RankProc]:
