@@ -11,7 +11,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KERNELS = ["scaled_residual.py", "row_softmax.py", "gemm_bf16.py", "row_topk.py"]
+KERNELS = ["scaled_residual.py", "row_softmax.py", "gemm_bf16.py", "row_topk.py", "moe_dispatch_combine.py"]
 
 
 def _runner() -> list[str]:
