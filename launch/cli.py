@@ -137,11 +137,25 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as e:
             print(f"{PROG}: {e}", file=sys.stderr)
             return 2
+        problem = _missing_comm_library(cfg.comm)
+        if problem:
+            print(f"{PROG}: --comm {cfg.comm}: {problem}; use --comm gloo (CPU, any host) or shm (one host)",
+                  file=sys.stderr)
+            return 2
         from pypto_rt.launch.job import run_job
         return run_job(cfg)
     except KeyboardInterrupt:  # only before the job installs its own handlers; it cleans up after itself
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+def _missing_comm_library(comm: str) -> str | None:
+    """Before any rank starts: what this machine lacks for an accelerator communicator (nccl, hccl), or None.
+    (torch is imported only for those.)"""
+    if comm not in ("nccl", "hccl"):
+        return None
+    from pypto_rt.collective.torch_backend import missing_library
+    return missing_library(comm)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,15 @@ def test_missing_program(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert cli.main([]) == 2
     assert "no program given" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("comm", ["nccl", "hccl"])
+def test_an_accelerator_communicator_this_machine_lacks_is_refused_before_any_rank_starts(comm, program, launch):
+    from pypto_rt.collective.torch_backend import missing_library
+    if missing_library(comm) is None:
+        pytest.skip(f"this machine can run {comm}")   # a GPU/NPU machine: nothing to refuse
+    job = launch("--nproc", "2", "--comm", comm, program("raise SystemExit('a rank ran')"))
+    assert job.rc == 2
+    assert f"--comm {comm}:" in job.err and "a rank ran" not in job.out + job.err
+    assert job.err.count("\n") == 1   # one sentence
