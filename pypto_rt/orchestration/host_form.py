@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import secrets
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait as wait_for_messages
@@ -37,6 +38,8 @@ from pypto_rt.reference.executor import ReferenceExecutor
 
 _EXIT_GRACE_S = 10.0     # a rank's exit barrier and process end, after the last dispatch finished
 _REPORT_GRACE_S = 2.0    # after a first failure: time for the other ranks' own reports (the merged wait picture)
+_HEARTBEAT_S = 5.0       # a rank says how much CPU it has used this often
+_BUSY_CPU_S = 0.2        # CPU a rank must have used since its last heartbeat to count as working
 
 
 def device_ids() -> list[int]:
@@ -103,6 +106,7 @@ class _Job:
         self.windows = 0
         self.pending = [0] * world_size      # dispatches sent to each rank and not finished
         self.acks = [0] * world_size         # window allocations not yet acknowledged
+        self.cpu = [0.0] * world_size        # each rank's CPU seconds at its last heartbeat that showed work
         self.spans: dict[tuple[int, int], object] = {}
         self.failures: list[dict] = []
         self.sequence = 0
@@ -178,8 +182,8 @@ class _Job:
             if poll_only and not ready:
                 break
             for conn in ready:
-                self._receive(self.conns.index(conn))
-                last = time.monotonic()
+                if self._receive(self.conns.index(conn)):
+                    last = time.monotonic()
             if self.failures:
                 self._fail()
             if not ready:
@@ -187,13 +191,19 @@ class _Job:
             if poll_only:
                 break
 
-    def _receive(self, rank: int) -> None:
+    def _receive(self, rank: int) -> bool:
+        """Take one message from `rank`; True when it shows progress (a heartbeat only when the rank's CPU
+        time grew: a rank stuck without working, e.g. in a deadlocked C call, must not look alive)."""
         try:
             message = self.conns[rank].recv()
         except EOFError:
             self._lost(rank)
-            return
+            return True
         kind = message[0]
+        if kind == "alive":
+            busy = message[1] > self.cpu[rank] + _BUSY_CPU_S
+            self.cpu[rank] = max(self.cpu[rank], message[1]) if busy else self.cpu[rank]
+            return busy
         if kind == "ok":
             self.acks[rank] -= 1
         elif kind == "done":
@@ -201,6 +211,7 @@ class _Job:
         elif kind == "error":
             self.pending[rank] -= 1
             self.failures.append(dict(message[1], rank=rank, time=time.time()))
+        return True
 
     def _lost(self, rank: int) -> None:
         code = self.procs[rank].exitcode
@@ -218,8 +229,10 @@ class _Job:
             self._fail()
         if time.monotonic() - last_progress > self.timeout_s + 30:
             busy = [r for r in range(self.world_size) if self.pending[r]]
-            raise PyptoError(f"host-form program: ranks {busy} made no progress for {self.timeout_s + 30:.0f} s "
-                             "and reported nothing (their own waits end after PYPTO_TIMEOUT_S)")
+            raise PyptoError(f"host-form program: ranks {busy} did no work and reported nothing for "
+                             f"{self.timeout_s + 30:.0f} s (their own waits end after PYPTO_TIMEOUT_S, so something "
+                             "outside them is stuck)", None, "run with PYPTO_EXECUTOR=reference, or look at the ranks "
+                             "with py-spy dump --pid <rank pid>")
 
     def _fail(self) -> None:
         """Gather the other ranks' reports briefly, then raise the first failure with the merged wait picture."""
@@ -278,7 +291,8 @@ def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited
     """A rank process (forked): serve the host's requests until it says exit."""
     for host_end in inherited:   # else this process itself keeps its pipe open, and a dead host is never seen
         host_end.close()
-    code = 0
+    _one_torch_thread()
+    code, send = 0, None
     try:
         from torch.distributed import TCPStore
 
@@ -287,22 +301,24 @@ def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited
         store = TCPStore("127.0.0.1", port, is_master=False)
         process.install(create_communicator("shm", rank, world_size, store=store, prefix=prefix,
                                             owner_unlinks=False))
+        send = _Sender(conn)
         while True:
             message = conn.recv()
             if message[0] == "exit":
                 break
             if message[0] == "alloc":
                 process.alloc(message[1], "pld.alloc_window_buffer")
-                conn.send(("ok",))
+                send(("ok",))
             elif message[0] == "run":
-                conn.send(_run_dispatch(message, binding))
+                send(_run_dispatch(message, binding))
+        send.stop()
         process.close()
     except BaseException as e:   # noqa: BLE001 - a rank reports any failure and ends
         if isinstance(e, (EOFError, BrokenPipeError, ConnectionResetError)):
             remove_segments(prefix)   # the host process is gone without ending the job: nobody else cleans up
         process.abort(f"{type(e).__name__}: {e}")
         try:
-            conn.send(("error", _report(e)))
+            (send or conn.send)(("error", _report(e)))
         except (BrokenPipeError, OSError):
             pass
         code = 1
@@ -310,6 +326,38 @@ def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)   # no atexit handlers or finalizers of the parent's objects run in a forked child
+
+
+class _Sender:
+    """A rank's messages to the host, plus a heartbeat thread that sends its CPU time every _HEARTBEAT_S."""
+
+    def __init__(self, conn):
+        self.conn, self.lock, self.stopped = conn, threading.Lock(), threading.Event()
+        threading.Thread(target=self._beat, name="pypto-rt rank heartbeat", daemon=True).start()
+
+    def __call__(self, message) -> None:
+        with self.lock:
+            self.conn.send(message)
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(_HEARTBEAT_S):
+            try:
+                self(("alive", time.process_time()))
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def _one_torch_thread() -> None:
+    """A forked rank runs torch single-threaded, on every thread: the host's OpenMP team (used before the fork,
+    e.g. by the golden) does not exist here, and the first parallel region would wait for it forever. One rank
+    per device is the parallelism; PYPTO_WORKER_THREADS is overridden to 1 in ranks."""
+    import torch
+    torch.set_num_threads(1)
+    os.environ["PYPTO_WORKER_THREADS"] = "1"
+    config._overrides.pop(config.WORKER_THREADS.env, None)
 
 
 def _run_dispatch(message, binding):

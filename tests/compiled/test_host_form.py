@@ -56,9 +56,9 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path, expected="1", fail_here="pass", env=None, timeout=120):
+def _run(tmp_path, expected="1", fail_here="pass", env=None, timeout=120, program=PROGRAM):
     path = tmp_path / "ring.py"
-    path.write_text(PROGRAM.replace("EXPECTED", expected).replace("FAIL_HERE", fail_here))
+    path.write_text(program.replace("EXPECTED", expected).replace("FAIL_HERE", fail_here))
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
@@ -110,3 +110,19 @@ def test_sigterm_to_the_host_process_ends_the_ranks_and_removes_the_segments(tmp
     proc.communicate(timeout=30)
     assert proc.returncode == 143
     assert not glob.glob(f"/dev/shm/pypto-{proc.pid}-*")
+
+
+@pytest.mark.timeout(120)
+def test_ranks_forked_after_the_host_used_openmp_run_parallel_sized_torch_ops(tmp_path):
+    # the host's OpenMP team (2 threads, used before the fork) does not exist in a forked rank: a rank whose
+    # first parallel-sized op entered a parallel region waited for it forever
+    program = PROGRAM.replace("import torch\n", "import torch\ntorch.set_num_threads(2)\n"
+                              "(torch.randn(1024, 1024) @ torch.randn(1024, 1024)).sum()\n", 1)
+    program = program.replace(
+        '    with pl.at(level=pl.Level.CORE_GROUP, name_hint="ring_step"):',
+        '    scratch = pl.create_tensor([4096, 1024], dtype=pl.FP32)\n'
+        '    with pl.at(level=pl.Level.CORE_GROUP, name_hint="ring_step"):', 1)
+    assert "scratch" in program and "set_num_threads(2)" in program
+    proc, elapsed, _ = _run(tmp_path, program=program, env={"PYPTO_TIMEOUT_S": "30"}, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert elapsed < 60
