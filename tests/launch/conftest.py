@@ -5,19 +5,11 @@ from __future__ import annotations
 import os
 import textwrap
 import time
-from dataclasses import dataclass
 
 import pytest
 
 from pypto_rt.launch import cli
-
-
-@dataclass
-class Job:
-    rc: int
-    out: str
-    err: str
-    seconds: float
+from tests.launch.job_result import Job
 
 
 @pytest.fixture(autouse=True)

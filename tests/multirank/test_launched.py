@@ -12,11 +12,11 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 
 import pytest
 
 from pypto_rt.collective import process
+from tests.launch.job_result import Job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGS = os.path.join(HERE, "progs")
@@ -28,14 +28,6 @@ _LAUNCHER_ENV = ("PYPTO_NPROC", "PYPTO_NNODES", "PYPTO_NODE_RANK", "PYPTO_MASTER
                  "PYPTO_LOG_DIR", "PYPTO_COMM", "PYPTO_LAUNCH_BACKEND", "PYPTO_TIMEOUT_S", "PYPTO_JOB_ID",
                  "PYPTO_LAUNCHED", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYPTO_COMM_CHECK",
                  "PYPTO_NUM_WORKERS")
-
-
-@dataclass
-class Job:
-    rc: int
-    out: str
-    err: str
-    seconds: float
 
 
 def _segments() -> set[str]:
