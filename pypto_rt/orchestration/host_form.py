@@ -55,8 +55,9 @@ def device_ids() -> list[int]:
 
 def run_host(kernel, binding):
     """Run a @pl.jit.host entry: its body here, its `device=r` dispatches on rank processes."""
-    if multiprocessing.get_start_method(allow_none=True) not in (None, "fork") and sys.platform != "linux":
-        raise NotSupportedError("host-form programs need fork() (Linux) to start their rank processes")
+    if not hasattr(os, "fork"):
+        raise NotSupportedError("host-form programs start their rank processes with fork(), which this platform "
+                                "lacks", None, "run the ranks with pypto-launch --nproc N instead")
     for value in binding.values:   # the ranks write into these: shared memory, moved in place before the fork
         if isinstance(value, TensorValue):
             value.data.share_memory_()
