@@ -64,17 +64,18 @@ def _box(name: str, data: torch.Tensor, offsets, shape, what: str) -> torch.Tens
     return data
 
 
-def _runs(view: torch.Tensor):
-    """The view as contiguous pieces: (piece, index of its first element) with the leading axes iterated."""
+def _pieces(view: torch.Tensor, values: torch.Tensor):
+    """(contiguous piece of `view`, the same elements of `values`), the leading axes iterated until the rest
+    of `view` is contiguous; `values` has view's shape."""
     if view.is_contiguous() or view.numel() == 0:
-        yield view.reshape(-1)
+        yield view.reshape(-1), values.reshape(-1)
         return
     if view.dim() == 1:
         for i in range(view.shape[0]):
-            yield view[i:i + 1]
+            yield view[i:i + 1], values[i:i + 1]
         return
     for i in range(view.shape[0]):
-        yield from _runs(view[i])
+        yield from _pieces(view[i], values[i])
 
 
 def _cell(name: str, x, offsets, what: str):
@@ -122,8 +123,8 @@ def _load(name: str, buf, peer: int, view: torch.Tensor) -> torch.Tensor:
 
 def _store(name: str, buf, peer: int, view: torch.Tensor, src: torch.Tensor, atomic: bool) -> None:
     """Write (or atomically add) `src` into rank `peer`'s bytes under `view`, one contiguous run at a time."""
-    src = src.to(view.dtype).expand(view.shape)
-    for piece, values in zip(_runs(view), _runs(src.contiguous())):
+    src = src.to(view.dtype).expand(view.shape).contiguous()
+    for piece, values in _pieces(view, src):
         buf.comm.remote_store(buf.window, peer, piece.data_ptr() - buf.base, values, atomic_add=atomic)
 
 

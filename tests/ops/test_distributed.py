@@ -1,0 +1,86 @@
+"""The pld ops on one rank's own windows (a one-rank shm communicator): boxes that are not contiguous in the
+window, atomic adds, signals, and the errors a misused op gives."""
+from __future__ import annotations
+
+import glob
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pypto_rt.collective import create_communicator, process
+from pypto_rt.errors import OpError
+from pypto_rt.language import dtypes as D
+from pypto_rt.language.enums import NotifyOp, WaitCmp
+from pypto_rt.ops import OPS
+from pypto_rt.ops.value import TensorValue
+
+
+@pytest.fixture
+def window():
+    comm = create_communicator("shm", 0, 1, store=dist.HashStore())
+    process.install(comm)
+    prefix = comm.prefix
+    try:
+        def make(shape, dtype=torch.float32):
+            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            buf = process.alloc(nbytes)
+            return buf.window.local[:nbytes].view(dtype).view(shape)
+        yield make
+    finally:
+        process.close()
+    assert not glob.glob(f"/dev/shm/{prefix}*")
+
+
+def tv(t, dtype=D.FP32):
+    return TensorValue(t, dtype)
+
+
+def test_remote_store_and_load_of_a_box_that_is_not_contiguous_in_the_window(window):
+    win = window([8, 16])
+    src = torch.arange(8, dtype=torch.float32).reshape(2, 4) + 1
+    OPS["pld.tile.remote_store"](tv(src), tv(win), peer=0, offsets=[3, 5])
+    want = torch.zeros(8, 16)
+    want[3:5, 5:9] = src
+    assert torch.equal(win, want)   # rows 3-4, columns 5-8 only: nothing written past the box
+    got = OPS["pld.tile.remote_load"](tv(win), peer=0, offsets=[3, 5], shape=[2, 4])
+    assert torch.equal(got.data, src) and got.is_tile
+
+
+def test_atomic_remote_store_adds_into_the_box(window):
+    win = window([4, 8])
+    ones = torch.ones(2, 3)
+    for _ in range(3):
+        OPS["pld.tensor.remote_store"](tv(ones), tv(win), peer=0, offsets=[1, 2], atomic=True)
+    assert float(win[1:3, 2:5].sum()) == 18.0 and float(win.sum()) == 18.0
+
+
+def test_put_and_get_move_boxes_between_a_local_tensor_and_a_window(window):
+    win = window([4, 8])
+    local = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    OPS["pld.tensor.put"](dst=tv(win), peer=0, src=tv(local), dst_offsets=[2, 0], src_offsets=[0, 4], shape=[2, 4])
+    assert torch.equal(win[2:4, 0:4], local[0:2, 4:8]) and float(win[:2].abs().sum()) == 0.0
+    back = torch.zeros(4, 8)
+    OPS["pld.tensor.get"](dst=tv(back), peer=0, src=tv(win), dst_offsets=[1, 1], src_offsets=[2, 0], shape=[2, 4])
+    assert torch.equal(back[1:3, 1:5], local[0:2, 4:8])
+
+
+def test_notify_then_wait_on_a_signal_cell(window):
+    signal = window([1, 2], torch.int32)
+    OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[0, 1], value=2, op=NotifyOp.AtomicAdd)
+    OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[0, 1], value=3, op=NotifyOp.AtomicAdd)
+    OPS["pld.system.wait"](signal=tv(signal, D.INT32), offsets=[0, 1], expected=5, cmp=WaitCmp.Eq)
+    OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[0, 0], value=7, op=NotifyOp.Set)
+    assert signal.tolist() == [[7, 5]]
+
+
+def test_misused_ops_say_which_op_and_what_is_wrong(window):
+    win = window([4, 4])
+    with pytest.raises(OpError, match="pld.tile.remote_load: `target` must be a window tensor"):
+        OPS["pld.tile.remote_load"](tv(torch.zeros(4, 4)), peer=0, offsets=[0, 0], shape=[1, 4])
+    with pytest.raises(OpError, match="peer 3 is outside the job's ranks 0..0"):
+        OPS["pld.tile.remote_load"](tv(win), peer=3, offsets=[0, 0], shape=[1, 4])
+    with pytest.raises(OpError, match="does not fit `target` of shape"):
+        OPS["pld.tile.remote_store"](tv(torch.ones(2, 2)), tv(win), peer=0, offsets=[3, 3])
+    with pytest.raises(OpError, match="must be INT32"):
+        OPS["pld.system.notify"](tv(win), peer=0, offsets=[0, 0], value=1)
