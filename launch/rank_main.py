@@ -25,6 +25,7 @@ import runpy
 import sys
 import time
 
+from pypto_rt.errors import find_wait
 from pypto_rt.launch import contract
 from pypto_rt.pypto_run import format_user_error, prepare
 
@@ -108,21 +109,6 @@ def _fail(code: int, error_type: str, message: str, exc: BaseException | None = 
         except OSError as e:
             print(f"pypto-launch: rank could not write its error file {path}: {e}", file=sys.stderr)
     return code
-
-
-def find_wait(exc: BaseException | None) -> dict | None:
-    """The `.wait` dict of the first exception in `exc`'s chain that has one (breadth first, each visited once)."""
-    todo, seen = [exc], set()
-    while todo:
-        e = todo.pop(0)
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        wait = getattr(e, "wait", None)
-        if isinstance(wait, dict):
-            return wait
-        todo += [getattr(e, "error", None), e.__cause__, e.__context__]
-    return None
 
 
 def _exit_code(code) -> tuple[int, str | None]:

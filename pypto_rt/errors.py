@@ -159,3 +159,19 @@ def strip_internal_frames(tb: types.TracebackType | None) -> types.TracebackType
     for old in reversed(frames):
         new_tb = types.TracebackType(new_tb, old.tb_frame, old.tb_lasti, old.tb_lineno)
     return new_tb
+
+
+def find_wait(exc: BaseException | None) -> dict | None:
+    """The `.wait` dict (a communication wait's report) of the first exception in `exc`'s chain that has one:
+    breadth first through `.error` (a failed task's own error), `__cause__` and `__context__`, each visited once."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        wait = getattr(e, "wait", None)
+        if isinstance(wait, dict):
+            return wait
+        todo += [getattr(e, "error", None), e.__cause__, e.__context__]
+    return None

@@ -105,15 +105,15 @@ def window(buf, shape, dtype: DataType):
     """A typed [shape] view of a window buffer (a torch tensor to pass as a `pld.DistributedTensor` argument)."""
     from pypto_rt.ops.dtype_rules import storage_dtype   # the one dtype -> torch storage mapping
     process = _process()
-    if isinstance(buf, process.HostWindowBuffer):   # a host-form program: each rank binds its own view
-        return process.HostWindowView(buf, shape, dtype)
-    if not isinstance(buf, process.WindowBuffer):
+    if not isinstance(buf, (process.WindowBuffer, process.HostWindowBuffer)):
         raise DSLError(f"pld.window takes what pld.alloc_window_buffer returns, got {type(buf).__name__}",
                        user_span(2))
     nbytes = math.prod(int(d) for d in shape) * dtype.get_byte()
     if nbytes > buf.nbytes:
         raise DSLError(f"pld.window: {list(shape)} of {dtype!r} needs {nbytes} bytes, the buffer has {buf.nbytes}",
                        user_span(2), "allocate the buffer with the same shape and dtype")
+    if isinstance(buf, process.HostWindowBuffer):   # a host-form program: each rank binds its own view
+        return process.HostWindowView(buf, shape, dtype)
     return buf.window.local[:nbytes].view(storage_dtype(dtype)).view([int(d) for d in shape])
 
 

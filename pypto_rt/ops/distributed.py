@@ -111,7 +111,7 @@ def wait(signal, offsets, expected, cmp=WaitCmp.Ge):
 
 # ------------------------------------------------------------------------------------------ one-sided access
 
-def _load(name: str, buf, peer: int, view: torch.Tensor) -> torch.Tensor:
+def _load(buf, peer: int, view: torch.Tensor) -> torch.Tensor:
     """A copy of rank `peer`'s bytes under `view` (a view of this rank's window): one read of the span."""
     if view.numel() == 0:
         return torch.empty(view.shape, dtype=view.dtype)
@@ -121,7 +121,7 @@ def _load(name: str, buf, peer: int, view: torch.Tensor) -> torch.Tensor:
     return span.as_strided(view.shape, view.stride()).clone()
 
 
-def _store(name: str, buf, peer: int, view: torch.Tensor, src: torch.Tensor, atomic: bool) -> None:
+def _store(buf, peer: int, view: torch.Tensor, src: torch.Tensor, atomic: bool) -> None:
     """Write (or atomically add) `src` into rank `peer`'s bytes under `view`, one contiguous run at a time."""
     src = src.to(view.dtype).expand(view.shape).contiguous()
     for piece, values in _pieces(view, src):
@@ -138,7 +138,7 @@ def remote_load(target, peer, offsets, shape, valid_shape=None):
     """A tile holding a copy of rank `peer`'s target[offsets : +shape]."""
     buf, _ = _window("tile.remote_load", target, "target")
     view = _box("tile.remote_load", _tensor(target), offsets, shape, "target")
-    data = _load("tile.remote_load", buf, _peer("tile.remote_load", buf, peer), view)
+    data = _load(buf, _peer("tile.remote_load", buf, peer), view)
     dtype = target.dtype if isinstance(target, TensorValue) else from_torch(data.dtype)
     return TensorValue(data, dtype, valid_shape, is_tile=True)
 
@@ -149,7 +149,7 @@ def remote_store(src, target, peer, offsets, atomic=None):
     buf, _ = _window("remote_store", target, "target")
     values = _tensor(src)
     view = _box("remote_store", _tensor(target), offsets, list(values.shape), "target")
-    _store("remote_store", buf, _peer("remote_store", buf, peer), view, values, _is_add(atomic))
+    _store(buf, _peer("remote_store", buf, peer), view, values, _is_add(atomic))
 
 
 @op("pld.tensor.put")
@@ -159,7 +159,7 @@ def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=N
     local = _tensor(src)
     values = _box("tensor.put", local, src_offsets or [0] * local.dim(), shape, "src")
     view = _box("tensor.put", _tensor(dst), dst_offsets or [0] * _tensor(dst).dim(), list(values.shape), "dst")
-    _store("tensor.put", buf, _peer("tensor.put", buf, peer), view, values, _is_add(atomic))
+    _store(buf, _peer("tensor.put", buf, peer), view, values, _is_add(atomic))
 
 
 @op("pld.tensor.get")
@@ -169,7 +169,7 @@ def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, **_hints
     view = _box("tensor.get", _tensor(src), src_offsets or [0] * _tensor(src).dim(), shape, "src")
     local = _tensor(dst)
     _box("tensor.get", local, dst_offsets or [0] * local.dim(), list(view.shape), "dst").copy_(
-        _load("tensor.get", buf, _peer("tensor.get", buf, peer), view))
+        _load(buf, _peer("tensor.get", buf, peer), view))
     return dst
 
 

@@ -31,7 +31,7 @@ from multiprocessing.connection import wait as wait_for_messages
 from pypto_rt import config
 from pypto_rt.collective import merge_reports, process
 from pypto_rt.collective.segments import remove_segments
-from pypto_rt.errors import NotSupportedError, PyptoError, user_span
+from pypto_rt.errors import NotSupportedError, PyptoError, find_wait, user_span
 from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.reference.executor import ReferenceExecutor
@@ -394,18 +394,4 @@ def _report(error: BaseException) -> dict:
         text = render()
     else:
         text = "".join(traceback.format_exception(type(error), error, strip_internal_frames(error.__traceback__)))
-    return {"message": text.rstrip(), "wait": _find_wait(error)}
-
-
-def _find_wait(error: BaseException):
-    seen, queue = set(), [error]
-    while queue:
-        e = queue.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        wait = getattr(e, "wait", None)
-        if isinstance(wait, dict):
-            return wait
-        queue += [getattr(getattr(e, "task", None), "error", None), e.__cause__, e.__context__]
-    return None
+    return {"message": text.rstrip(), "wait": find_wait(error)}

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from pypto_rt.launch.rank_main import find_wait
+from pypto_rt.errors import find_wait
 from pypto_rt.launch.report import RankResult, first_failure, merge_waits, summarize
 
 T = 1_000_000.0
