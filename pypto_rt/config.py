@@ -48,6 +48,8 @@ CHECK = Knob("PYPTO_CHECK", "", ("", "reference"), "also run every task on the o
              "region whose outputs differ")
 COALESCE = Knob("PYPTO_COALESCE", "1", ("0", "1"), "merge the iterations of tiled loops around a region into "
                 "one task per worker (0: one task per iteration)")
+REPLAY = Knob("PYPTO_REPLAY", "1", ("0", "1"), "replay entry calls whose course depends only on shapes, dtypes "
+               "and scalar arguments as their recorded torch calls (0: every call runs on the engine)")
 DUMP_DIR = Knob("PYPTO_DUMP_DIR", "", None, "write the generated host programs and kernels here")
 CACHE_DIR = Knob("PYPTO_CACHE_DIR", "", None, "on-disk kernel cache (default ~/.cache/pypto-rt; 'off' disables)")
 

@@ -60,8 +60,9 @@ class Engine:
 
     def __init__(self, *, num_workers: int | None = None, timeout_s: float | None = None,
                  ring_size: int | None = None, trace_path: str | None = None, stats: bool | None = None,
-                 name: str = "run"):
+                 name: str = "run", inline: bool = False):
         self.name = name
+        self.inline = inline   # every block runs on the host thread, in submission order, when it next waits
         if num_workers is None:
             num_workers = config.get_int(config.NUM_WORKERS, 1) or _CORES
         self.num_workers = _positive("num_workers", num_workers)
@@ -329,7 +330,7 @@ class Engine:
         if task.error is not None or task.run is None:
             return False
         task.state = "ready"
-        if getattr(task.run, "host_ok", False) and threading.get_ident() == self._host:
+        if self.inline or getattr(task.run, "host_ok", False) and threading.get_ident() == self._host:
             # a kernel known to be short, made ready by the host itself: the host runs it when it next waits,
             # which saves the two thread hand-offs (tens of µs each) that would dwarf it
             self._deferred.extend((task, block) for block in range(task.blocks))

@@ -26,12 +26,14 @@ from pypto_rt.aicpu import Access as EngineAccess
 from pypto_rt.aicpu import Task, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, user_span
+from pypto_rt.frontend.python_calls import plain_python_calls
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.language import distributed as pld
 from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.enums import FunctionType, Level
 from pypto_rt.language.ops import Namespace, OpStub
 from pypto_rt.language.scopes import Spmd
+from pypto_rt.ops import replay_guard
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.program import host_program
@@ -44,6 +46,17 @@ _NO_WAIT = {"slice", "reshape", "reinterpret_view", "transpose_view", "dim", "se
             "func_attr", "static_print", "static_assert", "prefetch.make_context", "prefetch.async_prefetch",
             "system.fence", "system.cacheinvalid", "ci", "tri", "expands"}
 _INCORE_TYPES = (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV, FunctionType.Group, FunctionType.Spmd)
+
+
+def _refuse_replay_of_plain_python(kernel) -> None:
+    """A run being recorded for replay (orchestration.replay) that calls the user's plain Python must not be
+    replayed: the replay would skip those calls."""
+    if replay_guard.recording():
+        calls = kernel.cache.get("python_calls")
+        if calls is None:
+            calls = kernel.cache["python_calls"] = plain_python_calls(kernel.fn)
+        if calls:
+            replay_guard.refuse(f"{kernel.name} calls plain Python ({calls[0]}), which only the engine runs")
 
 
 def _base(name: str) -> str:
@@ -66,11 +79,13 @@ class HostExecutor(ReferenceExecutor):
 
     # -- entry -----------------------------------------------------------------------------------
     def run_entry(self, kernel):
+        _refuse_replay_of_plain_python(kernel)
         if is_incore(kernel):
             return self.call_kernel(kernel, tuple(self.binding.values), {})
         return host_program(kernel).run(*self.binding.values)
 
     def call_kernel(self, kernel, args, kwargs):
+        _refuse_replay_of_plain_python(kernel)
         if kernel.kind == "extern" or "device" in kwargs:
             return super().call_kernel(kernel, args, kwargs)   # says why it cannot run
         if is_incore(kernel):

@@ -3,19 +3,31 @@ from __future__ import annotations
 
 from pypto_rt.aicpu import Engine
 from pypto_rt.language._runtime import activate
+from pypto_rt.ops import replay_guard
+from pypto_rt.orchestration import replay
 from pypto_rt.orchestration.host import HostExecutor, is_incore
 from pypto_rt.orchestration.program import host_program
 from pypto_rt.incore_compiler.compiler import incore_kernel
 
 
 def run_compiled(kernel, binding):
-    """Run `kernel` bound to `binding` on the compiled runtime; returns the entry's return value."""
-    engine = Engine(name=kernel.name)
+    """Run `kernel` bound to `binding` on the compiled runtime (or replay it, see `replay`); returns the entry's
+    return value."""
+    if not replay.enabled():
+        return _run_on_engine(kernel, binding, inline=False)
+    return replay.run(kernel, binding, lambda inline: _run_on_engine(kernel, binding, inline))
+
+
+def _run_on_engine(kernel, binding, inline: bool):
+    """inline: a recorded run, every block on this thread (one worker, so coalesced loops make one chunk)."""
+    engine = Engine(name=kernel.name, num_workers=1, inline=True) if inline else Engine(name=kernel.name)
     executor = HostExecutor(binding, engine)
     try:
         with activate(executor):
             result = executor.run_entry(kernel)
         engine.finish()
+        if inline and executor.last_comm is not None:
+            replay_guard.refuse("the run communicates with other ranks")
     finally:
         engine.close()
     return result

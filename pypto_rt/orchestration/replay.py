@@ -1,0 +1,210 @@
+"""Replaying entry calls: a run whose course depends only on its specialisation runs again as straight-line torch.
+
+A *specialisation* is what a call's course can depend on besides tensor data: each tensor argument's shape,
+strides, storage offset, dtypes, valid box and which arguments share memory, and every scalar argument's value.
+Per specialisation, an entry call goes through three phases:
+1. the first `NORMAL_RUNS` calls run on the engine as usual (the first one compiles); they are timed;
+2. the next call is *recorded*: the engine runs every block on this thread (`Engine(inline=True)`, one chunk per
+   coalesced loop) under a `torch_trace.Recorder`. If the recorder refuses (the run read data into Python,
+   communicated, printed, warned, ...), the specialisation stays on the engine for good;
+3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
+   thread count. After `TRIAL_REPLAYS` replays, the faster of the two ways is kept: a run whose tasks keep
+   several workers busy can beat its sequential replay.
+Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
+
+With PYPTO_STATS=1 each replay prints one line, and a recording says what it chose and why. Not replayed: runs
+with PYPTO_TRACE or PYPTO_CHECK (they observe the engine's tasks), multi-rank and
+communicating runs, and calls after `MAX_SPECIALISATIONS` distinct ones of the same entry. PYPTO_REPLAY=0 turns
+replay off. A replay does not see module globals reassigned after it was recorded (the host program read them
+then); tensors it reads from outside (module constants) it reads by reference, so their current contents count.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+
+from pypto_rt import config
+from pypto_rt.aicpu.workers import set_torch_threads
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
+
+NORMAL_RUNS = 2            # engine runs per specialisation before recording (the first compiles)
+TRIAL_REPLAYS = 3          # replays timed before the faster way is chosen for good
+MAX_SPECIALISATIONS = 16   # per entry; later ones run on the engine
+SLOWER = 1.15              # a replay this much slower than the engine's fastest run is dropped (beyond noise)
+
+
+class _Specialisation:
+    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "why_not", "calls")
+
+    def __init__(self):
+        self.engine_ns: list[int] = []
+        self.replay_ns: list[int] = []
+        self.replay = None          # the generated function, once recorded
+        self.results = None         # how to rebuild the entry's return value from the function's outputs
+        self.off = False            # this specialisation always runs on the engine
+        self.why_not: str | None = None
+        self.calls = 0              # torch calls in the replay
+
+    def mode(self) -> str:
+        """How calls of this specialisation run now, and why (PYPTO_STATS prints it)."""
+        if self.replay is not None:
+            return f"replay of {self.calls} torch calls"
+        if self.off:
+            return f"engine ({self.why_not})"
+        return f"engine (run {len(self.engine_ns) + 1} of {NORMAL_RUNS} before recording)"
+
+
+def enabled() -> bool:
+    return config.REPLAY.get() == "1" and not config.TRACE.get() and config.CHECK.get() == ""
+
+
+def run(kernel, binding, run_on_engine):
+    """Run the call bound in `binding`, by replay when its specialisation has a recording that pays;
+    `run_on_engine(inline)` runs it on the engine (inline: every block on this thread) and returns its result."""
+    spec = _specialisation(kernel, binding)
+    if spec is None or spec.off:
+        return run_on_engine(False)
+    if spec.replay is not None:
+        return _replay(kernel, spec, binding)
+    if len(spec.engine_ns) < NORMAL_RUNS:
+        t0 = time.perf_counter_ns()
+        result = run_on_engine(False)
+        spec.engine_ns.append(time.perf_counter_ns() - t0)
+        return result
+    return _record(kernel, spec, binding, run_on_engine)
+
+
+def _specialisation(kernel, binding) -> _Specialisation | None:
+    key = _key(binding.values)
+    if key is None:
+        return None
+    table = kernel.cache.setdefault("replay", {})
+    spec = table.get(key)
+    if spec is None:
+        if len(table) >= MAX_SPECIALISATIONS:
+            return None
+        spec = table[key] = _Specialisation()
+    return spec
+
+
+def _key(values) -> tuple | None:
+    parts, storages = [], {}
+    for v in values:
+        if type(v) is TensorValue:
+            t = v.data
+            group = storages.setdefault(t.untyped_storage().data_ptr() or -id(t), len(storages))
+            parts.append((t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, group, v.dtype, v.valid,
+                          v.is_tile, v.pad))
+        elif v is None or type(v) in (int, float, bool, str):
+            parts.append((type(v), v))
+        elif getattr(type(v), "__pypto_program__", False):   # a @pl.program method's `self`: by identity
+            parts.append((type(v), id(v), v))
+        else:
+            return None   # an argument of another kind: no specialisation to key on
+    return tuple(parts)
+
+
+def _record(kernel, spec: _Specialisation, binding, run_on_engine):
+    inputs = [v.data if type(v) is TensorValue else None for v in binding.values]
+    recorder = Recorder(inputs)
+    threads = set_torch_threads(config.get_int(config.WORKER_THREADS, 1) or 1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with recorder:
+                result = run_on_engine(True)
+    finally:
+        set_torch_threads(threads)
+    for w in caught:   # the run's own warnings, as they would have appeared
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    if caught:
+        recorder.refuse(f"the run warned ({caught[0].category.__name__})")
+    try:
+        rebuild = _result_plan(result, recorder) if recorder.refused is None else None
+    except _Unreplayable as e:
+        recorder.refuse(str(e))
+    if recorder.refused is not None:
+        spec.off, spec.why_not = True, recorder.refused
+    else:
+        outputs = []
+        spec.results = _number(rebuild, outputs)
+        source = recorder.source(outputs, fn_name=f"replay_{kernel.name}".replace(".", "_"))
+        spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
+        spec.calls = source.count("\n") - 2
+        _dump(kernel, source)
+    _stats(kernel, f"recorded: from now on {spec.mode()}")
+    return result
+
+
+class _Unreplayable(Exception):
+    pass
+
+
+def _result_plan(result, recorder: Recorder):
+    """The entry's return value as a plan: tensor names from the trace, other values kept as they are."""
+    if isinstance(result, TensorValue):
+        name = recorder.name_of(result.data)
+        if name is None:
+            raise _Unreplayable("the entry returns a tensor the trace did not make")
+        return ("tensor", name, result.dtype, result.valid, result.is_tile, result.pad)
+    if isinstance(result, (tuple, list)):
+        return (type(result), [_result_plan(r, recorder) for r in result])
+    if result is None or type(result) in (int, float, bool, str):
+        return ("value", result)
+    raise _Unreplayable(f"the entry returns a {type(result).__name__}")
+
+
+def _number(plan, outputs: list):
+    """Replace tensor names by positions in the replay function's output tuple."""
+    if plan[0] == "tensor":
+        outputs.append(plan[1])
+        return ("tensor", len(outputs) - 1) + plan[2:]
+    if plan[0] == "value":
+        return plan
+    return (plan[0], [_number(p, outputs) for p in plan[1]])
+
+
+def _rebuild(plan, outputs):
+    if plan[0] == "tensor":
+        _, index, dtype, valid, is_tile, pad = plan
+        return TensorValue(outputs[index], dtype, valid, is_tile, pad)
+    if plan[0] == "value":
+        return plan[1]
+    return plan[0](_rebuild(p, outputs) for p in plan[1])
+
+
+def _replay(kernel, spec: _Specialisation, binding):
+    args = [v.data if type(v) is TensorValue else None for v in binding.values]
+    threads = set_torch_threads(config.get_int(config.WORKER_THREADS, 1) or 1)
+    t0 = time.perf_counter_ns()
+    try:
+        outputs = spec.replay(*args)
+    finally:
+        set_torch_threads(threads)
+    if len(spec.replay_ns) < TRIAL_REPLAYS:
+        spec.replay_ns.append(time.perf_counter_ns() - t0)
+        if len(spec.replay_ns) == TRIAL_REPLAYS and min(spec.replay_ns) > SLOWER * min(spec.engine_ns):
+            spec.off, spec.why_not = True, "the engine ran it faster"
+            spec.replay = None
+    if config.STATS.get() == "1":
+        _stats(kernel, f"{spec.mode()} · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
+    return _rebuild(spec.results, outputs)
+
+
+def _stats(kernel, text: str) -> None:
+    if config.STATS.get() == "1":
+        print(f"pypto-rt stats [{kernel.name}]: {text}", file=sys.stderr)
+
+
+def _dump(kernel, source: str) -> None:
+    """PYPTO_DUMP_DIR: `<file>.<entry>.replay.py` next to the host program and kernels (one file per entry: the
+    latest recorded specialisation)."""
+    directory = config.DUMP_DIR.get()
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        stem = os.path.splitext(os.path.basename(kernel.fn.__code__.co_filename))[0]
+        with open(os.path.join(directory, f"{stem}.{kernel.name}.replay.py"), "w") as f:
+            f.write(f"# pypto-rt replay of entry '{kernel.name}': the torch calls of one recorded run\n" + source)

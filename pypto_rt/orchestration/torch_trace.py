@@ -1,0 +1,282 @@
+"""Recording the torch calls of a run as straight-line Python, to run again without the runtime around them.
+
+`Recorder` is a torch function mode: on the thread that enters it, every torch call (functions, tensor methods,
+factories, property reads) passes through it. Calls that make or change tensors become lines of a function,
+`v7 = f3(v2, k0, dim=-1)`; the run's entry tensors are its parameters `a0, a1, ...`. The recording is *refused*
+(`Recorder.refused` says why) when the run's course could depend on tensor data rather than only on shapes,
+dtypes and scalar arguments:
+- a tensor's data becomes a Python value (`.item()`, `bool(t)`, `int(t)`, `.tolist()`, printing) and that
+  data depends on an entry tensor, an outside tensor or randomness (data computed from constants alone is
+  static, so casting a Python scalar through a tensor is fine);
+- an op whose result shape depends on data (`nonzero`, boolean-mask indexing, `unique`, ...);
+- an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
+  memory with an entry tensor (a view made before the run), or an op that declares itself non-replayable
+  (`pypto_rt.ops.replay_guard.refuse`: communication, printing).
+Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`) are not recorded: under one specialisation
+they give the same answers every time. Outside tensors (module constants, op-library caches) are kept by
+reference.
+"""
+from __future__ import annotations
+
+import math
+import re
+import types
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from pypto_rt.ops import replay_guard
+
+# calls whose non-tensor results are metadata: static under one specialisation (same shapes, strides, dtypes)
+_METADATA_TYPES = (torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.UntypedStorage)
+_METADATA = {"dim", "ndimension", "size", "stride", "numel", "nelement", "element_size", "storage_offset",
+             "is_contiguous", "is_floating_point", "is_complex", "is_signed", "get_device", "__len__", "__hash__",
+             "data_ptr", "is_shared", "is_pinned", "__get__", "is_inference", "is_neg", "is_conj", "type"}
+# calls that turn tensor data into Python values
+_DATA_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__", "numpy",
+               "__array__", "__format__", "__repr__", "__str__", "equal", "allclose", "is_nonzero", "__contains__"}
+# result shapes that depend on data
+_DATA_SHAPED = {"nonzero", "nonzero_static", "argwhere", "masked_select", "unique", "unique_consecutive",
+                "bincount", "repeat_interleave", "_unique2", "histogram"}
+_RANDOM = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
+           "multinomial", "normal", "uniform_", "normal_", "exponential_", "random_", "dropout"}
+_SIMPLE = (int, bool, str, type(None))
+
+
+class Refused(Exception):
+    """The run cannot be replayed; the message says why."""
+
+
+class Recorder(TorchFunctionMode):
+    """Use as `with Recorder(entry_tensors) as rec:` around the run, on the thread that runs all of it."""
+
+    def __init__(self, inputs: list[torch.Tensor]):
+        super().__init__()
+        self.refused: str | None = None
+        self.lines: list[_Line] = []
+        self.names: dict[int, str] = {}                      # id(tensor) -> its name in the trace
+        self.storage_of: dict[str, int] = {}                 # tensor name -> its memory's identity
+        self.constants: dict[str, object] = {}              # k*/f* names -> objects, injected into the trace
+        self._const_ids: dict[int, str] = {}
+        self._alive: list = []                               # every tensor seen: ids stay unique while recording
+        self._input_storages = set()
+        self._tainted: set[int] = set()                      # storages whose data depends on inputs or chance
+        self.params: list[str] = []
+        for i, t in enumerate(inputs):
+            name = f"a{i}"
+            self.params.append(name)
+            if isinstance(t, torch.Tensor):
+                self._input_storages.add(_storage(t))
+                self._tainted.add(_storage(t))
+                self.names.setdefault(id(t), name)
+                self.storage_of[name] = _storage(t)
+                self._alive.append(t)
+
+    def __enter__(self):
+        replay_guard.push(self.refuse)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        replay_guard.pop()
+        return super().__exit__(*exc)
+
+    def refuse(self, reason: str) -> None:
+        if self.refused is None:
+            self.refused = reason
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.refused is None:
+            try:
+                self._record(func, args, kwargs, out)
+            except Refused as r:
+                self.refused = str(r)
+        return out
+
+    # -- recording ------------------------------------------------------------------------------------
+    def _record(self, func, args, kwargs, out) -> None:
+        name = getattr(func, "__name__", "") or repr(func)
+        tensors_in = [t for t in _tensors((args, kwargs))]
+        if name in _DATA_READS:
+            if any(_storage(t) in self._tainted for t in tensors_in):
+                raise Refused(f"the run reads tensor data into Python (`{name}`), so its course may depend on data")
+            return   # data computed from constants only: the same value every run
+        if name in _DATA_SHAPED or (name == "where" and len(args) == 1) or (
+                name == "__getitem__" and any(t.dtype in (torch.bool, torch.uint8) for t in tensors_in[1:])):
+            raise Refused(f"`{name}` makes a result whose shape depends on data")
+        if isinstance(out, _METADATA_TYPES) or (name in _METADATA and next(_tensors(out), None) is None):
+            return
+        if not isinstance(out, (torch.Tensor, tuple, list)) and out is not None:
+            raise Refused(f"`{name}` returned a {type(out).__name__}, which the trace cannot follow")
+        call = f"{self._const(func, 'f')}({self._args(args, kwargs)})"
+        reads = [self.names[id(t)] for t in tensors_in]
+        tainted = name in _RANDOM or any(_storage(t) in self._tainted for t in tensors_in)
+        mutates = (not name.startswith("__") and name.endswith("_")) or name in ("__setitem__",) or (
+            name.startswith("__i") and name.endswith("__")) or "out" in kwargs or kwargs.get("inplace") is True
+        written = (tensors_in[:1] + list(_tensors(kwargs.get("out")))) if mutates else []
+        if mutates and tainted:
+            self._tainted.update(_storage(t) for t in written)
+        effect = mutates or name in _RANDOM
+        line = _Line(call, reads, effect, [self.names[id(t)] for t in written], [_storage(t) for t in written])
+        if isinstance(out, torch.Tensor):
+            if id(out) in self.names:   # an in-place method returning its own tensor, or a no-op `.to()`
+                if effect:
+                    self.lines.append(line)
+                return
+            line.target = self._define(out, tainted)
+            line.fresh = _storage(out) not in {_storage(t) for t in tensors_in}
+            self.lines.append(line)
+            return
+        if out is None:
+            line.effect = True
+            self.lines.append(line)
+            return
+        if not all(isinstance(o, torch.Tensor) or o is None for o in out):
+            raise Refused(f"`{name}` returned a {type(out).__name__} the trace cannot follow")
+        line.target, line.effect = f"t{len(self.lines)}", True
+        self.lines.append(line)
+        for i, o in enumerate(out):
+            if isinstance(o, torch.Tensor) and id(o) not in self.names:
+                part = _Line(f"{line.target}[{i}]", [line.target], False, [], [])
+                part.target = self._define(o, tainted)
+                self.lines.append(part)
+
+    def _define(self, t: torch.Tensor, tainted: bool) -> str:
+        name = f"v{len(self.names)}"
+        self.names[id(t)] = name
+        self.storage_of[name] = _storage(t)
+        self._alive.append(t)
+        if tainted:
+            self._tainted.add(_storage(t))
+        return name
+
+    def _const(self, obj, prefix: str) -> str:
+        name = self._const_ids.get(id(obj))
+        if name is None:
+            name = self._const_ids[id(obj)] = f"{prefix}{len(self.constants)}"
+            self.constants[name] = obj
+            self._alive.append(obj)
+        return name
+
+    def _args(self, args, kwargs) -> str:
+        parts = [self._render(a) for a in args] + [f"{k}={self._render(v)}" for k, v in kwargs.items()]
+        return ", ".join(parts)
+
+    def _render(self, value) -> str:
+        if isinstance(value, torch.Tensor):
+            name = self.names.get(id(value))
+            if name is None:   # made outside the run: kept by reference
+                if _storage(value) in self._input_storages:
+                    raise Refused("an outside tensor shares memory with an entry tensor")
+                self._tainted.add(_storage(value))
+                name = self.names[id(value)] = self._const(value, "k")
+                self.storage_of[name] = _storage(value)
+            return name
+        if isinstance(value, _SIMPLE):
+            return repr(value)
+        if isinstance(value, float):
+            return repr(value) if math.isfinite(value) else self._const(value, "k")
+        if isinstance(value, slice):
+            return f"slice({self._render(value.start)}, {self._render(value.stop)}, {self._render(value.step)})"
+        if value is Ellipsis:
+            return "..."
+        if type(value) is tuple:
+            inner = ", ".join(self._render(v) for v in value)
+            return f"({inner},)" if value else "()"
+        if type(value) is list:
+            return "[" + ", ".join(self._render(v) for v in value) + "]"
+        if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
+                              torch.Generator, complex, types.FunctionType, types.BuiltinFunctionType)):
+            return self._const(value, "k")
+        raise Refused(f"an argument of type {type(value).__name__} cannot be written into the trace")
+
+    # -- code -----------------------------------------------------------------------------------------
+    def source(self, results: list[str], fn_name: str = "replay") -> str:
+        """The trace as one function of the entry tensors, returning the tensors named in `results`.
+
+        Two clean-ups: a call repeating an earlier one (same function, same arguments, their memory unchanged
+        since) reuses its result, unless either result is later written; a call whose result nothing needs and
+        that changes nothing is left out."""
+        lines = _dedupe(self.lines, self.storage_of)
+        needed = set(results)
+        keep = []
+        for line in reversed(lines):
+            if line.effect or line.target in needed:
+                keep.append(line)
+                needed.update(line.reads)
+        body = [f"{line.target} = {line.call}" if line.target else line.call for line in reversed(keep)]
+        body.append(f"return ({', '.join(results)}{',' if results else ''})")
+        return f"def {fn_name}({', '.join(self.params)}):\n" + "\n".join("    " + line for line in body) + "\n"
+
+    def name_of(self, t: torch.Tensor) -> str | None:
+        return self.names.get(id(t))
+
+
+class _Line:
+    """One recorded call: `target = call`, or `call` alone for an effect with no new tensor."""
+    __slots__ = ("call", "reads", "effect", "written", "written_storages", "target", "fresh")
+
+    def __init__(self, call: str, reads: list[str], effect: bool, written: list[str], written_storages: list[int]):
+        self.call, self.reads, self.effect = call, reads, effect
+        self.written, self.written_storages = written, written_storages   # what a mutating call writes
+        self.target: str | None = None
+        self.fresh = False   # the result has memory of its own (not a view of an argument)
+
+
+_NAME = re.compile(r"\b[avt]\d+\b")
+
+
+def _dedupe(lines: list[_Line], storage_of: dict[str, int]) -> list[_Line]:
+    """Common subexpressions: a pure call equal to an earlier one, over memory not written in between, reuses
+    the earlier result. Results that are written later (by name or, for fresh memory, through any view) keep
+    their own call: sharing them would leak one's writes into the other."""
+    written_names = {n for line in lines for n in line.written}
+    written_storages = {s for line in lines for s in line.written_storages}
+    version: dict[int, int] = {}
+    seen: dict[tuple, str] = {}
+    alias: dict[str, str] = {}
+    out = []
+    for line in lines:
+        if alias:
+            line.call = _NAME.sub(lambda m: alias.get(m.group(0), m.group(0)), line.call)
+            line.reads = [alias.get(r, r) for r in line.reads]
+        for s in line.written_storages:
+            version[s] = version.get(s, 0) + 1
+        target = line.target
+        if target is not None and target in storage_of:
+            shareable = (not line.effect and target not in written_names
+                         and not (line.fresh and storage_of[target] in written_storages))
+            if shareable:
+                key = (line.call, tuple(version.get(storage_of.get(r), 0) for r in line.reads))
+                earlier = seen.get(key)
+                if earlier is not None:
+                    alias[target] = earlier
+                    continue
+                seen[key] = target
+        out.append(line)
+    return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The identity of a tensor's memory (an empty one has none: its own id, negated)."""
+    return t.untyped_storage().data_ptr() or -id(t)
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+def compile_trace(source: str, constants: dict, file: str = "<pypto-rt replay>"):
+    """The function `source` defines, with `constants` as its globals."""
+    namespace = dict(constants)
+    namespace["__builtins__"] = {"slice": slice}
+    exec(compile(source, file, "exec"), namespace)
+    return next(v for k, v in namespace.items() if isinstance(v, types.FunctionType) and k not in constants)

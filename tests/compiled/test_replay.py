@@ -1,0 +1,216 @@
+"""Replay: an entry call whose course depends only on shapes, dtypes and scalars runs again as recorded torch calls.
+
+What users depend on: a replayed call gives bit-for-bit the engine's outputs on new data; a call whose course
+depends on data (a host `pl.read` steering an `if`, an offset read inside a kernel) is never replayed, so it
+stays right when that data changes; a new shape, stride, aliasing or scalar value gets its own recording;
+PYPTO_REPLAY=0 turns it off.
+"""
+from __future__ import annotations
+
+import glob
+import inspect
+import os
+
+import pytest
+import torch
+
+import pypto.language as pl
+from pypto_rt import config
+from pypto_rt.errors import InWriteWarning
+from pypto_rt.golden.files import kernel_entry, load_kernel_file
+from pypto_rt.orchestration import replay
+from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
+
+CONFORMANCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
+KERNELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFORMANCE, "c0[1-7]*.py")))
+CALLS = replay.NORMAL_RUNS + 1 + replay.TRIAL_REPLAYS + 2   # engine runs, the recording, trials, steady state
+
+
+def modes(kernel) -> list[str]:
+    return [s.mode() for s in kernel.cache.get("replay", {}).values()]
+
+
+def fresh_inputs(module, specs, seed):
+    torch.manual_seed(seed)
+    return {s.name: s.create_tensor() if hasattr(s, "create_tensor") else s.to_python() for s in specs}
+
+
+def call(entry, specs, values, **knobs):
+    values = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+    with config.scope(**knobs):
+        entry(*[values[s.name] for s in specs])
+    return values
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_replayed_calls_match_the_engine_bit_for_bit_on_new_data(name):
+    module = load_kernel_file(os.path.join(CONFORMANCE, name), f"replay_{name[:-3]}")
+    entry = kernel_entry(module)
+    required = [p for p in inspect.signature(module.build_specs).parameters.values()
+                if p.default is inspect.Parameter.empty]
+    specs = module.build_specs(*([64] * len(required)))
+    outputs = [s.name for s in specs if getattr(s, "is_output", False)]
+    for seed in range(CALLS):
+        inputs = fresh_inputs(module, specs, seed)
+        got = call(entry, specs, inputs)
+        want = call(entry, specs, inputs, REPLAY="0")
+        for out in outputs:
+            assert torch.equal(got[out], want[out]), f"{name}: call {seed}: output {out} differs from the engine's"
+    kernel = getattr(entry, "kernel", entry)
+    if name.startswith("c06"):   # a host pl.read steers an `if`: its course depends on data
+        assert modes(kernel) == ["engine (the run reads tensor data into Python (`item`), so its course may "
+                                 "depend on data)"]
+    else:
+        assert modes(kernel)[0].startswith(("replay", "engine (the engine ran it faster)")), modes(kernel)
+
+
+ROWS, COLS = 16, 8
+
+
+@pl.jit
+def gather_row(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[1], pl.INT32],
+               out: pl.Out[pl.Tensor[[1, COLS], pl.FP32]]):
+    row = pl.read(index, [0])
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_row"):
+        out[0:1, :] = pl.mul(src[row : row + 1, :], 2.0)
+    return out
+
+
+def test_a_host_read_offset_is_never_baked_into_a_replay():
+    src = torch.randn(ROWS, COLS)
+    for i in range(CALLS):
+        row = (3 * i + 1) % ROWS
+        out = torch.zeros(1, COLS)
+        gather_row(src, torch.tensor([row], dtype=torch.int32), out)
+        assert torch.equal(out, src[row : row + 1] * 2.0), f"call {i} read row {row}"
+    assert modes(gather_row)[0].startswith("engine (the run reads tensor data")
+
+
+@pl.jit
+def scale_rows(x: pl.Tensor[[ROWS, COLS], pl.FP32], factor: pl.Scalar[pl.FP32],
+               y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, 4):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+            y[r : r + 4, :] = pl.add(pl.mul(x[r : r + 4, :], factor), 1.0)
+    return y
+
+
+def test_each_scalar_value_and_layout_gets_its_own_recording():
+    x = torch.randn(ROWS, COLS)
+    for factor in (2.0, 3.0):
+        for _ in range(CALLS):
+            y = torch.empty(ROWS, COLS)
+            scale_rows(x, factor, y)
+            assert torch.equal(y, x * factor + 1.0)
+    wide = torch.randn(COLS, ROWS).t()    # same shape, other strides
+    for _ in range(CALLS):
+        y = torch.empty(ROWS, COLS)
+        scale_rows(wide, 2.0, y)
+        assert torch.equal(y, wide * 2.0 + 1.0)
+    assert len(modes(scale_rows)) == 3
+
+
+def test_a_call_whose_input_aliases_its_output_keeps_warning_and_stays_right():
+    """y is x itself: a recording made with distinct tensors must not serve it, and the warning about writing an
+    In parameter comes on every call (a run that warns is never replayed)."""
+    for i in range(CALLS):
+        x = torch.randn(ROWS, COLS)
+        scale_rows(x, 3.0, torch.empty(ROWS, COLS))
+    for i in range(CALLS):
+        x = torch.randn(ROWS, COLS)
+        expect = x * 2.0 + 1.0
+        with pytest.warns(InWriteWarning, match="writes into 'x'"):
+            scale_rows(x, 2.0, x)
+        assert torch.equal(x, expect), f"call {i}"
+
+
+def test_replay_off_records_nothing():
+    x = torch.randn(ROWS, COLS)
+    with config.scope(REPLAY="0"):
+        for _ in range(CALLS):
+            scale_rows.cache.pop("replay", None)
+            scale_rows(x, 5.0, torch.empty(ROWS, COLS))
+            assert "replay" not in scale_rows.cache
+
+
+def record(fn, *inputs):
+    """fn's torch calls on `inputs`, recorded; returns (recorder, replay function)."""
+    recorder = Recorder(list(inputs))
+    with recorder:
+        result = fn(*inputs)
+    if recorder.refused:
+        return recorder, None
+    source = recorder.source([recorder.name_of(result)])
+    return recorder, compile_trace(source, recorder.constants)
+
+
+def test_recorded_function_recomputes_from_new_inputs():
+    def f(a, b):
+        c = torch.mul(a, b).sum(-1, keepdim=True)
+        return a - c
+
+    _, replayed = record(f, torch.randn(4, 4), torch.randn(4, 4))
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    assert torch.equal(replayed(a, b)[0], f(a, b))
+
+
+def test_a_repeated_call_is_shared_only_while_nothing_writes_its_memory():
+    def f(x):
+        first = x.clone()
+        second = x.clone()                 # same call, same input: but `first` is written below
+        first.view(-1)[0] = 100.0          # through a view: `first` itself is never named as written
+        return torch.add(first, second)
+
+    _, replayed = record(f, torch.randn(2, 2))
+    x = torch.randn(2, 2)
+    assert torch.equal(replayed(x)[0], f(x))
+
+
+def test_reads_of_memory_written_in_between_are_not_shared():
+    def f(x):
+        before = torch.exp(x)
+        x.mul_(2.0)
+        after = torch.exp(x)
+        return torch.sub(after, before)
+
+    _, replayed = record(f, torch.randn(3))
+    x1 = torch.randn(3)
+    x2 = x1.clone()
+    assert torch.equal(replayed(x1)[0], f(x2))
+
+
+def test_data_dependent_python_value_refuses_but_constant_data_does_not():
+    recorder, _ = record(lambda x: x * float(x.sum()), torch.randn(3))
+    assert "reads tensor data" in recorder.refused
+    recorder, replayed = record(lambda x: x * float(torch.tensor(2.5)), torch.randn(3))
+    assert recorder.refused is None
+    x = torch.randn(3)
+    assert torch.equal(replayed(x)[0], x * 2.5)
+
+
+def test_data_shaped_results_refuse():
+    recorder, _ = record(lambda x: x[x > 0].sum() + x, torch.randn(5))
+    assert "shape depends on data" in recorder.refused
+
+
+SEEN = []
+
+
+def note(value):
+    SEEN.append(value)
+
+
+@pl.jit
+def noted(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    note(ROWS)   # the user's own Python: a replay would skip it
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy"):
+        y[:, :] = pl.add(x, 0.0)
+    return y
+
+
+def test_a_program_calling_plain_python_is_never_replayed():
+    SEEN.clear()
+    for _ in range(CALLS):
+        noted(torch.randn(ROWS, COLS), torch.empty(ROWS, COLS))
+    assert len(SEEN) == CALLS
+    assert modes(noted)[0].startswith("engine (noted calls plain Python (")
