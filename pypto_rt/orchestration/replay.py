@@ -25,6 +25,8 @@ import sys
 import time
 import warnings
 
+import torch
+
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
 from pypto_rt.ops.value import TensorValue
@@ -61,14 +63,48 @@ def enabled() -> bool:
     return config.REPLAY.get() == "1" and not config.TRACE.get() and config.CHECK.get() == ""
 
 
-def run(kernel, binding, run_on_engine):
+MISS = object()
+
+
+def by_arguments(kernel, args: tuple):
+    """Replay straight from the caller's positional arguments when they match a recorded specialisation (skipping
+    argument binding: a match has the shapes, dtypes and scalars of a call that bound without error); MISS when
+    they do not."""
+    table = kernel.cache.get("replay_by_arguments")
+    if not table or not enabled():
+        return MISS
+    key = _key(args)
+    spec = table.get(key) if key is not None else None
+    if spec is None or spec.replay is None:
+        return MISS
+    return _replay(kernel, spec, [a if type(a) is torch.Tensor else None for a in args])
+
+
+def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
+    """Let `by_arguments` find `spec` from arguments like `args`: only when each argument is its bound value
+    itself (a tensor bound as its own data, a scalar as itself), so the argument key decides the bound one."""
+    if args is None or len(args) != len(binding.values):
+        return
+    for arg, value in zip(args, binding.values):
+        if type(value) is TensorValue:
+            if type(arg) is not torch.Tensor or value.data is not arg:
+                return
+        elif not (arg is value or (type(arg) is type(value) and arg == value)):
+            return
+    key = _key(args)
+    if key is not None:
+        kernel.cache.setdefault("replay_by_arguments", {})[key] = spec
+
+
+def run(kernel, binding, run_on_engine, args: tuple | None = None):
     """Run the call bound in `binding`, by replay when its specialisation has a recording that pays;
     `run_on_engine(inline)` runs it on the engine (inline: every block on this thread) and returns its result."""
     spec = _specialisation(kernel, binding)
     if spec is None or spec.off:
         return run_on_engine(False)
     if spec.replay is not None:
-        return _replay(kernel, spec, binding)
+        _remember_arguments(kernel, spec, binding, args)
+        return _replay(kernel, spec, [v.data if type(v) is TensorValue else None for v in binding.values])
     if len(spec.engine_ns) < NORMAL_RUNS:
         t0 = time.perf_counter_ns()
         result = run_on_engine(False)
@@ -91,14 +127,16 @@ def _specialisation(kernel, binding) -> _Specialisation | None:
 
 
 def _key(values) -> tuple | None:
+    """The specialisation of bound values; of the caller's own arguments too (plain tensors, `by_arguments`)."""
     parts, storages = [], {}
     for v in values:
-        if type(v) is TensorValue:
-            t = v.data
+        kind = type(v)
+        if kind is TensorValue or kind is torch.Tensor:
+            t = v.data if kind is TensorValue else v
             group = storages.setdefault(t.untyped_storage().data_ptr() or -id(t), len(storages))
-            parts.append((t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, group, v.dtype, v.valid,
-                          v.is_tile, v.pad))
-        elif v is None or type(v) in (int, float, bool, str):
+            parts.append((t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, group) + (
+                (v.dtype, v.valid, v.is_tile, v.pad) if kind is TensorValue else ()))
+        elif v is None or kind in (int, float, bool, str):
             parts.append((type(v), v))
         elif getattr(type(v), "__pypto_program__", False):   # a @pl.program method's `self`: by identity
             parts.append((type(v), id(v), v))
@@ -176,8 +214,7 @@ def _rebuild(plan, outputs):
     return plan[0](_rebuild(p, outputs) for p in plan[1])
 
 
-def _replay(kernel, spec: _Specialisation, binding):
-    args = [v.data if type(v) is TensorValue else None for v in binding.values]
+def _replay(kernel, spec: _Specialisation, args: list):
     threads = set_torch_threads(config.get_int(config.WORKER_THREADS, 1) or 1)
     t0 = time.perf_counter_ns()
     try:

@@ -10,12 +10,19 @@ from pypto_rt.orchestration.program import host_program
 from pypto_rt.incore_compiler.compiler import incore_kernel
 
 
-def run_compiled(kernel, binding):
+def run_compiled(kernel, binding, args: tuple | None = None):
     """Run `kernel` bound to `binding` on the compiled runtime (or replay it, see `replay`); returns the entry's
-    return value."""
+    return value. `args`: the caller's positional arguments, when they were all positional."""
     if not replay.enabled():
         return _run_on_engine(kernel, binding, inline=False)
-    return replay.run(kernel, binding, lambda inline: _run_on_engine(kernel, binding, inline))
+    return replay.run(kernel, binding, lambda inline: _run_on_engine(kernel, binding, inline), args)
+
+
+def replay_by_arguments(kernel, args: tuple) -> tuple[bool, object]:
+    """(True, the call's return value) when it replayed straight from its positional arguments, else (False,
+    None)."""
+    result = replay.by_arguments(kernel, args)
+    return (False, None) if result is replay.MISS else (True, result)
 
 
 def _run_on_engine(kernel, binding, inline: bool):

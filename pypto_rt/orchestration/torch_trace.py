@@ -19,12 +19,15 @@ reference.
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 import types
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from pypto_rt.errors import is_internal_file
 from pypto_rt.ops import replay_guard
 
 # calls whose non-tensor results are metadata: static under one specialisation (same shapes, strides, dtypes)
@@ -82,7 +85,8 @@ class Recorder(TorchFunctionMode):
 
     def refuse(self, reason: str) -> None:
         if self.refused is None:
-            self.refused = reason
+            where = _users_line()
+            self.refused = f"{reason} ({where})" if where else reason
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -91,7 +95,7 @@ class Recorder(TorchFunctionMode):
             try:
                 self._record(func, args, kwargs, out)
             except Refused as r:
-                self.refused = str(r)
+                self.refuse(str(r))
         return out
 
     # -- recording ------------------------------------------------------------------------------------
@@ -256,6 +260,20 @@ def _dedupe(lines: list[_Line], storage_of: dict[str, int]) -> list[_Line]:
                 seen[key] = target
         out.append(line)
     return out
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _users_line() -> str | None:
+    """`file:line` of the innermost frame of the user's code (not pypto-rt's, not torch's) on this stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (is_internal_file(name) or name.startswith(_TORCH_DIR) or name.startswith("<")):
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def _storage(t: torch.Tensor) -> int:
