@@ -120,7 +120,13 @@ class Engine:
                 self._dummies += 1
             if task.pending == 0 and not self._dispatch(task):
                 self._settle(task)
-        self._tmap.insert(task, accesses)
+            elif len(self._live) == 1 and self._deferred:
+                # a short kernel with nothing else in flight: the host runs it now rather than at its next wait
+                # (nothing can come between: only this thread submits), and its done task needs no map entry
+                while self._deferred:
+                    self._run_deferred(self._deferred)
+        if task.state != "done":
+            self._tmap.insert(task, accesses)
         if self._traced is not None:
             self._traced.append(task)
         return task
@@ -128,6 +134,15 @@ class Engine:
     def dummy(self, deps=(), *, name: str = "task_dummy", span=None) -> Task:
         """A task that runs nothing and finishes once `deps` have (a dependency-only join)."""
         return self.submit(name, None, deps=deps, span=span, manual=True)
+
+    def idle(self) -> bool:
+        """Host thread: no task is in flight (only this thread submits, so none appears until it does)."""
+        return not self._live
+
+    def runs_at_once(self, run) -> bool:
+        """Host thread: whether a task of `run` submitted now runs before `submit` returns (a short kernel, see
+        `host_ok`, with no task in flight), so its accesses need not be worked out for the tensor map."""
+        return not self._live and (self.inline or getattr(run, "host_ok", False))
 
     def wait(self, tasks) -> None:
         """Wait until these tasks (None entries skipped) have finished; raises the run's first failure."""

@@ -55,7 +55,7 @@ def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
     if region.results:
         return None
     if region.kind == "spmd":
-        return _plan_spmd(env, region)
+        return _plan_spmd(env, region) or _plan_spmd_grid(env, region)
     if not isinstance(loop, ast.For) or loop.body != [region.stmt] or loop.orelse or region.kind != "at":
         return None
     it = loop.iter
@@ -150,6 +150,64 @@ def _plan_spmd(env: Env, region) -> Coalescing | None:
         return None
     return Coalescing(region.stmt, var, [ast.Constant(0), stop, clone(step)], step, dim, True, body[1:],
                       new_offset=True)
+
+
+def _plan_spmd_grid(env: Env, region) -> Coalescing | None:
+    """A 2-D block grid: `for b in pl.spmd(R * C): t0 = (b // C) * S0; c0 = (b % C) * S1; <body>`, where the body
+    uses t0/S0 as row-tile offsets/extents and c0/S1 as column-tile ones, every op keeping both dims independent.
+    Its columns merge whole: the kernel runs `c0 = 0` over `C * S1` columns, and its rows coalesce like a 1-D
+    spmd's (t0 from 0 in steps of S0, R steps)."""
+    call, body = region.call, region.body
+    if (not region.block_var or len(body) < 3 or len(call.args) != 1
+            or any(k.arg != "name_hint" for k in call.keywords)):
+        return None
+    block = region.block_var
+    rows = _grid_offset(body[0], block, ast.FloorDiv)
+    cols = _grid_offset(body[1], block, ast.Mod)
+    count = call.args[0]
+    if rows is None or cols is None or block in loaded_names(body[2:]):
+        return None
+    (t0, per_row, s0), (c0, per_row_again, s1) = rows, cols
+    if (ast.dump(per_row) != ast.dump(per_row_again) or not isinstance(count, ast.BinOp)
+            or not isinstance(count.op, ast.Mult) or ast.dump(count.right) != ast.dump(per_row)
+            or t0 == c0 or ast.dump(s0) == ast.dump(s1)):
+        return None
+    rest = body[2:]
+    if not (_Checker(env, c0, s1, 1, rest).accepts(rest) and _Checker(env, t0, s0, 0, rest).accepts(rest)):
+        return None
+    width = ast.BinOp(clone(per_row), ast.Mult(), clone(s1))
+    merged = _WholeColumns(c0, s1, width).rewrite(rest)
+    stop = ast.BinOp(clone(count.left), ast.Mult(), clone(s0))
+    return Coalescing(region.stmt, t0, [ast.Constant(0), stop, clone(s0)], s0, 0, True, merged, new_offset=True)
+
+
+def _grid_offset(stmt, block: str, op: type):
+    """`v = (block <op> C) * S` -> (v, C, S), with S a name or attribute; else None."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.BinOp) and isinstance(stmt.value.op, ast.Mult)):
+        return None
+    index, step = stmt.value.left, stmt.value.right
+    if not (isinstance(index, ast.BinOp) and isinstance(index.op, op) and _is_name(index.left, block)
+            and isinstance(step, (ast.Name, ast.Attribute))):
+        return None
+    return stmt.targets[0].id, index.right, step
+
+
+class _WholeColumns(ast.NodeTransformer):
+    """Column offset `c0` -> 0 and column extent `S1` -> `C * S1`: one kernel covering every column block."""
+
+    def __init__(self, var: str, step, width):
+        self.var, self.step, self.width = var, ast.dump(step), width
+
+    def rewrite(self, body):
+        return [ast.fix_missing_locations(self.visit(s)) for s in clone(body)]
+
+    def visit(self, node):
+        if isinstance(node, ast.Name) and node.id == self.var and isinstance(node.ctx, ast.Load):
+            return ast.copy_location(ast.Constant(0), node)
+        if isinstance(node, ast.expr) and ast.dump(node) == self.step:
+            return ast.copy_location(clone(self.width), node)
+        return super().visit(node)
 
 
 def coalesced_body(coalescing: Coalescing):

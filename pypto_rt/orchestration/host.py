@@ -104,9 +104,12 @@ class HostExecutor(ReferenceExecutor):
 
     def _task(self, artifact, inputs, blocks, no_dep_args, name, deps, span):
         """Submit one kernel; a communication task also depends on the previous one (program order)."""
-        accesses, windows = self._accesses(artifact, inputs, no_dep_args)
+        at_once = not self.runner.check and self.engine.runs_at_once(self.runner.quick(artifact))
+        accesses, windows = self._accesses(artifact, inputs, no_dep_args, regions=not at_once)
         deps = _flatten(deps)
         comm = windows or communicates(artifact)
+        if comm and at_once:   # a communication task always goes through the map and the chain
+            accesses, windows = self._accesses(artifact, inputs, no_dep_args)
         if comm:
             if self.last_comm is not None:
                 deps.append(self.last_comm)
@@ -171,9 +174,10 @@ class HostExecutor(ReferenceExecutor):
     def _task_dummy(self, *, deps=None):
         return self.engine.dummy(_flatten(deps), span=user_span())
 
-    def _accesses(self, artifact, inputs, no_dep_args):
+    def _accesses(self, artifact, inputs, no_dep_args, regions: bool = True):
         """([(engine access, box, input index)] of the tensor inputs: exact boxes where the plan has them, else
-        whole; whether an input is a window tensor (those make no accesses: the comm chain orders them))."""
+        whole; whether an input is a window tensor (those make no accesses: the comm chain orders them)).
+        regions=False: a task that runs at once (`Engine.runs_at_once`): no accesses, only the checks."""
         skip = set(no_dep_args or ())
         try:
             plan = artifact.accesses(*inputs)
@@ -190,9 +194,10 @@ class HostExecutor(ReferenceExecutor):
                 continue
             if artifact.ir.params[index] in skip:
                 continue
-            region = region_of(value.data, offsets, sizes)
-            box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
-            out.append((EngineAccess(region, mode), box, index))
+            if regions:
+                region = region_of(value.data, offsets, sizes)
+                box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
+                out.append((EngineAccess(region, mode), box, index))
             if mode != "r" and line:   # a definite write (assumed ones, e.g. by a helper call, do not warn)
                 self._warn_in_write(value, artifact, line)
         return out, windows
@@ -216,12 +221,16 @@ class HostExecutor(ReferenceExecutor):
         return super().call_op(name, args, kwargs)
 
     def _wait_element(self, tensor, index):
+        if self.engine.idle():   # nothing in flight: nothing to wait for
+            return
         if self.last_comm is not None and process.window_of(tensor.data) is not None:
             self.engine.wait([self.last_comm])   # windows are not in the tensor map: wait for the comm chain
             return
         self.engine.wait_region(region_of(tensor.data, index, [1] * len(index)))
 
     def _wait_operands(self, name, args, kwargs):
+        if self.engine.idle():   # nothing in flight: nothing to wait for
+            return
         writes = name in IN_PLACE_TARGETS
         if self.last_comm is not None and name.startswith("pld."):
             self.engine.wait([self.last_comm])   # communication on the host comes after the chain, in program order

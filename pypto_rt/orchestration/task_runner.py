@@ -38,6 +38,11 @@ class TaskRunner:
         self.tolerance = float(CHECK_TOL.get()) if check else 0.0
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
 
+    def quick(self, artifact) -> "_Quick":
+        """What `Engine.runs_at_once` needs to know of a kernel before its task exists: whether it is short."""
+        history = artifact.__dict__.get("history")
+        return _SHORT if history is not None and history.short(self.inline_ns) else _LONG
+
     def runner(self, artifact, inputs: tuple, blocks: int, accesses, label: str | None = None) -> "_Run":
         """What the engine runs per block; `label`: a communication task's region name (for wait reports)."""
         if self.check:
@@ -48,6 +53,16 @@ class TaskRunner:
         if label is not None:
             return _CommRun(self.binding, artifact.kernel.run, inputs, blocks, history, False, label)
         return _Run(self.binding, artifact.kernel.run, inputs, blocks, history, history.short(self.inline_ns))
+
+
+class _Quick:
+    __slots__ = ("host_ok",)
+
+    def __init__(self, host_ok: bool):
+        self.host_ok = host_ok
+
+
+_SHORT, _LONG = _Quick(True), _Quick(False)
 
 
 class RunHistory:

@@ -284,3 +284,26 @@ def test_a_host_subscript_of_one_element_waits_for_its_producer():
     with config.scope(NUM_WORKERS="2", HOST_INLINE_US="0"):
         y = host_reads_an_element(x, torch.zeros(1, 1))
     assert y.item() == pytest.approx(x[2, 3].item() + 1.0)
+
+
+@pl.jit
+def gather_rows(x: pl.Tensor[[N, N], pl.FP32], rows: pl.Tensor[[4], pl.INT32],
+                y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+    for i in pl.range(4):
+        row = pl.read(rows, [i])
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_row"):
+            first = pl.read(x, [row, 0])   # out of range: the task fails
+            y[i : i + 1, :] = pl.add(x[row : row + 1, :], first)   # short: runs at once when nothing is in flight
+    return y
+
+
+def test_short_tasks_run_at_once_between_host_reads_and_still_fail_with_a_report():
+    x = torch.randn(N, N)
+    with config.scope(HOST_INLINE_US="10000000", REPLAY="0"):
+        for picks in ([0, 1, 2, 3], [5, 5, 0, 7], [N - 1, 2, 9, 4]):
+            y = gather_rows(x, torch.tensor(picks, dtype=torch.int32), torch.zeros(4, N))
+            assert torch.equal(y, x[picks] + x[picks, :1]), picks
+        with pytest.raises(TaskFailedError) as info:
+            gather_rows(x, torch.tensor([0, N + 5, 1, 2], dtype=torch.int32), torch.zeros(4, N))
+    assert "copy_row" in str(info.value)
+    assert info.value.span.file == __file__
