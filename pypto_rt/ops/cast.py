@@ -118,6 +118,8 @@ def _round_integral(x: torch.Tensor, mode: CastMode) -> torch.Tensor:
 def _saturate(r: torch.Tensor, dtype) -> torch.Tensor:
     """Integral float64 values -> `dtype`, clamped to its range; NaN -> 0."""
     lo, hi = _clipped_range(dtype)
+    if -(1 << 53) <= lo and hi <= 1 << 53:   # both ends exact in float64 (up to 32-bit targets): clamp there
+        return torch.nan_to_num(r, nan=0.0).clamp_(lo, hi).to(storage_dtype(dtype))
     big, small, nan = r >= float(hi), r <= float(lo), torch.isnan(r)
     safe = torch.where(big | small | nan, torch.zeros_like(r), r).to(torch.int64)
     out = torch.where(big, torch.full_like(safe, hi), torch.where(small, torch.full_like(safe, lo), safe))

@@ -59,6 +59,7 @@ class Recorder(TorchFunctionMode):
         self.lines: list[_Line] = []
         self.names: dict[int, str] = {}                      # id(tensor) -> its name in the trace
         self.storage_of: dict[str, int] = {}                 # tensor name -> its memory's identity
+        self.made: dict[str, torch.Tensor] = {}              # v* name -> the tensor the recorded run made
         self.constants: dict[str, object] = {}              # k*/f* names -> objects, injected into the trace
         self._const_ids: dict[int, str] = {}
         self._alive: list = []                               # every tensor seen: ids stay unique while recording
@@ -123,6 +124,7 @@ class Recorder(TorchFunctionMode):
             self._tainted.update(_storage(t) for t in written)
         effect = mutates or name in _RANDOM
         line = _Line(call, reads, effect, [self.names[id(t)] for t in written], [_storage(t) for t in written])
+        line.tainted = tainted
         if isinstance(out, torch.Tensor):
             if id(out) in self.names:   # an in-place method returning its own tensor, or a no-op `.to()`
                 if effect:
@@ -143,12 +145,14 @@ class Recorder(TorchFunctionMode):
         for i, o in enumerate(out):
             if isinstance(o, torch.Tensor) and id(o) not in self.names:
                 part = _Line(f"{line.target}[{i}]", [line.target], False, [], [])
+                part.tainted = tainted
                 part.target = self._define(o, tainted)
                 self.lines.append(part)
 
     def _define(self, t: torch.Tensor, tainted: bool) -> str:
         name = f"v{len(self.names)}"
         self.names[id(t)] = name
+        self.made[name] = t
         self.storage_of[name] = _storage(t)
         self._alive.append(t)
         if tainted:
@@ -202,7 +206,7 @@ class Recorder(TorchFunctionMode):
         Two clean-ups: a call repeating an earlier one (same function, same arguments, their memory unchanged
         since) reuses its result, unless either result is later written; a call whose result nothing needs and
         that changes nothing is left out."""
-        lines = _dedupe(self.lines, self.storage_of)
+        lines = self._fold(_dedupe(self.lines, self.storage_of), set(results))
         needed = set(results)
         keep = []
         for line in reversed(lines):
@@ -210,8 +214,28 @@ class Recorder(TorchFunctionMode):
                 keep.append(line)
                 needed.update(line.reads)
         body = [f"{line.target} = {line.call}" if line.target else line.call for line in reversed(keep)]
+        folded = [f"{n} {list(self.made[n].shape)} {self.made[n].dtype}" for n in sorted(needed & self.made.keys())
+                  if n in self.constants]
+        if folded:
+            body.insert(0, "# tensors computed from constants when recorded, kept: " + ", ".join(folded))
         body.append(f"return ({', '.join(results)}{',' if results else ''})")
         return f"def {fn_name}({', '.join(self.params)}):\n" + "\n".join("    " + line for line in body) + "\n"
+
+    def _fold(self, lines: list[_Line], results: set[str]) -> list[_Line]:
+        """Constants: a call computed from literals and constants alone (nothing from an entry tensor, an outside
+        tensor or chance), whose memory nothing writes later, gives the same tensor every run: the recorded one
+        is kept (as a global of the replay function) instead of the call. Not for returned tensors: the caller
+        may write those."""
+        written = {s for line in lines for s in line.written_storages}
+        out = []
+        for line in lines:
+            target = line.target
+            if (target is not None and not line.effect and not line.tainted and target in self.made
+                    and target not in results and self.storage_of[target] not in written):
+                self.constants[target] = self.made[target]
+                continue
+            out.append(line)
+        return out
 
     def name_of(self, t: torch.Tensor) -> str | None:
         return self.names.get(id(t))
@@ -219,13 +243,14 @@ class Recorder(TorchFunctionMode):
 
 class _Line:
     """One recorded call: `target = call`, or `call` alone for an effect with no new tensor."""
-    __slots__ = ("call", "reads", "effect", "written", "written_storages", "target", "fresh")
+    __slots__ = ("call", "reads", "effect", "written", "written_storages", "target", "fresh", "tainted")
 
     def __init__(self, call: str, reads: list[str], effect: bool, written: list[str], written_storages: list[int]):
         self.call, self.reads, self.effect = call, reads, effect
         self.written, self.written_storages = written, written_storages   # what a mutating call writes
         self.target: str | None = None
         self.fresh = False   # the result has memory of its own (not a view of an argument)
+        self.tainted = True  # the result may depend on an entry tensor, an outside tensor or chance
 
 
 _NAME = re.compile(r"\b[avt]\d+\b")

@@ -188,6 +188,26 @@ def test_reads_of_memory_written_in_between_are_not_shared():
     assert torch.equal(replayed(x1)[0], f(x2))
 
 
+def test_constants_are_computed_once_unless_written_or_returned():
+    def f(x):
+        mask = torch.arange(4) < 2      # from constants only: kept from the recording
+        buf = torch.zeros(4)            # from constants, but written below: computed each time
+        buf[0] = 5.0
+        return torch.where(mask, x, buf)
+
+    recorder = Recorder([torch.randn(4)])
+    with recorder:
+        result = f(*recorder._alive[:1])
+    source = recorder.source([recorder.name_of(result)])
+    replayed = compile_trace(source, recorder.constants)
+    calls = [line for line in source.splitlines()[1:] if not line.strip().startswith(("#", "return"))]
+    assert "kept: v" in source and len(calls) == 3, source   # zeros, its write, where: not arange and lt
+    x = torch.randn(4)
+    assert torch.equal(replayed(x)[0], f(x))
+    _, made = record(lambda x: torch.ones(3), torch.randn(3))
+    assert made(x)[0] is not made(x)[0], "a returned tensor is made afresh on every call"
+
+
 def test_data_dependent_python_value_refuses_but_constant_data_does_not():
     recorder, _ = record(lambda x: x * float(x.sum()), torch.randn(3))
     assert "reads tensor data" in recorder.refused
