@@ -8,8 +8,9 @@ Per specialisation, an entry call goes through three phases:
    coalesced loop) under a `torch_trace.Recorder`. If the recorder refuses (the run read data into Python,
    communicated, printed, warned, ...), the specialisation stays on the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
-   thread count. After `TRIAL_REPLAYS` replays, the faster of the two ways is kept: a run whose tasks keep
-   several workers busy can beat its sequential replay.
+   thread count. A specialisation whose engine runs overlapped their tasks (kernel time summed over the
+   workers `PARALLEL` times its wall time) is not recorded: its sequential replay would be slower. After
+   `TRIAL_REPLAYS` replays the faster of the two ways is kept for good.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
 
 With PYPTO_STATS=1 each replay prints one line, and a recording says what it chose and why. Not replayed: runs
@@ -35,6 +36,7 @@ from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
 NORMAL_RUNS = 2            # engine runs per specialisation before recording (the first compiles)
 TRIAL_REPLAYS = 3          # replays timed before the faster way is chosen for good
 MAX_SPECIALISATIONS = 16   # per entry; later ones run on the engine
+PARALLEL = 1.25           # an engine run whose kernels add up to this much more than its wall time ran in parallel
 SLOWER = 1.15              # a replay this much slower than the engine's fastest run is dropped (beyond noise)
 
 
@@ -98,17 +100,22 @@ def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
 
 def run(kernel, binding, run_on_engine, args: tuple | None = None):
     """Run the call bound in `binding`, by replay when its specialisation has a recording that pays;
-    `run_on_engine(inline)` runs it on the engine (inline: every block on this thread) and returns its result."""
+    `run_on_engine(inline)` runs it on the engine (inline: every block on this thread) and returns its result and
+    the engine's stats."""
     spec = _specialisation(kernel, binding)
     if spec is None or spec.off:
-        return run_on_engine(False)
+        return run_on_engine(False)[0]
     if spec.replay is not None:
         _remember_arguments(kernel, spec, binding, args)
         return _replay(kernel, spec, [v.data if type(v) is TensorValue else None for v in binding.values])
     if len(spec.engine_ns) < NORMAL_RUNS:
         t0 = time.perf_counter_ns()
-        result = run_on_engine(False)
+        result, stats = run_on_engine(False)
         spec.engine_ns.append(time.perf_counter_ns() - t0)
+        if stats.get("kernel_ns", 0) > PARALLEL * stats.get("wall_ns", 1) and stats.get("tasks", 0) > 1:
+            # its tasks ran side by side on the workers: a replay, one block after another, would be slower
+            spec.off, spec.why_not = True, "its tasks run in parallel on the engine's workers"
+            _stats(kernel, f"from now on {spec.mode()}")
         return result
     return _record(kernel, spec, binding, run_on_engine)
 
@@ -153,7 +160,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with recorder:
-                result = run_on_engine(True)
+                result = run_on_engine(True)[0]
     finally:
         set_torch_threads(threads)
     for w in caught:   # the run's own warnings, as they would have appeared

@@ -14,7 +14,7 @@ def run_compiled(kernel, binding, args: tuple | None = None):
     """Run `kernel` bound to `binding` on the compiled runtime (or replay it, see `replay`); returns the entry's
     return value. `args`: the caller's positional arguments, when they were all positional."""
     if not replay.enabled():
-        return _run_on_engine(kernel, binding, inline=False)
+        return _run_on_engine(kernel, binding, inline=False)[0]
     return replay.run(kernel, binding, lambda inline: _run_on_engine(kernel, binding, inline), args)
 
 
@@ -26,7 +26,8 @@ def replay_by_arguments(kernel, args: tuple) -> tuple[bool, object]:
 
 
 def _run_on_engine(kernel, binding, inline: bool):
-    """inline: a recorded run, every block on this thread (one worker, so coalesced loops make one chunk)."""
+    """(the entry's return value, the engine's stats); inline: a recorded run, every block on this thread (one
+    worker, so coalesced loops make one chunk)."""
     engine = Engine(name=kernel.name, num_workers=1, inline=True) if inline else Engine(name=kernel.name)
     executor = HostExecutor(binding, engine)
     try:
@@ -37,7 +38,7 @@ def _run_on_engine(kernel, binding, inline: bool):
             replay_guard.refuse("the run communicates with other ranks")
     finally:
         engine.close()
-    return result
+    return result, engine.stats
 
 
 def compile_only(kernel) -> float:

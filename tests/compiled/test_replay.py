@@ -257,3 +257,29 @@ def test_stats_say_how_each_call_ran_and_why(capsys):
     assert "recorded: from now on replay of" in err and "· wall" in err
     assert "recorded: from now on engine (the run reads tensor data into Python (`item`)" in err
     assert "(test_replay.py:" in err, "the reason points at the user's line"
+
+
+BIG = 1024
+
+
+@pl.jit
+def four_matmuls(a: pl.Tensor[[BIG, BIG], pl.FP32], b: pl.Tensor[[BIG, BIG], pl.FP32],
+                 c: pl.Out[pl.Tensor[[BIG, BIG], pl.FP32]]):
+    for m0 in pl.parallel(0, BIG, BIG // 2):
+        for n0 in pl.parallel(0, BIG, BIG // 2):
+            acc = pl.create_tensor([BIG // 2, BIG // 2], dtype=pl.FP32)
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="mm"):
+                acc = pl.matmul(a[m0 : m0 + BIG // 2, :], b[:, n0 : n0 + BIG // 2])
+                c[m0 : m0 + BIG // 2, n0 : n0 + BIG // 2] = acc
+    return c
+
+
+def test_a_program_whose_tasks_run_in_parallel_stays_on_the_engine(capsys):
+    a, b = torch.randn(BIG, BIG), torch.randn(BIG, BIG)
+    for workers, expect in (("2", "its tasks run in parallel"), ("1", "replay of")):
+        kernel = pl.jit(four_matmuls.fn)
+        with config.scope(NUM_WORKERS=workers, STATS="1", HOST_INLINE_US="0"):
+            for _ in range(CALLS):
+                c = kernel(a, b, torch.empty(BIG, BIG))
+                torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-4)
+        assert expect in capsys.readouterr().err, workers
