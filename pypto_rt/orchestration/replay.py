@@ -8,8 +8,9 @@ Per specialisation, an entry call goes through three phases:
    coalesced loop) under a `torch_trace.Recorder`. If the recorder refuses (the run read data into Python,
    communicated, printed, warned, ...), the specialisation stays on the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
-   thread count. A specialisation whose engine runs overlapped their tasks (kernel time summed over the
-   workers `PARALLEL` times its wall time) is not recorded: its sequential replay would be slower. After
+   thread count. A specialisation whose engine runs overlapped long tasks (kernel time summed over the workers
+   `PARALLEL` times the wall time, tasks of `LONG_TASK_NS` on average) is not recorded: its sequential replay
+   would be slower. After
    `TRIAL_REPLAYS` replays the faster of the two ways is kept for good.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
 
@@ -36,7 +37,8 @@ from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
 NORMAL_RUNS = 2            # engine runs per specialisation before recording (the first compiles)
 TRIAL_REPLAYS = 3          # replays timed before the faster way is chosen for good
 MAX_SPECIALISATIONS = 16   # per entry; later ones run on the engine
-PARALLEL = 1.25           # an engine run whose kernels add up to this much more than its wall time ran in parallel
+PARALLEL = 1.5            # an engine run whose kernels add up to this much more than its wall time ran in parallel
+LONG_TASK_NS = 2_000_000  # ... and pays off only with tasks this long on average (shorter: thread hand-offs dominate)
 SLOWER = 1.15              # a replay this much slower than the engine's fastest run is dropped (beyond noise)
 
 
@@ -112,7 +114,8 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
         t0 = time.perf_counter_ns()
         result, stats = run_on_engine(False)
         spec.engine_ns.append(time.perf_counter_ns() - t0)
-        if stats.get("kernel_ns", 0) > PARALLEL * stats.get("wall_ns", 1) and stats.get("tasks", 0) > 1:
+        kernel_ns, tasks = stats.get("kernel_ns", 0), stats.get("tasks", 0)
+        if tasks > 1 and kernel_ns > PARALLEL * stats.get("wall_ns", 1) and kernel_ns >= LONG_TASK_NS * tasks:
             # its tasks ran side by side on the workers: a replay, one block after another, would be slower
             spec.off, spec.why_not = True, "its tasks run in parallel on the engine's workers"
             _stats(kernel, f"from now on {spec.mode()}")

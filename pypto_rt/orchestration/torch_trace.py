@@ -62,6 +62,7 @@ class Recorder(TorchFunctionMode):
         self.made: dict[str, torch.Tensor] = {}              # v* name -> the tensor the recorded run made
         self.constants: dict[str, object] = {}              # k*/f* names -> objects, injected into the trace
         self._const_ids: dict[int, str] = {}
+        self._literals: dict[str, str] = {}                  # code of an index tuple or slice -> its constant
         self._alive: list = []                               # every tensor seen: ids stay unique while recording
         self._input_storages = set()
         self._tainted: set[int] = set()                      # storages whose data depends on inputs or chance
@@ -114,7 +115,7 @@ class Recorder(TorchFunctionMode):
             return
         if not isinstance(out, (torch.Tensor, tuple, list)) and out is not None:
             raise Refused(f"`{name}` returned a {type(out).__name__}, which the trace cannot follow")
-        call = f"{self._const(func, 'f')}({self._args(args, kwargs)})"
+        call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
         reads = [self.names[id(t)] for t in tensors_in]
         tainted = name in _RANDOM or any(_storage(t) in self._tainted for t in tensors_in)
         mutates = (not name.startswith("__") and name.endswith("_")) or name in ("__setitem__",) or (
@@ -186,18 +187,28 @@ class Recorder(TorchFunctionMode):
         if isinstance(value, float):
             return repr(value) if math.isfinite(value) else self._const(value, "k")
         if isinstance(value, slice):
-            return f"slice({self._render(value.start)}, {self._render(value.stop)}, {self._render(value.step)})"
+            return self._literal(value, f"slice({self._render(value.start)}, {self._render(value.stop)}, "
+                                        f"{self._render(value.step)})")
         if value is Ellipsis:
             return "..."
         if type(value) is tuple:
             inner = ", ".join(self._render(v) for v in value)
-            return f"({inner},)" if value else "()"
+            return self._literal(value, f"({inner},)" if value else "()")
         if type(value) is list:
             return "[" + ", ".join(self._render(v) for v in value) + "]"
         if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
                               torch.Generator, complex, types.FunctionType, types.BuiltinFunctionType)):
             return self._const(value, "k")
         raise Refused(f"an argument of type {type(value).__name__} cannot be written into the trace")
+
+    def _literal(self, value, code: str) -> str:
+        """An immutable argument with no tensor in it (an index tuple, a slice) is built once, not per call."""
+        if _NAME.search(code):
+            return code
+        name = self._literals.get(code)
+        if name is None:
+            name = self._literals[code] = self._const(value, "k")
+        return name
 
     # -- code -----------------------------------------------------------------------------------------
     def source(self, results: list[str], fn_name: str = "replay") -> str:
@@ -218,6 +229,9 @@ class Recorder(TorchFunctionMode):
                   if n in self.constants]
         if folded:
             body.insert(0, "# tensors computed from constants when recorded, kept: " + ", ".join(folded))
+        text = "\n".join(body)
+        used = sorted((n for n in self._literals.values() if re.search(rf"\b{n}\b", text)), key=lambda n: int(n[1:]))
+        body[:0] = [f"# {n} = {self.constants[n]!r}" for n in used]
         body.append(f"return ({', '.join(results)}{',' if results else ''})")
         return f"def {fn_name}({', '.join(self.params)}):\n" + "\n".join("    " + line for line in body) + "\n"
 
