@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 
 from pypto_rt import config
 from pypto_rt.errors import PyptoError
@@ -46,12 +45,27 @@ def _positive(what: str, value):
 
 
 class _Scope:
-    """Tasks submitted in a scope hold their ring slot at least until it closes."""
-    __slots__ = ("name", "span", "manual", "tasks")
+    """Tasks submitted in a scope hold their ring slot at least until it closes. A context manager (entered once)
+    rather than a generator one: the host opens one per loop iteration."""
+    __slots__ = ("name", "span", "manual", "tasks", "engine")
 
-    def __init__(self, name: str, span, manual: bool):
-        self.name, self.span, self.manual = name, span, manual
+    def __init__(self, name: str, span, manual: bool, engine=None):
+        self.name, self.span, self.manual, self.engine = name, span, manual, engine
         self.tasks: list[Task] = []
+
+    def __enter__(self):
+        self.engine._check_usable()
+        self.engine._scopes.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        scopes = self.engine._scopes
+        if scopes[-1] is self:
+            scopes.pop()
+        else:
+            scopes.remove(self)
+        with _lock:
+            self.engine._close_scope(self)
 
 
 class Engine:
@@ -160,18 +174,10 @@ class Engine:
         """Host access: wait for the in-flight tasks writing bytes of `region` (and reading them, for_write)."""
         self.wait(self._tmap.in_flight(region, for_write))
 
-    @contextmanager
-    def scope(self, name: str = "scope", span=None, manual: bool = False):
-        """Tasks submitted inside belong to this scope and keep their ring slots until it closes."""
-        self._check_usable()
-        scope = _Scope(name, span, manual)
-        self._scopes.append(scope)
-        try:
-            yield scope
-        finally:
-            self._scopes.remove(scope)
-            with _lock:
-                self._close_scope(scope)
+    def scope(self, name: str = "scope", span=None, manual: bool = False) -> _Scope:
+        """`with engine.scope(...)`: tasks submitted inside belong to this scope and keep their ring slots until it
+        closes."""
+        return _Scope(name, span, manual, self)
 
     def finish(self) -> None:
         """Wait for every task; raise the first failure (or a stall); fill `stats`, write the trace, print stats."""

@@ -179,6 +179,8 @@ class HostExecutor(ReferenceExecutor):
         whole; whether an input is a window tensor (those make no accesses: the comm chain orders them)).
         regions=False: a task that runs at once (`Engine.runs_at_once`): no accesses, only the checks."""
         skip = set(no_dep_args or ())
+        if not regions:
+            return [], self._checks_only(artifact, inputs, skip)
         try:
             plan = artifact.accesses(*inputs)
         except Exception:  # noqa: BLE001 - a plan expression the host cannot evaluate: be conservative
@@ -194,13 +196,30 @@ class HostExecutor(ReferenceExecutor):
                 continue
             if artifact.ir.params[index] in skip:
                 continue
-            if regions:
-                region = region_of(value.data, offsets, sizes)
-                box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
-                out.append((EngineAccess(region, mode), box, index))
+            region = region_of(value.data, offsets, sizes)
+            box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
+            out.append((EngineAccess(region, mode), box, index))
             if mode != "r" and line:   # a definite write (assumed ones, e.g. by a helper call, do not warn)
                 self._warn_in_write(value, artifact, line)
         return out, windows
+
+    def _checks_only(self, artifact, inputs, skip) -> bool:
+        """`_accesses` without boxes (the kernel's static accesses suffice): warn of definite writes into In
+        parameters; whether an input is a window tensor."""
+        params = artifact.ir.params
+        index_of = artifact.__dict__.get("param_index")
+        if index_of is None:
+            index_of = artifact.param_index = {p: i for i, p in enumerate(params)}
+        windows = False
+        for a in artifact.ir.accesses:
+            value = inputs[index_of[a.param]]
+            if type(value) is not TensorValue:
+                continue
+            if process.window_of(value.data) is not None:
+                windows = True
+            elif a.mode != "r" and a.line and a.param not in skip:
+                self._warn_in_write(value, artifact, a.line)
+        return windows
 
     def _warn_in_write(self, value, artifact, line):
         param = self.binding.readonly.get(value.data.untyped_storage().data_ptr()) if self.binding.readonly else None
