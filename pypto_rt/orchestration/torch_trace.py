@@ -238,14 +238,15 @@ class Recorder(TorchFunctionMode):
     def _fold(self, lines: list[_Line], results: set[str]) -> list[_Line]:
         """Constants: a call computed from literals and constants alone (nothing from an entry tensor, an outside
         tensor or chance), whose memory nothing writes later, gives the same tensor every run: the recorded one
-        is kept (as a global of the replay function) instead of the call. Not for returned tensors: the caller
-        may write those."""
-        written = {s for line in lines for s in line.written_storages}
+        is kept (as a global of the replay function) instead of the call. Not for the memory of returned tensors
+        (views too): the caller may write those."""
+        keep_fresh = {s for line in lines for s in line.written_storages} | {
+            self.storage_of[r] for r in results if r in self.storage_of}   # written, or returned (also as a view)
         out = []
         for line in lines:
             target = line.target
             if (target is not None and not line.effect and not line.tainted and target in self.made
-                    and target not in results and self.storage_of[target] not in written):
+                    and self.storage_of[target] not in keep_fresh):
                 self.constants[target] = self.made[target]
                 continue
             out.append(line)

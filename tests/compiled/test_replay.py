@@ -206,6 +206,10 @@ def test_constants_are_computed_once_unless_written_or_returned():
     assert torch.equal(replayed(x)[0], f(x))
     _, made = record(lambda x: torch.ones(3), torch.randn(3))
     assert made(x)[0] is not made(x)[0], "a returned tensor is made afresh on every call"
+    _, view = record(lambda x: torch.ones(2, 3)[0], torch.randn(3))
+    first = view(x)[0]
+    first.fill_(7.0)
+    assert torch.equal(view(x)[0], torch.ones(3)), "a returned view's memory is made afresh on every call"
 
 
 def test_data_dependent_python_value_refuses_but_constant_data_does_not():
