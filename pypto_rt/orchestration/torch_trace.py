@@ -2,7 +2,8 @@
 
 `Recorder` is a torch function mode: on the thread that enters it, every torch call (functions, tensor methods,
 factories, property reads) passes through it. Calls that make or change tensors become lines of a function,
-`v7 = f3(v2, k0, dim=-1)`; the run's entry tensors are its parameters `a0, a1, ...`. The recording is *refused*
+`v7 = sum_3(v2, dim=-1, keepdim=True)`; the run's entry tensors are its parameters `a0, a1, ...`, the
+functions and constants it uses are its globals. The recording is *refused*
 (`Recorder.refused` says why) when the run's course could depend on tensor data rather than only on shapes,
 dtypes and scalar arguments:
 - a tensor's data becomes a Python value (`.item()`, `bool(t)`, `int(t)`, `.tolist()`, printing) and that
@@ -12,9 +13,10 @@ dtypes and scalar arguments:
 - an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
   memory with an entry tensor (a view made before the run), or an op that declares itself non-replayable
   (`pypto_rt.ops.replay_guard.refuse`: communication, printing).
-Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`) are not recorded: under one specialisation
-they give the same answers every time. Outside tensors (module constants, op-library caches) are kept by
-reference.
+The op library calls torch only through its public API (no `torch.ops.aten`, no `torch._C`: those bypass the
+mode; tests/compiled/test_replay.py checks). Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`)
+are not recorded: under one specialisation they give the same answers every time. Outside tensors (module
+constants, op-library caches) are kept by reference.
 """
 from __future__ import annotations
 

@@ -287,3 +287,17 @@ def test_a_program_whose_tasks_run_in_parallel_stays_on_the_engine(capsys):
                 c = kernel(a, b, torch.empty(BIG, BIG))
                 torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-4)
         assert expect in capsys.readouterr().err, workers
+
+
+def test_the_op_library_calls_torch_only_where_a_recording_sees_it():
+    """The recorder sees torch calls through torch's function mode; `torch.ops.aten...` and `torch._C` calls
+    bypass it, so a replay would silently skip them."""
+    import pypto_rt.ops as ops_package
+    folder = os.path.dirname(ops_package.__file__)
+    hidden = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            text = open(os.path.join(folder, name)).read()
+            hidden += [f"{name}: {pattern}" for pattern in ("torch.ops.", "torch._C", "torch._VF", "ctypes")
+                       if pattern in text]
+    assert hidden == []
