@@ -45,6 +45,8 @@ _DATA_SHAPED = {"nonzero", "nonzero_static", "argwhere", "masked_select", "uniqu
                 "bincount", "repeat_interleave", "_unique2", "histogram"}
 _RANDOM = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
            "multinomial", "normal", "uniform_", "normal_", "exponential_", "random_", "dropout"}
+_IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                     "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
 _SIMPLE = (int, bool, str, type(None))
 
 
@@ -120,8 +122,8 @@ class Recorder(TorchFunctionMode):
         call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
         reads = [self.names[id(t)] for t in tensors_in]
         tainted = name in _RANDOM or any(_storage(t) in self._tainted for t in tensors_in)
-        mutates = (not name.startswith("__") and name.endswith("_")) or name in ("__setitem__",) or (
-            name.startswith("__i") and name.endswith("__")) or "out" in kwargs or kwargs.get("inplace") is True
+        mutates = (not name.startswith("__") and name.endswith("_")) or name in _IN_PLACE_DUNDERS or (
+            "out" in kwargs or kwargs.get("inplace") is True)
         written = (tensors_in[:1] + list(_tensors(kwargs.get("out")))) if mutates else []
         if mutates and tainted:
             self._tainted.update(_storage(t) for t in written)

@@ -301,3 +301,17 @@ def test_the_op_library_calls_torch_only_where_a_recording_sees_it():
             hidden += [f"{name}: {pattern}" for pattern in ("torch.ops.", "torch._C", "torch._VF", "ctypes")
                        if pattern in text]
     assert hidden == []
+
+
+def test_in_place_operators_count_as_writes_and_others_do_not():
+    def f(x):
+        y = x.clone()
+        first = torch.exp(y)
+        y += 1.0                        # __iadd__: writes y
+        flipped = ~(x > 0)              # __invert__: writes nothing
+        again = ~(x > 0)
+        return torch.exp(y) + first + flipped + again
+
+    recorder, replayed = record(f, torch.randn(5))
+    x = torch.randn(5)
+    assert torch.equal(replayed(x)[0], f(x))
