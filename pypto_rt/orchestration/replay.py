@@ -156,6 +156,7 @@ def _key(values) -> tuple | None:
 
 
 def _record(kernel, spec: _Specialisation, binding, run_on_engine):
+    t0 = time.perf_counter_ns()
     inputs = [v.data if type(v) is TensorValue else None for v in binding.values]
     recorder = Recorder(inputs)
     threads = set_torch_threads(config.get_int(config.WORKER_THREADS, 1) or 1)
@@ -183,7 +184,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
         spec.calls = source.count("\n") - 2
         _dump(kernel, source)
-    _stats(kernel, f"recorded: from now on {spec.mode()}")
+    _stats(kernel, f"recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: from now on {spec.mode()}")
     return result
 
 

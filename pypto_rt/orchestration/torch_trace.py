@@ -233,8 +233,8 @@ class Recorder(TorchFunctionMode):
                   if n in self.constants]
         if folded:
             body.insert(0, "# tensors computed from constants when recorded, kept: " + ", ".join(folded))
-        text = "\n".join(body)
-        used = sorted((n for n in self._literals.values() if re.search(rf"\b{n}\b", text)), key=lambda n: int(n[1:]))
+        named = set(re.findall(r"\bk\d+\b", "\n".join(body)))
+        used = sorted((n for n in self._literals.values() if n in named), key=lambda n: int(n[1:]))
         body[:0] = [f"# {n} = {self.constants[n]!r}" for n in used]
         body.append(f"return ({', '.join(results)}{',' if results else ''})")
         return f"def {fn_name}({', '.join(self.params)}):\n" + "\n".join("    " + line for line in body) + "\n"
