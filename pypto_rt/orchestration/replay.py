@@ -8,15 +8,14 @@ Per specialisation, an entry call goes through three phases:
    coalesced loop) under a `torch_trace.Recorder`. If the recorder refuses (the run read data into Python,
    communicated, printed, warned, ...), the specialisation stays on the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
-   thread count. A specialisation whose engine runs overlapped long tasks (kernel time summed over the workers
-   `PARALLEL` times the wall time, tasks of `LONG_TASK_NS` on average) is not recorded: its sequential replay
-   would be slower. After
-   `TRIAL_REPLAYS` replays the faster of the two ways is kept for good.
+   thread count. After `TRIAL_REPLAYS` replays the faster of the two ways is kept for good. A specialisation
+   whose engine runs overlapped long tasks (kernel time summed over the workers `PARALLEL` times the wall time,
+   tasks of `LONG_TASK_NS` on average) is not even recorded: its sequential replay would be slower.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
 
 With PYPTO_STATS=1 each replay prints one line, and a recording says what it chose and why. Not replayed: runs
-with PYPTO_TRACE or PYPTO_CHECK (they observe the engine's tasks), multi-rank and
-communicating runs, and calls after `MAX_SPECIALISATIONS` distinct ones of the same entry. PYPTO_REPLAY=0 turns
+with PYPTO_TRACE or PYPTO_CHECK (they observe the engine's tasks), multi-rank and communicating runs, and calls
+after `MAX_SPECIALISATIONS` distinct ones of the same entry. PYPTO_REPLAY=0 turns
 replay off. A replay does not see module globals reassigned after it was recorded (the host program read them
 then); tensors it reads from outside (module constants) it reads by reference, so their current contents count.
 """
@@ -182,7 +181,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         spec.results = _number(rebuild, outputs)
         source = recorder.source(outputs, fn_name=f"replay_{kernel.name}".replace(".", "_"))
         spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
-        spec.calls = source.count("\n") - 2
+        spec.calls = sum(1 for line in source.splitlines()[1:-1] if not line.lstrip().startswith("#"))
         _dump(kernel, source)
     _stats(kernel, f"recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: from now on {spec.mode()}")
     return result
