@@ -48,6 +48,7 @@ class Coalescing:
     body: list             # the region's body with the offset written as `var` (before the extent substitution)
     new_offset: bool = False      # `var` is a new kernel input (not a name of the user's host code)
     dropped: str | None = None    # an input the coalesced kernel no longer takes (a unit-step loop index)
+    untiled: tuple[str, ...] = () # inputs meeting tiled values in broadcasting ops: merged only at extent 1
 
 
 def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
@@ -66,17 +67,20 @@ def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
     var = loop.target.id
     step = it.args[2] if len(it.args) == 3 else ast.Constant(1)
     if isinstance(step, (ast.Name, ast.Attribute)):    # for r in pl.X(a, b, TILE): x[r : r + TILE]
-        dim = _accepting_dim(env, var, step, region.body)
-        return None if dim is None else Coalescing(loop, var, list(it.args), step, dim, independent, region.body)
+        found = _accepting_dim(env, var, step, region.body)
+        return None if found is None else Coalescing(loop, var, list(it.args), step, found[0], independent,
+                                                     region.body, untiled=found[1])
     if isinstance(step, ast.Constant) and step.value == 1:   # for i in pl.X(n): x[i * TILE : (i + 1) * TILE]
         return _plan_scaled_index(env, region, loop, var, independent)
     return None
 
 
-def _accepting_dim(env: Env, var: str, step, body) -> int | None:
+def _accepting_dim(env: Env, var: str, step, body) -> tuple[int, tuple[str, ...]] | None:
+    """(the dim the body coalesces along, the inputs the host must find of extent 1 there), or None."""
     for dim in (0, 1):
-        if _Checker(env, var, step, dim, body).accepts(body):
-            return dim
+        checker = _Checker(env, var, step, dim, body)
+        if checker.accepts(body):
+            return dim, tuple(sorted(checker.untiled))
     return None
 
 
@@ -92,14 +96,15 @@ def _plan_scaled_index(env: Env, region, loop, index: str, independent: bool) ->
     body = _ScaledIndex(index, step).rewrite(region.body)
     if body is None:
         return None
-    dim = _accepting_dim(env, OFFSET, step, body)
-    if dim is None:
+    found = _accepting_dim(env, OFFSET, step, body)
+    if found is None:
         return None
     args = loop.iter.args
     start, stop = (ast.Constant(0), args[0]) if len(args) == 1 else (args[0], args[1])
     bounds = [ast.BinOp(clone(start), ast.Mult(), clone(step)), ast.BinOp(clone(stop), ast.Mult(), clone(step)),
               clone(step)]
-    return Coalescing(loop, OFFSET, bounds, step, dim, independent, body, new_offset=True, dropped=index)
+    return Coalescing(loop, OFFSET, bounds, step, found[0], independent, body, new_offset=True, dropped=index,
+                      untiled=found[1])
 
 
 class _ScaledIndex(ast.NodeTransformer):
@@ -145,11 +150,11 @@ def _plan_spmd(env: Env, region) -> Coalescing | None:
         return None
     var = first.targets[0].id
     stop = ast.BinOp(clone(call.args[0]), ast.Mult(), clone(step))
-    dim = _accepting_dim(env, var, step, body[1:])
-    if dim is None:
+    found = _accepting_dim(env, var, step, body[1:])
+    if found is None:
         return None
-    return Coalescing(region.stmt, var, [ast.Constant(0), stop, clone(step)], step, dim, True, body[1:],
-                      new_offset=True)
+    return Coalescing(region.stmt, var, [ast.Constant(0), stop, clone(step)], step, found[0], True, body[1:],
+                      new_offset=True, untiled=found[1])
 
 
 def _plan_spmd_grid(env: Env, region) -> Coalescing | None:
@@ -173,12 +178,14 @@ def _plan_spmd_grid(env: Env, region) -> Coalescing | None:
             or t0 == c0 or ast.dump(s0) == ast.dump(s1)):
         return None
     rest = body[2:]
-    if not (_Checker(env, c0, s1, 1, rest).accepts(rest) and _Checker(env, t0, s0, 0, rest).accepts(rest)):
+    columns, rows = _Checker(env, c0, s1, 1, rest), _Checker(env, t0, s0, 0, rest)
+    if not (columns.accepts(rest) and rows.accepts(rest)) or columns.untiled:   # columns always merge: no fallback
         return None
     width = ast.BinOp(clone(per_row), ast.Mult(), clone(s1))
     merged = _WholeColumns(c0, s1, width).rewrite(rest)
     stop = ast.BinOp(clone(count.left), ast.Mult(), clone(s0))
-    return Coalescing(region.stmt, t0, [ast.Constant(0), stop, clone(s0)], s0, 0, True, merged, new_offset=True)
+    return Coalescing(region.stmt, t0, [ast.Constant(0), stop, clone(s0)], s0, 0, True, merged, new_offset=True,
+                      untiled=tuple(sorted(rows.untiled)))
 
 
 def _grid_offset(stmt, block: str, op: type):
@@ -234,16 +241,69 @@ class _Checker:
         self.step = ast.dump(step)
         self.covered: set[int] = set()
         self.tiled: set[str] = set()     # names holding values tiled along `dim`
+        self.untiled: set[str] = set()   # inputs combined with tiled values: must have extent 1 along `dim`
+        self.local = stored_names(body)
 
     def accepts(self, body) -> bool:
         module = ast.Module(body=body, type_ignores=[])
         try:
             for node in ast.walk(module):
                 self._visit(node)
+            self._settle_tiled(module)
+            for node in ast.walk(module):
+                if isinstance(node, ast.Call) and base_op(op_name(callee(self.env, node))) in _BROADCASTING:
+                    self._operands(node)
         except _Reject:
             return False
         uses = [n for n in ast.walk(module) if self._is_var(n) or self._is_step(n)]
         return all(id(n) in self.covered for n in uses)
+
+    def _settle_tiled(self, module) -> None:
+        """`tiled` to a fixpoint: the walk above meets assignments breadth-first, not in program order."""
+        assigns = [n for n in ast.walk(module) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                   and n.value is not None]
+        while True:
+            grown = {name for n in assigns if self._mentions_tiled(n.value)
+                     for name in stored_names(n.targets if isinstance(n, ast.Assign) else [n.target])}
+            if grown <= self.tiled:
+                return
+            self.tiled |= grown
+
+    def _operands(self, node: ast.Call) -> None:
+        """An op mixing tiled values with an untiled tensor broadcasts that tensor against one tile; merged
+        tiles would meet it at another extent. Allowed: scalars, extent 1 along `dim`, an extent that is the step
+        itself (rewritten with the tiles), and inputs the host checks when it runs the loop (`untiled`)."""
+        operands = list(node.args) + [k.value for k in node.keywords if k.arg not in _NOT_OPERANDS]
+        if not any(self._mentions_tiled(o) for o in operands):
+            return
+        for o in operands:
+            if self._mentions_tiled(o) or self._is_scalar(o):
+                continue
+            shape = self.shapes.of(o)
+            if shape is not None:
+                extent = shape[self.dim] if len(shape) == 2 else ast.Constant(1) if len(shape) == 1 and \
+                    self.dim == 0 else None
+                if extent is not None and (self._is_step(extent) or
+                                           (isinstance(extent, ast.Constant) and extent.value == 1)):
+                    continue
+                raise _Reject
+            if isinstance(o, ast.Name) and o.id not in self.local and self.env.lookup(o.id) is UNRESOLVED:
+                self.untiled.add(o.id)   # a kernel input: the host looks at its shape
+                continue
+            raise _Reject
+
+    def _is_scalar(self, node) -> bool:
+        """A number known before the kernel runs: literals, module constants, arithmetic of those."""
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, (int, float, bool))
+        if isinstance(node, (ast.Name, ast.Attribute)) and not (isinstance(node, ast.Name) and node.id in self.local):
+            value = self.env.resolve(node)
+            return isinstance(value, (int, float, bool))
+        if isinstance(node, ast.BinOp):
+            return self._is_scalar(node.left) and self._is_scalar(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return self._is_scalar(node.operand)
+        return False
 
     def _is_var(self, node) -> bool:
         return isinstance(node, ast.Name) and node.id == self.var
@@ -346,6 +406,12 @@ class _Checker:
         tiled_side, other_side = (lhs, rhs) if self.dim == 0 else (rhs, lhs)
         if transposed or other_side is None or self._mentions_tiled(other_side) or tiled_side is None:
             raise _Reject
+
+
+# ops whose tensor operands broadcast against each other; keywords of them that are not operands
+_BROADCASTING = _SAME_SHAPE - {"cast", "fillpad", "fillpad_inplace", "set_validshape", "move", "no_dep",
+                               "aiv_shard", "aic_gather", "expands"}
+_NOT_OPERANDS = {"target_type", "mode", "pad_value", "dtype", "valid_shape", "shape", "name_hint"}
 
 
 class _Reject(Exception):

@@ -53,7 +53,8 @@ def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dic
                    span=region.span, params=params, body=body, env=env, anchor=region.stmt,
                    block_var=block_var, results=list(region.results),
                    guards=[p for p in params if p in ir.unbound_guard],
-                   coalesce_var=region.coalesce.var if region.coalesce else None)
+                   coalesce_var=c.var if c else None, coalesce_untiled=c.untiled if c else (),
+                   coalesce_dim=c.dim if c else 0)
     kir.accesses = plan_accesses(env, body, kir.params, block_var, region.aliased)
     return _finish(kir, module_globals, backend)
 

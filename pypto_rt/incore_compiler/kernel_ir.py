@@ -28,6 +28,8 @@ class KernelIR:
     accesses: list[Access] = field(default_factory=list)
     signature: ast.arguments | None = None   # the function's own parameters (defaults kept), if not `params`
     coalesce_var: str | None = None          # a coalesced region: the loop variable (an input)
+    coalesce_untiled: tuple[str, ...] = ()   # ... and inputs it merges only when their extent along it is 1
+    coalesce_dim: int = 0
 
 
 @dataclass

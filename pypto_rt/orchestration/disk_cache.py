@@ -24,7 +24,7 @@ from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES
 from pypto_rt.language import _runtime
 from pypto_rt.ops import OPS
 
-_FORMAT = 1
+_FORMAT = 2   # 2: kernels record the inputs a coalesced loop merges only at extent 1
 _COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration")
 _compiler_stamp: str | None = None
 
@@ -105,6 +105,7 @@ def _describe(artifact: KernelArtifact) -> dict:
             "span": [ir.span.file, ir.span.line, ir.span.col, ir.span.end_col],
             "params": list(ir.params), "results": list(ir.results), "guards": list(ir.guards),
             "block_var": ir.block_var, "returns_value": ir.returns_value, "coalesce_var": ir.coalesce_var,
+            "coalesce_untiled": list(ir.coalesce_untiled), "coalesce_dim": ir.coalesce_dim,
             "accesses": [[a.param, a.mode, a.line] for a in ir.accesses],
             "run": compiled.factory.code, "run_names": list(compiled.factory.names), "ops": dict(compiled.ops),
             "accesses_fn": artifact.factory.code, "accesses_names": list(artifact.factory.names),
@@ -116,7 +117,8 @@ def _artifact(d: dict, env: Env, module_globals: dict) -> KernelArtifact:
                   params=d["params"], body=[], env=env, anchor=None, block_var=d["block_var"],
                   results=d["results"], guards=d["guards"], returns_value=d["returns_value"],
                   accesses=[Access(p, m, line=line) for p, m, line in d["accesses"]],
-                  coalesce_var=d["coalesce_var"])
+                  coalesce_var=d["coalesce_var"], coalesce_untiled=tuple(d["coalesce_untiled"]),
+                  coalesce_dim=d["coalesce_dim"])
     values = {**RUNTIME_NAMES, **{local: OPS[qual] for local, qual in d["ops"].items()}, **env.closure}
     run_factory = Factory(d["run"], tuple(d["run_names"]))
     (run,) = run_factory.instantiate(values, module_globals)

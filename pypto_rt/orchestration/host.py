@@ -135,7 +135,7 @@ class HostExecutor(ReferenceExecutor):
         iterations of a sequential loop could see each other's writes (an input aliases an output)."""
         start, stop, step = int(start), int(stop), int(step)
         n = len(range(start, stop, step))
-        if step <= 0 or n == 0 or (not independent and _may_alias(artifact, others)):
+        if step <= 0 or n == 0 or (not independent and _may_alias(artifact, others)) or _spans(artifact, others):
             return [(v, step) for v in range(start, stop, step)]
         written = _written_bytes(artifact, others, start, n * step)
         count = min(n, self.engine.num_workers, max(1, written // _MIN_CHUNK_BYTES))
@@ -391,6 +391,20 @@ def _written_bytes(artifact, others, offset, extent) -> int:
             continue
         total += math.prod(region_of(tensor.data, offsets, sizes).shape) * tensor.data.element_size()
     return total
+
+
+def _spans(artifact, others) -> bool:
+    """Whether an input the coalesced kernel broadcasts against its tiles spans the tiled dimension (extent > 1):
+    merged tiles would meet it at another extent, so each iteration runs as written."""
+    c = artifact.ir
+    if not c.coalesce_untiled:
+        return False
+    value = _inputs_by_name(artifact, others)
+    for name in c.coalesce_untiled:
+        v = value.get(name)
+        if isinstance(v, TensorValue) and (v.ndim != 2 or v.shape[c.coalesce_dim] != 1):
+            return True
+    return False
 
 
 def _may_alias(artifact, others) -> bool:

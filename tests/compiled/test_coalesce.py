@@ -202,3 +202,37 @@ def test_a_2d_block_grid_merges_its_columns_and_coalesces_its_rows():
         with config.scope(REPLAY="0"):
             kernel(x, w, got)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)   # a wider matmul may sum in another order
+
+
+@pl.jit
+def add_a_tile_shaped_input(x: pl.Tensor[[ROWS, COLS], pl.FP32], b: pl.Tensor[[TILE, COLS], pl.FP32],
+                            y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_b"):
+            y[r : r + TILE, :] = pl.add(x[r : r + TILE, :], b)   # b meets every row tile as a whole
+    return y
+
+
+@pl.jit
+def add_a_row_input(x: pl.Tensor[[ROWS, COLS], pl.FP32], b: pl.Tensor[[1, COLS], pl.FP32],
+                    y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_b"):
+            y[r : r + TILE, :] = pl.col_expand_add(x[r : r + TILE, :], b)
+    return y
+
+
+def test_an_input_broadcast_against_each_tile_merges_only_at_extent_one(capsys):
+    """Merged tiles would meet a tile-shaped input at the wrong extent: the host checks its shape and keeps one
+    task per iteration; a [1, COLS] row merges."""
+    x = torch.randn(ROWS, COLS)
+    assert plan(add_a_tile_shaped_input).untiled == ("b",) and plan(add_a_row_input).untiled == ("b",)
+    for kernel, b, tasks in ((add_a_tile_shaped_input, torch.randn(TILE, COLS), ROWS // TILE),
+                             (add_a_row_input, torch.randn(1, COLS), 1)):
+        want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
+        with config.scope(EXECUTOR="reference"):
+            kernel(x, b, want)
+        with config.scope(REPLAY="0", STATS="1", NUM_WORKERS="1"):
+            kernel(x, b, got)
+        assert torch.equal(got, want)
+        assert f"{tasks} task" in capsys.readouterr().err
