@@ -217,6 +217,121 @@ class _WholeColumns(ast.NodeTransformer):
         return super().visit(node)
 
 
+def merge_tile_loops(env: Env, body: list) -> list:
+    """Tile loops inside a kernel body that carry nothing between iterations run as one wide pass.
+
+        for hb in pl.range(N):                      if N > 0 and __disjoint((x, ...), (y,)):
+            h0 = hb * H                                 <body with h0 -> 0, H -> N * H>
+            <body: H-wide tiles at h0>        ->    else:
+                                                        for hb in pl.range(N): ... (as written)
+
+    The body must use `h0`/`H` only as tile offsets/extents along one dimension, keep that dimension
+    independent (the coalescing checker's rules), bind no name another iteration or the code after the loop
+    reads, and read no tensor it writes. Each element is then computed by the same ops from the same inputs, so
+    the results are identical. `__disjoint` checks at run time that no tensor it reads overlaps one it writes
+    other than as the same view (a shifted alias would see earlier iterations' writes)."""
+    out = []
+    for i, stmt in enumerate(body):
+        merged = _merged_loop(env, stmt, body, body[i + 1:]) if isinstance(stmt, ast.For) else None
+        out.append(merged if merged is not None else stmt)
+    return out
+
+
+def _merged_loop(env: Env, loop: ast.For, kernel_body: list, after: list):
+    it = loop.iter
+    kind = callee(env, it) if isinstance(it, ast.Call) else UNRESOLVED
+    if (not is_loop(kind) or it.keywords or len(it.args) != 1 or loop.orelse or not isinstance(loop.target, ast.Name)
+            or len(loop.body) < 2):
+        return None
+    index, count = loop.target.id, it.args[0]
+    first = loop.body[0]
+    if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
+            and isinstance(first.value, ast.BinOp) and isinstance(first.value.op, ast.Mult)
+            and _is_name(first.value.left, index) and isinstance(first.value.right, (ast.Name, ast.Attribute))):
+        return None
+    var, step, rest = first.targets[0].id, first.value.right, loop.body[1:]
+    if not all(isinstance(st, (ast.Assign, ast.Expr)) for st in rest) or index in loaded_names(rest):
+        return None
+    bound = stored_names(rest) | {var, index}
+    if bound & loaded_names(after) or var in stored_names(rest) or _carries(rest):
+        return None
+    written = _written_bases(env, rest)
+    if not written or written & _read_bases(rest, written):
+        return None
+    for dim in (1, 0):
+        checker = _Checker(env, var, step, dim, rest, context=kernel_body)
+        if checker.accepts(rest) and not checker.untiled:
+            break
+    else:
+        return None
+    width = ast.BinOp(clone(count), ast.Mult(), clone(step))
+    wide = _WholeColumns(var, step, width).rewrite(rest)
+    reads = sorted(loaded_names(rest) - stored_names(rest) - written - {var})
+    tensors = [ast.Name(n, ast.Load()) for n in reads if env.lookup(n) is UNRESOLVED]
+    test = ast.BoolOp(ast.And(), [
+        ast.Compare(clone(count), [ast.Gt()], [ast.Constant(0)]),
+        ast.Call(ast.Name("__disjoint", ast.Load()), [ast.Tuple(tensors, ast.Load()),
+                                                     ast.Tuple([ast.Name(n, ast.Load()) for n in sorted(written)],
+                                                               ast.Load())], [])])
+    merged = ast.If(test, wide, [loop])
+    for node in ast.walk(merged):
+        if "lineno" in node._attributes and not hasattr(node, "lineno"):
+            ast.copy_location(node, loop)
+    return ast.fix_missing_locations(merged)
+
+
+def _carries(body) -> bool:
+    """Whether a statement reads a name the body binds before the body (re)binds it: state carried between
+    iterations."""
+    bound, seen = stored_names(body), set()
+    for st in body:
+        value = st.value
+        if (loaded_names([value]) | _target_loads(st)) & (bound - seen):
+            return True
+        seen |= stored_names(st.targets) if isinstance(st, ast.Assign) else set()
+    return False
+
+
+def _target_loads(st) -> set[str]:
+    return loaded_names(st.targets) if isinstance(st, ast.Assign) else set()
+
+
+def _written_bases(env: Env, body) -> set[str]:
+    """Names of the tensors the body writes: subscript-assignment targets and in-place ops' targets."""
+    out = set()
+    for st in body:
+        if isinstance(st, ast.Assign):
+            for t in st.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                    out.add(t.value.id)
+        for node in ast.walk(st):
+            if isinstance(node, ast.Call) and base_op(op_name(callee(env, node))) in ("assemble", "store", "write"):
+                target = node.args[0] if node.args else None
+                if not isinstance(target, ast.Name):
+                    out.add("?")   # a target we cannot name: treat as read too (never merged)
+                else:
+                    out.add(target.id)
+    return out
+
+
+def _read_bases(body, written: set[str]) -> set[str]:
+    """Names the body loads other than as the tensor a write goes to."""
+    targets = set()
+    for st in body:
+        if isinstance(st, ast.Assign):
+            targets |= {id(t.value) for t in st.targets if isinstance(t, ast.Subscript)}
+        for node in ast.walk(st):
+            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in written:
+                targets.add(id(node.args[0]))
+    names = set()
+    for st in body:
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in targets:
+                names.add(node.id)
+    return names | ({"?"} if "?" in written else set())
+
+
 def coalesced_body(coalescing: Coalescing):
     """The coalesced kernel's body: every use of the tile extent replaced by the `__extent` parameter."""
     body = coalescing.body
@@ -235,9 +350,10 @@ class _Checker:
     """Every use of the loop variable and of the step is a tile offset/extent along `dim`; every op keeps that
     dimension independent; the tiled operand of a matmul is on the tiled side."""
 
-    def __init__(self, env: Env, var: str, step: ast.expr, dim: int, body):
+    def __init__(self, env: Env, var: str, step: ast.expr, dim: int, body, context=None):
+        """`context`: the code around `body` (a whole kernel), whose names' shapes it may use."""
         self.env, self.var, self.dim = env, var, dim
-        self.shapes = ShapeInference(env, body)
+        self.shapes = ShapeInference(env, context if context is not None else body)
         self.step = ast.dump(step)
         self.covered: set[int] = set()
         self.tiled: set[str] = set()     # names holding values tiled along `dim`
@@ -280,17 +396,28 @@ class _Checker:
             if self._mentions_tiled(o) or self._is_scalar(o):
                 continue
             shape = self.shapes.of(o)
+            extent = None
             if shape is not None:
                 extent = shape[self.dim] if len(shape) == 2 else ast.Constant(1) if len(shape) == 1 and \
                     self.dim == 0 else None
-                if extent is not None and (self._is_step(extent) or
-                                           (isinstance(extent, ast.Constant) and extent.value == 1)):
+            if extent is not None:
+                if self._is_step(extent) or (isinstance(extent, ast.Constant) and extent.value == 1):
                     continue
                 raise _Reject
-            if isinstance(o, ast.Name) and o.id not in self.local and self.env.lookup(o.id) is UNRESOLVED:
-                self.untiled.add(o.id)   # a kernel input: the host looks at its shape
+            base = o.value if isinstance(o, ast.Subscript) else o
+            if (isinstance(base, ast.Name) and base.id not in self.local and self.env.lookup(base.id) is UNRESOLVED
+                    and (o is base or self._whole_along_dim(o))):
+                self.untiled.add(base.id)   # a kernel input (all of it along `dim`): the host looks at its shape
                 continue
             raise _Reject
+
+    def _whole_along_dim(self, sub: ast.Subscript) -> bool:
+        items = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else [sub.slice]
+        if len(items) <= self.dim:
+            return True
+        item = items[self.dim]
+        return (isinstance(item, ast.Slice) and item.upper is None and item.step is None
+                and (item.lower is None or (isinstance(item.lower, ast.Constant) and item.lower.value == 0)))
 
     def _is_scalar(self, node) -> bool:
         """A number known before the kernel runs: literals, module constants, arithmetic of those."""

@@ -12,13 +12,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from pypto_rt import config
 from pypto_rt.frontend.analyze import analyze
 from pypto_rt.frontend.ir import FunctionIR, Region
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.frontend.source import span_of
 from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.accesses import plan_accesses
-from pypto_rt.incore_compiler.coalesce import EXTENT, coalesced_body
+from pypto_rt.incore_compiler.coalesce import EXTENT, coalesced_body, merge_tile_loops
 from pypto_rt.incore_compiler.kernel_ir import CompiledKernel, KernelIR
 from pypto_rt.incore_compiler.torch_backend import TorchBackend
 
@@ -48,6 +49,8 @@ def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dic
         body = coalesced_body(c)
         params = [p for p in params if p != c.dropped] + ([c.var] if c.new_offset else []) + [EXTENT]
         block_var = None
+    if config.COALESCE.get() == "1":
+        body = merge_tile_loops(env, body)
     display = hint or f"{ir.name.rsplit('.', 1)[-1]}_{region.kind}{region.index}"
     kir = KernelIR(name=_identifier(f"{display}_r{region.index}"), display=display, file=ir.file,
                    span=region.span, params=params, body=body, env=env, anchor=region.stmt,

@@ -45,9 +45,24 @@ def loop_range(*bounds):
         return builtins.range(*(int(b) for b in bounds))
 
 
+def disjoint(reads: tuple, writes: tuple) -> bool:
+    """No tensor in `reads` shares memory with one in `writes` other than as the very same view (a merged tile
+    loop's condition, see coalesce.merge_tile_loops)."""
+    for w in writes:
+        if type(w) is not TensorValue:
+            return False
+        wd = w.data
+        for r in reads:
+            if type(r) is TensorValue and r.data.untyped_storage().data_ptr() == wd.untyped_storage().data_ptr() \
+                    and (r.data.storage_offset(), r.data.stride(), r.data.shape) != (
+                        wd.storage_offset(), wd.stride(), wd.shape):
+                return False
+    return True
+
+
 # names every generated kernel may use, besides its ops (`__op_*`) and the closure of its function
 RUNTIME_NAMES = {"__UNBOUND": UNBOUND, "__range": loop_range, "__subscript": subscript,
-                 "__subscript_set": subscript_set, "__slice": builtins.slice}
+                 "__subscript_set": subscript_set, "__slice": builtins.slice, "__disjoint": disjoint}
 
 
 class TorchBackend:

@@ -1,6 +1,8 @@
 """Coalescing: which tiled loops merge into wide tasks, and that merging never changes a result."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -236,3 +238,73 @@ def test_an_input_broadcast_against_each_tile_merges_only_at_extent_one(capsys):
             kernel(x, b, got)
         assert torch.equal(got, want)
         assert f"{tasks} task" in capsys.readouterr().err
+
+
+H = 8   # column tile of the inner loops
+
+
+@pl.jit
+def scale_columns(x: pl.Tensor[[ROWS, COLS], pl.FP32], w: pl.Tensor[[1, COLS], pl.FP32],
+                  y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        total = pl.row_sum(x[:, 0:COLS])
+        for hb in pl.range(COLS // H):          # no state carried: one wide pass
+            h0 = hb * H
+            t = pl.row_expand_mul(x[:, h0 : h0 + H], total)
+            y[:, h0 : h0 + H] = pl.col_expand_mul(t, w[:, h0 : h0 + H])
+    return y
+
+
+@pl.jit
+def running_columns(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="running"):
+        acc = pl.full([ROWS, H], dtype=pl.FP32, value=0.0)
+        for hb in pl.range(COLS // H):          # acc carries from one tile to the next: stays a loop
+            h0 = hb * H
+            acc = pl.add(acc, x[:, h0 : h0 + H])
+            y[:, h0 : h0 + H] = acc
+    return y
+
+
+def _kernel_source(kernel, tmp_path):
+    with config.scope(DUMP_DIR=str(tmp_path), CACHE_DIR="off", REPLAY="0"):
+        kernel.cache.clear()
+        args = [torch.randn(ROWS, COLS)] + ([torch.randn(1, COLS)] if kernel is scale_columns else [])
+        kernel(*args, torch.zeros(ROWS, COLS))
+    return "".join(p.read_text() for p in tmp_path.glob("*kernel0.py"))
+
+
+def test_an_inner_tile_loop_without_carried_state_runs_as_one_wide_pass(tmp_path):
+    merged = _kernel_source(scale_columns, tmp_path / "a")
+    assert "__disjoint" in merged and "0 + COLS // H * H" in merged
+    assert "__disjoint" not in _kernel_source(running_columns, tmp_path / "b")
+    x, w = torch.randn(ROWS, COLS), torch.randn(1, COLS)
+    for kernel, args in ((scale_columns, (x, w)), (running_columns, (x,))):
+        want, got = torch.zeros(ROWS, COLS), torch.zeros(ROWS, COLS)
+        with config.scope(EXECUTOR="reference"):
+            kernel(*args, want)
+        with config.scope(REPLAY="0"):
+            kernel(*args, got)
+        assert torch.equal(got, want)
+
+
+@pl.jit
+def shift_right(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="shift"):
+        for hb in pl.range(COLS // H):
+            h0 = hb * H
+            y[:, h0 : h0 + H] = pl.add(x[:, h0 : h0 + H], 1.0)
+    return y
+
+
+def test_a_merged_loop_whose_output_overlaps_its_input_shifted_runs_tile_by_tile():
+    """y is x moved one tile right in one buffer: each tile reads what the previous one wrote, as written."""
+    want, got = torch.randn(ROWS, COLS + H), None
+    got = want.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # y writes into x's memory (an In parameter): warned, and meant here
+        with config.scope(EXECUTOR="reference"):
+            shift_right(want[:, :COLS], want[:, H:])
+        with config.scope(REPLAY="0"):
+            shift_right(got[:, :COLS], got[:, H:])
+    assert torch.equal(got, want)
