@@ -24,7 +24,7 @@ from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
 
 CONFORMANCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
 KERNELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFORMANCE, "c0[1-7]*.py")))
-CALLS = replay.NORMAL_RUNS + 1 + replay.TRIAL_REPLAYS + 2   # engine runs, the recording, trials, steady state
+CALLS = replay.NORMAL_RUNS + 1 + 1 + replay.TRIAL_REPLAYS + 2   # engine runs, recording, warm-up, trials, more
 
 
 def modes(kernel) -> list[str]:
