@@ -80,7 +80,7 @@ def by_arguments(kernel, args: tuple):
     spec = table.get(key) if key is not None else None
     if spec is None or spec.replay is None:
         return MISS
-    return _replay(kernel, spec, [a if type(a) is torch.Tensor else None for a in args])
+    return _replay(kernel, spec, [a if type(a) is torch.Tensor else None for a in args], bound=False)
 
 
 def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
@@ -158,7 +158,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     t0 = time.perf_counter_ns()
     inputs = [v.data if type(v) is TensorValue else None for v in binding.values]
     recorder = Recorder(inputs)
-    threads = set_torch_threads(config.get_int(config.WORKER_THREADS, 1) or 1)
+    threads = set_torch_threads(_worker_threads())
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -215,17 +215,31 @@ def _number(plan, outputs: list):
     return (plan[0], [_number(p, outputs) for p in plan[1]])
 
 
-def _rebuild(plan, outputs):
+def _rebuild(plan, outputs, bound: bool = True):
+    """The entry's return value: TensorValues (bound) or the torch tensors the caller gets (not bound)."""
     if plan[0] == "tensor":
         _, index, dtype, valid, is_tile, pad = plan
-        return TensorValue(outputs[index], dtype, valid, is_tile, pad)
+        return TensorValue(outputs[index], dtype, valid, is_tile, pad) if bound else outputs[index]
     if plan[0] == "value":
         return plan[1]
-    return plan[0](_rebuild(p, outputs) for p in plan[1])
+    return plan[0](_rebuild(p, outputs, bound) for p in plan[1])
 
 
-def _replay(kernel, spec: _Specialisation, args: list):
-    threads = set_torch_threads(config.get_int(config.WORKER_THREADS, 1) or 1)
+_threads_knob = ("", 1)   # (PYPTO_WORKER_THREADS as read, its value): parsed once per distinct setting
+
+
+def _worker_threads() -> int:
+    global _threads_knob
+    raw = config.WORKER_THREADS.get()
+    if raw != _threads_knob[0]:
+        _threads_knob = (raw, config.get_int(config.WORKER_THREADS, 1) or 1)
+    return _threads_knob[1]
+
+
+def _replay(kernel, spec: _Specialisation, args: list, bound: bool = True):
+    """Run the recorded function on `args`; its return value as TensorValues (bound) or as the tensors the
+    caller gets (from `by_arguments`)."""
+    threads = set_torch_threads(_worker_threads())
     t0 = time.perf_counter_ns()
     try:
         outputs = spec.replay(*args)
@@ -238,7 +252,7 @@ def _replay(kernel, spec: _Specialisation, args: list):
             spec.replay = None
     if config.STATS.get() == "1":
         _stats(kernel, f"{spec.mode()} · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
-    return _rebuild(spec.results, outputs)
+    return _rebuild(spec.results, outputs, bound)
 
 
 def _stats(kernel, text: str) -> None:
