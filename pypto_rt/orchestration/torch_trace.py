@@ -45,6 +45,8 @@ _DATA_SHAPED = {"nonzero", "nonzero_static", "argwhere", "masked_select", "uniqu
                 "bincount", "repeat_interleave", "_unique2", "histogram"}
 _RANDOM = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
            "multinomial", "normal", "uniform_", "normal_", "exponential_", "random_", "dropout"}
+# a recording keeps every tensor the run makes alive (so ids and storages stay unique): it stops beyond this
+MAX_HELD_BYTES = 2 << 30
 _IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
                      "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
 _SIMPLE = (int, bool, str, type(None))
@@ -70,6 +72,8 @@ class Recorder(TorchFunctionMode):
         self._alive: list = []                               # every tensor seen: ids stay unique while recording
         self._input_storages = set()
         self._tainted: set[int] = set()                      # storages whose data depends on inputs or chance
+        self._held: set[int] = set()                         # storages the run made (kept alive while recording)
+        self._held_bytes = 0
         self.params: list[str] = []
         for i, t in enumerate(inputs):
             name = f"a{i}"
@@ -158,7 +162,12 @@ class Recorder(TorchFunctionMode):
         name = f"v{len(self.names)}"
         self.names[id(t)] = name
         self.made[name] = t
-        self.storage_of[name] = _storage(t)
+        storage = self.storage_of[name] = _storage(t)
+        if storage not in self._held:
+            self._held.add(storage)
+            self._held_bytes += t.untyped_storage().nbytes()
+            if self._held_bytes > MAX_HELD_BYTES:
+                raise Refused(f"recording would hold more than {MAX_HELD_BYTES / 2**30:g} GiB of intermediate tensors")
         self._alive.append(t)
         if tainted:
             self._tainted.add(_storage(t))

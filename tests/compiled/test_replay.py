@@ -314,3 +314,18 @@ def test_in_place_operators_count_as_writes_and_others_do_not():
     recorder, replayed = record(f, torch.randn(5))
     x = torch.randn(5)
     assert torch.equal(replayed(x)[0], f(x))
+
+
+def test_outputs_left_out_of_the_call_are_new_tensors_on_every_replayed_call():
+    x = torch.randn(ROWS, COLS)
+    results = [scale_rows(x, 4.0) for _ in range(CALLS)]
+    for y in results:
+        assert torch.equal(y, x * 4.0 + 1.0)
+    assert len({id(y) for y in results}) == CALLS and len({y.data_ptr() for y in results}) == CALLS
+
+
+def test_a_recording_that_would_hold_too_much_memory_is_refused(monkeypatch):
+    from pypto_rt.orchestration import torch_trace
+    monkeypatch.setattr(torch_trace, "MAX_HELD_BYTES", 1024)
+    recorder, replayed = record(lambda x: torch.exp(x) + torch.ones(1000), torch.randn(1000))
+    assert replayed is None and "GiB of intermediate tensors" in recorder.refused
