@@ -63,7 +63,8 @@ def test_replayed_calls_match_the_engine_bit_for_bit_on_new_data(name):
         assert mode.startswith("engine (the run reads tensor data into Python (`item`)"), mode
         assert "(c06_paged_kv_append.py:" in mode, "the reason names the user's line"
     else:
-        assert modes(kernel)[0].startswith(("replay", "engine (the engine ran it faster)")), modes(kernel)
+        assert modes(kernel)[0].startswith(("replay", "engine (the engine ran it faster)",   # a timing choice
+                                            "engine (its tasks run in parallel")), modes(kernel)
 
 
 ROWS, COLS = 16, 8
