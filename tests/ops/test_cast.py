@@ -213,3 +213,36 @@ def test_scalar_cast_rejects_non_default_mode():
 def test_const():
     assert C.const(5, D.INT32) == 5
     assert C.const(1.0 / 3.0, D.FP32) == struct.unpack("f", struct.pack("f", 1.0 / 3.0))[0]
+
+
+def _nearest(value: int, dtype: torch.dtype, ties_away: bool) -> float:
+    """Independent reference: the representable neighbours of an integer, by exact integer arithmetic."""
+    mantissa = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}[dtype]
+    if value == 0:
+        return 0.0
+    spacing = 2 ** max(0, abs(value).bit_length() - mantissa)
+    low = abs(value) // spacing * spacing
+    high = low + spacing
+    gap_low, gap_high = abs(value) - low, high - abs(value)
+    if gap_low != gap_high:
+        pick = low if gap_low < gap_high else high
+    elif ties_away:
+        pick = high
+    else:
+        pick = low if (low // spacing) % 2 == 0 else high
+    limit = torch.finfo(dtype).max
+    return math.copysign(math.inf if pick > limit else pick, value)
+
+
+@pytest.mark.parametrize("target", [D.FP16, D.BF16, D.FP32])
+@pytest.mark.parametrize("mode", ["round", "rint"])
+def test_integers_round_once_to_float_targets(target, mode):
+    """Ties between neighbours (e.g. 2049 -> FP16, 257 -> BF16, 2^24 + 1 -> FP32) go where the mode says."""
+    edges = [2049, -2049, 2051, 257, -257, 259, 65519, 65520, 65521, (1 << 24) + 1, (1 << 24) + 3, -(1 << 24) - 1,
+             (1 << 31) - 1, -(1 << 31), 0, 1, -1]
+    values = torch.tensor(edges + list(range(-5000, 5000, 7)) + torch.randint(-2**31, 2**31, (2000,)).tolist(),
+                          dtype=torch.int32)
+    got = C.cast(TensorValue(values, D.INT32), target, mode=mode).data.double().tolist()
+    for v, g in zip(values.tolist(), got):
+        assert g == _nearest(v, {D.FP16: torch.float16, D.BF16: torch.bfloat16, D.FP32: torch.float32}[target],
+                             mode == "round"), (v, g)
