@@ -111,7 +111,9 @@ class Recorder(TorchFunctionMode):
     # -- recording ------------------------------------------------------------------------------------
     def _record(self, func, args, kwargs, out) -> None:
         name = getattr(func, "__name__", "") or repr(func)
-        tensors_in = [t for t in _tensors((args, kwargs))]
+        tensors_in = _tensors(args)
+        if kwargs:
+            _tensors(kwargs, tensors_in)
         if name in _DATA_READS:
             if any(_storage(t) in self._tainted for t in tensors_in):
                 raise Refused(f"the run reads tensor data into Python (`{name}`), so its course may depend on data")
@@ -119,7 +121,7 @@ class Recorder(TorchFunctionMode):
         if name in _DATA_SHAPED or (name == "where" and len(args) == 1) or (
                 name == "__getitem__" and any(t.dtype in (torch.bool, torch.uint8) for t in tensors_in[1:])):
             raise Refused(f"`{name}` makes a result whose shape depends on data")
-        if isinstance(out, _METADATA_TYPES) or (name in _METADATA and next(_tensors(out), None) is None):
+        if isinstance(out, _METADATA_TYPES) or (name in _METADATA and not _tensors(out)):
             return
         if not isinstance(out, (torch.Tensor, tuple, list)) and out is not None:
             raise Refused(f"`{name}` returned a {type(out).__name__}, which the trace cannot follow")
@@ -128,7 +130,7 @@ class Recorder(TorchFunctionMode):
         tainted = name in _RANDOM or any(_storage(t) in self._tainted for t in tensors_in)
         mutates = (not name.startswith("__") and name.endswith("_")) or name in _IN_PLACE_DUNDERS or (
             "out" in kwargs or kwargs.get("inplace") is True)
-        written = (tensors_in[:1] + list(_tensors(kwargs.get("out")))) if mutates else []
+        written = (tensors_in[:1] + _tensors(kwargs.get("out"))) if mutates else []
         if mutates and tainted:
             self._tainted.update(_storage(t) for t in written)
         effect = mutates or name in _RANDOM
@@ -334,15 +336,21 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr() or -id(t)
 
 
-def _tensors(value):
+def _tensors(value, out: list | None = None) -> list:
+    """The tensors in `value` (nested tuples, lists and dicts), in order."""
+    out = [] if out is None else out
     if isinstance(value, torch.Tensor):
-        yield value
+        out.append(value)
     elif isinstance(value, (tuple, list)):
         for v in value:
-            yield from _tensors(v)
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, (tuple, list, dict)):
+                _tensors(v, out)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _tensors(v)
+            _tensors(v, out)
+    return out
 
 
 def compile_trace(source: str, constants: dict, file: str = "<pypto-rt replay>"):
