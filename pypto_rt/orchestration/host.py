@@ -25,7 +25,7 @@ from pypto_rt import config
 from pypto_rt.aicpu import Access as EngineAccess
 from pypto_rt.aicpu import Task, region_of
 from pypto_rt.collective import process
-from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, user_span
+from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
 from pypto_rt.frontend.python_calls import plain_python_calls
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.language import distributed as pld
@@ -33,7 +33,7 @@ from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.enums import FunctionType, Level
 from pypto_rt.language.ops import Namespace, OpStub
 from pypto_rt.language.scopes import Spmd
-from pypto_rt.ops import replay_guard
+from pypto_rt.ops import OPS, replay_guard
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.program import host_program
@@ -46,6 +46,10 @@ _NO_WAIT = {"slice", "reshape", "reinterpret_view", "transpose_view", "dim", "se
             "func_attr", "static_print", "static_assert", "prefetch.make_context", "prefetch.async_prefetch",
             "system.fence", "system.cacheinvalid", "ci", "tri", "expands"}
 _INCORE_TYPES = (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV, FunctionType.Group, FunctionType.Spmd)
+
+
+_READS = {"read", "tensor.read", "tile.read"}
+_READ = OPS["read"]
 
 
 def _refuse_replay_of_plain_python(kernel) -> None:
@@ -233,6 +237,12 @@ class HostExecutor(ReferenceExecutor):
 
     # -- host ops --------------------------------------------------------------------------------
     def call_op(self, name, args, kwargs):
+        if name in _READS and not kwargs and len(args) == 2 and type(args[0]) is TensorValue and self.engine.idle():
+            # `pl.read(t, [i])` with nothing in flight (a host loop over an index tensor): no wait, no dispatch
+            try:
+                return _READ(*args)
+            except PyptoError as e:
+                raise e.at(user_span()) from None
         if name == "__getitem__" and _reads_one_element(args):   # `x[i, j]` on the host reads data
             self._wait_element(args[0], args[1] if isinstance(args[1], tuple) else (args[1],))
         elif name not in self.INTRINSICS and _base(name) not in _NO_WAIT:
