@@ -139,22 +139,26 @@ def _plan_spmd(env: Env, region) -> Coalescing | None:
     call, body = region.call, region.body
     if not region.block_var or not body or not call.args or any(k.arg != "name_hint" for k in call.keywords):
         return None
-    first = body[0]
-    if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
-            and isinstance(first.value, ast.BinOp) and isinstance(first.value.op, ast.Mult)):
+    scaled = _scaled_offset(body[0], region.block_var)
+    if scaled is None or region.block_var in loaded_names(body[1:]):
         return None
-    left, right = first.value.left, first.value.right
-    block = ast.Name(region.block_var, ast.Load())
-    step = right if ast.dump(left) == ast.dump(block) else left if ast.dump(right) == ast.dump(block) else None
-    if not isinstance(step, (ast.Name, ast.Attribute)) or region.block_var in loaded_names(body[1:]):
-        return None
-    var = first.targets[0].id
+    var, step = scaled
     stop = ast.BinOp(clone(call.args[0]), ast.Mult(), clone(step))
     found = _accepting_dim(env, var, step, body[1:])
     if found is None:
         return None
     return Coalescing(region.stmt, var, [ast.Constant(0), stop, clone(step)], step, found[0], True, body[1:],
                       new_offset=True, untiled=found[1])
+
+
+def _scaled_offset(stmt, index: str):
+    """`v = index * STEP` (or `STEP * index`), STEP a name or attribute -> (v, STEP); else None."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.BinOp) and isinstance(stmt.value.op, ast.Mult)):
+        return None
+    left, right = stmt.value.left, stmt.value.right
+    step = right if _is_name(left, index) else left if _is_name(right, index) else None
+    return (stmt.targets[0].id, step) if isinstance(step, (ast.Name, ast.Attribute)) else None
 
 
 def _plan_spmd_grid(env: Env, region) -> Coalescing | None:
@@ -244,12 +248,10 @@ def _merged_loop(env: Env, loop: ast.For, kernel_body: list, after: list):
             or len(loop.body) < 2):
         return None
     index, count = loop.target.id, it.args[0]
-    first = loop.body[0]
-    if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
-            and isinstance(first.value, ast.BinOp) and isinstance(first.value.op, ast.Mult)
-            and _is_name(first.value.left, index) and isinstance(first.value.right, (ast.Name, ast.Attribute))):
+    scaled = _scaled_offset(loop.body[0], index)
+    if scaled is None:
         return None
-    var, step, rest = first.targets[0].id, first.value.right, loop.body[1:]
+    (var, step), rest = scaled, loop.body[1:]
     if not all(isinstance(st, (ast.Assign, ast.Expr)) for st in rest) or index in loaded_names(rest):
         return None
     bound = stored_names(rest) | {var, index}

@@ -31,7 +31,7 @@ import torch
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
 from pypto_rt.ops.value import TensorValue
-from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
+from pypto_rt.orchestration.torch_trace import Recorder, compile_trace, storage_id
 
 NORMAL_RUNS = 2            # engine runs per specialisation before recording (the first compiles)
 TRIAL_REPLAYS = 3          # replays timed (after one to warm up) before the faster way is chosen for good
@@ -142,7 +142,7 @@ def _key(values) -> tuple | None:
         kind = type(v)
         if kind is TensorValue or kind is torch.Tensor:
             t = v.data if kind is TensorValue else v
-            group = storages.setdefault(t.untyped_storage().data_ptr() or -id(t), len(storages))
+            group = storages.setdefault(storage_id(t), len(storages))
             parts.append((t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, group) + (
                 (v.dtype, v.valid, v.is_tile, v.pad) if kind is TensorValue else ()))
         elif v is None or kind in (int, float, bool, str):

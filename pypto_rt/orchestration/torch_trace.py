@@ -79,10 +79,10 @@ class Recorder(TorchFunctionMode):
             name = f"a{i}"
             self.params.append(name)
             if isinstance(t, torch.Tensor):
-                self._input_storages.add(_storage(t))
-                self._tainted.add(_storage(t))
+                self._input_storages.add(storage_id(t))
+                self._tainted.add(storage_id(t))
                 self.names.setdefault(id(t), name)
-                self.storage_of[name] = _storage(t)
+                self.storage_of[name] = storage_id(t)
                 self._alive.append(t)
 
     def __enter__(self):
@@ -115,7 +115,7 @@ class Recorder(TorchFunctionMode):
         if kwargs:
             _tensors(kwargs, tensors_in)
         if name in _DATA_READS:
-            if any(_storage(t) in self._tainted for t in tensors_in):
+            if any(storage_id(t) in self._tainted for t in tensors_in):
                 raise Refused(f"the run reads tensor data into Python (`{name}`), so its course may depend on data")
             return   # data computed from constants only: the same value every run
         if name in _DATA_SHAPED or (name == "where" and len(args) == 1) or (
@@ -127,14 +127,14 @@ class Recorder(TorchFunctionMode):
             raise Refused(f"`{name}` returned a {type(out).__name__}, which the trace cannot follow")
         call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
         reads = [self.names[id(t)] for t in tensors_in]
-        tainted = name in _RANDOM or any(_storage(t) in self._tainted for t in tensors_in)
+        tainted = name in _RANDOM or any(storage_id(t) in self._tainted for t in tensors_in)
         mutates = (not name.startswith("__") and name.endswith("_")) or name in _IN_PLACE_DUNDERS or (
             "out" in kwargs or kwargs.get("inplace") is True)
         written = (tensors_in[:1] + _tensors(kwargs.get("out"))) if mutates else []
         if mutates and tainted:
-            self._tainted.update(_storage(t) for t in written)
+            self._tainted.update(storage_id(t) for t in written)
         effect = mutates or name in _RANDOM
-        line = _Line(call, reads, effect, [self.names[id(t)] for t in written], [_storage(t) for t in written])
+        line = _Line(call, reads, effect, [self.names[id(t)] for t in written], [storage_id(t) for t in written])
         line.tainted = tainted
         if isinstance(out, torch.Tensor):
             if id(out) in self.names:   # an in-place method returning its own tensor, or a no-op `.to()`
@@ -142,7 +142,7 @@ class Recorder(TorchFunctionMode):
                     self.lines.append(line)
                 return
             line.target = self._define(out, tainted)
-            line.fresh = _storage(out) not in {_storage(t) for t in tensors_in}
+            line.fresh = storage_id(out) not in {storage_id(t) for t in tensors_in}
             self.lines.append(line)
             return
         if out is None:
@@ -164,7 +164,7 @@ class Recorder(TorchFunctionMode):
         name = f"v{len(self.names)}"
         self.names[id(t)] = name
         self.made[name] = t
-        storage = self.storage_of[name] = _storage(t)
+        storage = self.storage_of[name] = storage_id(t)
         if storage not in self._held:
             self._held.add(storage)
             self._held_bytes += t.untyped_storage().nbytes()
@@ -172,7 +172,7 @@ class Recorder(TorchFunctionMode):
                 raise Refused(f"recording would hold more than {MAX_HELD_BYTES / 2**30:g} GiB of intermediate tensors")
         self._alive.append(t)
         if tainted:
-            self._tainted.add(_storage(t))
+            self._tainted.add(storage_id(t))
         return name
 
     def _const(self, obj, prefix: str) -> str:
@@ -191,11 +191,11 @@ class Recorder(TorchFunctionMode):
         if isinstance(value, torch.Tensor):
             name = self.names.get(id(value))
             if name is None:   # made outside the run: kept by reference
-                if _storage(value) in self._input_storages:
+                if storage_id(value) in self._input_storages:
                     raise Refused("an outside tensor shares memory with an entry tensor")
-                self._tainted.add(_storage(value))
+                self._tainted.add(storage_id(value))
                 name = self.names[id(value)] = self._const(value, "k")
-                self.storage_of[name] = _storage(value)
+                self.storage_of[name] = storage_id(value)
             return name
         if isinstance(value, _SIMPLE):
             return repr(value)
@@ -331,7 +331,7 @@ def _users_line() -> str | None:
     return None
 
 
-def _storage(t: torch.Tensor) -> int:
+def storage_id(t: torch.Tensor) -> int:
     """The identity of a tensor's memory (an empty one has none: its own id, negated)."""
     return t.untyped_storage().data_ptr() or -id(t)
 
