@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from pypto_rt.errors import OpError
+from pypto_rt.ops import replay_guard
 from pypto_rt.ops.registry import op, writes
+from pypto_rt.ops.traced_scalar import TracedInt
 from pypto_rt.ops.value import TensorValue
 
 
@@ -10,7 +12,7 @@ def _index(src: TensorValue, indices, opname: str) -> tuple[int, ...]:
     if not isinstance(indices, (list, tuple)):
         indices = [indices]
     try:
-        idx = tuple(int(i) for i in indices)
+        idx = tuple(i if type(i) is int or type(i) is TracedInt else int(i) for i in indices)
     except (TypeError, ValueError):
         raise OpError(f"pl.{opname}: indices must be integers, got {indices!r}") from None
     if len(idx) != src.ndim:
@@ -33,8 +35,15 @@ def _to_python(v, dtype):
 
 @op("read", "tensor.read", "tile.read")
 def read(src, indices):
-    """The element at `indices` as a Python scalar of the element type."""
-    return _to_python(src.data[_index(src, indices, "read")].item(), src.dtype)
+    """The element at `indices` as a Python scalar of the element type (while a run is recorded for replay, an
+    integer may come as a TracedInt, which the replay reads again)."""
+    index = _index(src, indices, "read")
+    if replay_guard.recording() and not src.dtype.is_float() and src.dtype.name != "BOOL":
+        traced = replay_guard.read_scalar(src.data, index)
+        if traced is not None:
+            return traced
+        index = tuple(int(i) for i in index)
+    return _to_python(src.data[index].item(), src.dtype)
 
 
 @writes("dst")

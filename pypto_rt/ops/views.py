@@ -15,12 +15,19 @@ from pypto_rt.errors import OpError
 from pypto_rt.language.enums import AtomicType, PadValue
 from pypto_rt.ops import dtype_rules
 from pypto_rt.ops.registry import op, writes
+from pypto_rt.ops.traced_scalar import TracedInt
 from pypto_rt.ops.value import TensorValue, valid_mask, valid_region
+
+_INT = (int, TracedInt)   # integers taken as they are (a TracedInt keeps its code: offsets read from data)
+
+
+def _integral(v):
+    return v if type(v) in _INT else int(v)
 
 
 def _ints(seq, what: str, opname: str) -> list[int]:
     try:
-        return [int(v) for v in seq]
+        return [_integral(v) for v in seq]
     except (TypeError, ValueError):
         raise OpError(f"pl.{opname}: {what} must be a list of integers, got {seq!r}") from None
 
@@ -83,15 +90,15 @@ def _parse_key(x: TensorValue, key, opname: str):
             if k.step not in (None, 1):
                 raise OpError(f"{opname}: slices with a step are not supported (axis {axis})",
                               hint="PyPTO windows are contiguous; gather the strided elements instead")
-            start = 0 if k.start is None else int(k.start)
-            stop = size if k.stop is None else int(k.stop)
+            start = 0 if k.start is None else _integral(k.start)
+            stop = size if k.stop is None else _integral(k.stop)
             if start < 0 or stop < start:
                 raise OpError(f"{opname}: bad window {start}:{stop} on axis {axis} of extent {size}")
             shape.append(stop - start)
             offset.append(start)
         else:
             try:
-                idx = int(k)
+                idx = _integral(k)
             except (TypeError, ValueError):
                 raise OpError(f"{opname}: index on axis {axis} must be an integer or a slice, got {k!r}") from None
             shape.append(1)
@@ -109,8 +116,8 @@ def _in_bounds_slices(key, shape) -> bool:
         if type(k) is not slice or k.step not in (None, 1):
             return False
         start, stop = k.start, k.stop
-        if (start is not None and (type(start) is not int or start < 0)) or \
-                (stop is not None and (type(stop) is not int or stop > n)) or \
+        if (start is not None and (type(start) not in _INT or start < 0)) or \
+                (stop is not None and (type(stop) not in _INT or stop > n)) or \
                 (start is not None and stop is not None and stop < start):
             return False
     return True

@@ -75,7 +75,7 @@ def _compile_host_now(kernel) -> HostProgram:
             if r.tid_target is None and not any(k.arg in ("deps", "no_dep_args") for k in r.call.keywords):
                 r.coalesce = plan_coalescing(env, r, enclosing_statement(ir.tree, r.stmt))
     kernels = [compile_region(ir, r, env, module_globals) for r in ir.regions]
-    tree = generate_host(ir)
+    tree = generate_host(ir, module_globals)
     factory, (run,) = pycode.build_functions([tree], disk_cache.host_values(kernels, env), ir.file,
                                              module_globals, tree)
     source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")

@@ -30,8 +30,9 @@ import torch
 
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
+from pypto_rt.ops.traced_scalar import TracedInt
 from pypto_rt.ops.value import TensorValue
-from pypto_rt.orchestration.torch_trace import Recorder, compile_trace, storage_id
+from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
 
 NORMAL_RUNS = 2            # engine runs per specialisation before recording (the first compiles)
 TRIAL_REPLAYS = 3          # replays timed (after one to warm up) before the faster way is chosen for good
@@ -39,10 +40,13 @@ MAX_SPECIALISATIONS = 16   # per entry; later ones run on the engine
 PARALLEL = 1.5            # an engine run whose kernels add up to this much more than its wall time ran in parallel
 LONG_TASK_NS = 2_000_000  # ... and pays off only with tasks this long on average (shorter: thread hand-offs dominate)
 SLOWER = 1.15              # a replay this much slower than the engine's fastest run is dropped (beyond noise)
+MISSES = 8                 # guard misses (data took another course) after which a replay that misses more often
+                           # than it runs is dropped
 
 
 class _Specialisation:
-    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "why_not", "calls")
+    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "why_not", "calls", "guards", "hits",
+                 "misses")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -52,11 +56,15 @@ class _Specialisation:
         self.off = False            # this specialisation always runs on the engine
         self.why_not: str | None = None
         self.calls = 0              # torch calls in the replay
+        self.guards = 0             # its checks of values read from data
+        self.hits = 0               # replays run
+        self.misses = 0             # replays whose guards failed (the engine ran the call)
 
     def mode(self) -> str:
         """How calls of this specialisation run now, and why (PYPTO_STATS prints it)."""
         if self.replay is not None:
-            return f"replay of {self.calls} torch calls"
+            guarded = f", {self.guards} guards on values read from data" if self.guards else ""
+            return f"replay of {self.calls} torch calls{guarded}"
         if self.off:
             return f"engine ({self.why_not})"
         return f"engine (run {len(self.engine_ns) + 1} of {NORMAL_RUNS} before recording)"
@@ -80,7 +88,7 @@ def by_arguments(kernel, args: tuple):
     spec = table.get(key) if key is not None else None
     if spec is None or spec.replay is None:
         return MISS
-    return _replay(kernel, spec, [a if type(a) is torch.Tensor else None for a in args], bound=False)
+    return _replay(kernel, spec, [a if type(a) is torch.Tensor else None for a in args], bound=False)   # or MISS
 
 
 def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
@@ -108,7 +116,16 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
         return run_on_engine(False)[0]
     if spec.replay is not None:
         _remember_arguments(kernel, spec, binding, args)
-        return _replay(kernel, spec, [v.data if type(v) is TensorValue else None for v in binding.values])
+        out = _replay(kernel, spec, [v.data if type(v) is TensorValue else None for v in binding.values])
+        if out is not MISS:
+            return out
+        spec.misses += 1
+        if spec.misses >= MISSES and spec.misses > spec.hits:
+            spec.off, spec.replay = True, None
+            spec.why_not = f"the data took another course than recorded in {spec.misses} of " \
+                           f"{spec.misses + spec.hits} calls"
+        _stats(kernel, f"guards failed (the data takes another course): engine run; from now on {spec.mode()}")
+        return run_on_engine(False)[0]
     if len(spec.engine_ns) < NORMAL_RUNS:
         t0 = time.perf_counter_ns()
         result, stats = run_on_engine(False)
@@ -174,6 +191,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         rebuild = _result_plan(result, recorder) if recorder.refused is None else None
     except _Unreplayable as e:
         recorder.refuse(str(e))
+    result = _plain_scalars(result)
     if recorder.refused is not None:
         spec.off, spec.why_not = True, recorder.refused
     else:
@@ -181,7 +199,8 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         spec.results = _number(rebuild, outputs)
         source = recorder.source(outputs, fn_name=f"replay_{kernel.name}".replace(".", "_"))
         spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
-        spec.calls = sum(1 for line in source.splitlines()[1:-1] if not line.lstrip().startswith("#"))
+        spec.calls = sum(1 for line in source.splitlines()[1:-1] if not line.lstrip().startswith(("#", "if ")))
+        spec.guards = recorder.guards
         _dump(kernel, source)
     _stats(kernel, f"recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: from now on {spec.mode()}")
     return result
@@ -202,7 +221,18 @@ def _result_plan(result, recorder: Recorder):
         return (type(result), [_result_plan(r, recorder) for r in result])
     if result is None or type(result) in (int, float, bool, str):
         return ("value", result)
+    if type(result) is TracedInt:
+        raise _Unreplayable("the entry returns a value read from tensor data")
     raise _Unreplayable(f"the entry returns a {type(result).__name__}")
+
+
+def _plain_scalars(result):
+    """The recorded call's return value with values read from data as plain ints."""
+    if type(result) is TracedInt:
+        return int.__int__(result)
+    if type(result) in (tuple, list):
+        return type(result)(_plain_scalars(r) for r in result)
+    return result
 
 
 def _number(plan, outputs: list):
@@ -245,6 +275,9 @@ def _replay(kernel, spec: _Specialisation, args: list, bound: bool = True):
         outputs = spec.replay(*args)
     finally:
         set_torch_threads(threads)
+    if outputs is GUARD_MISS:
+        return MISS
+    spec.hits += 1
     if len(spec.replay_ns) <= TRIAL_REPLAYS:   # the first replay warms up (allocations): not counted
         spec.replay_ns.append(time.perf_counter_ns() - t0)
         if len(spec.replay_ns) > TRIAL_REPLAYS and min(spec.replay_ns[1:]) > SLOWER * min(spec.engine_ns):

@@ -31,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from pypto_rt.errors import is_internal_file
 from pypto_rt.ops import replay_guard
+from pypto_rt.ops.traced_scalar import TracedInt
 
 # calls whose non-tensor results are metadata: static under one specialisation (same shapes, strides, dtypes)
 _METADATA_TYPES = (torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.UntypedStorage)
@@ -50,6 +51,33 @@ MAX_HELD_BYTES = 2 << 30
 _IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
                      "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
 _SIMPLE = (int, bool, str, type(None))
+_INT_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+# a storage of at most this many elements is read whole (`.tolist()`) by a replay that reads scalars from it
+READ_WHOLE_ELEMENTS = 4096
+# calls whose result is a window of their first argument at offsets given by their other arguments
+_WINDOWS = {"__getitem__", "__setitem__", "narrow"}
+# calls whose scalar arguments are operands, never sizes: their results are shaped by their tensors alone
+_SCALAR_OPERANDS = {
+    "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum",
+    "lt", "le", "gt", "ge", "eq", "ne", "clamp", "clip", "clamp_min", "clamp_max", "where", "masked_fill",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "fill", "lerp"}
+_SCALAR_OPERANDS |= {n + "_" for n in _SCALAR_OPERANDS} | {
+    f"__{p}{n}__" for p in ("", "r", "i") for n in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")} | {
+    "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__"}
+
+
+_NEGATED = {"==": "!=", "!=": "==", "<": ">=", ">=": "<", ">": "<=", "<=": ">"}
+_MIRRORED = {"==": "==", "!=": "!=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
+_LITERAL = re.compile(r"-?[0-9.]+(e[-+]?[0-9]+)?")
+
+
+class _GuardMiss:
+    def __repr__(self):
+        return "GUARD_MISS"
+
+
+GUARD_MISS = _GuardMiss()   # what a replay returns when its guards do not hold: the call runs on the engine
 
 
 class Refused(Exception):
@@ -75,6 +103,18 @@ class Recorder(TorchFunctionMode):
         self._held: set[int] = set()                         # storages the run made (kept alive while recording)
         self._held_bytes = 0
         self.params: list[str] = []
+        # scalars read from data (orchestration reads `pl.read`): code that reads them and checks the guards
+        self.active = False                                  # TracedInts made now record guards
+        self.prologue: list[str] = []
+        self.guards = 0
+        self._guard_lines: set[str] = set()
+        self._symbols = 0
+        self._read_sources: dict[tuple, tuple[str, bool]] = {}   # (storage, dtype) -> (its name, read whole)
+        self._entry_of: dict[int, list] = {}                  # storage -> [(param name, tensor)]
+        self._written: set[int] = set()                      # storages the run has written so far
+        self._dynamic: set[int] = set()                      # ids of tensors whose shape depends on data
+        self._moving: set[int] = set()                       # ids of views whose offset depends on data
+        self._muted = False
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)
@@ -83,13 +123,16 @@ class Recorder(TorchFunctionMode):
                 self._tainted.add(storage_id(t))
                 self.names.setdefault(id(t), name)
                 self.storage_of[name] = storage_id(t)
+                self._entry_of.setdefault(storage_id(t), []).append((name, t))
                 self._alive.append(t)
 
     def __enter__(self):
-        replay_guard.push(self.refuse)
+        replay_guard.push(self)
+        self.active = True
         return super().__enter__()
 
     def __exit__(self, *exc):
+        self.active = False
         replay_guard.pop()
         return super().__exit__(*exc)
 
@@ -97,11 +140,90 @@ class Recorder(TorchFunctionMode):
         if self.refused is None:
             where = _users_line()
             self.refused = f"{reason} ({where})" if where else reason
+            self.active = False
+
+    # -- scalars read from data -----------------------------------------------------------------------
+    def guard(self, left: str, symbol: str, right: str, outcome: bool) -> None:
+        """The replay must see `left symbol right` come out as `outcome` (checked before it touches data). Kept
+        in one form (`s1 < 0` false is `s1 >= 0`; `0 <= s1` is `s1 >= 0`), so repeated checks are kept once."""
+        if not outcome:
+            symbol = _NEGATED[symbol]
+        if _LITERAL.fullmatch(left) and not _LITERAL.fullmatch(right):
+            left, symbol, right = right, _MIRRORED[symbol], left
+        line = f"if not ({left} {symbol} {right}): return _MISS"
+        if line not in self._guard_lines:
+            self._guard_lines.add(line)
+            self.prologue.append(line)
+            self.guards += 1
+            self.constants["_MISS"] = GUARD_MISS
+
+    def read_scalar(self, t: torch.Tensor, index: tuple):
+        """`t[index]` as a TracedInt the replay reads again from the same entry tensor, at its start (so only
+        memory the run has not written yet); None when it cannot."""
+        if (self.refused is not None or t.dtype not in _INT_DTYPES or id(t) not in self.names
+                or id(t) in self._dynamic or id(t) in self._moving):
+            return None
+        storage = storage_id(t)
+        entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
+        if entry is None or storage in self._written:
+            return None
+        constant, terms = t.storage_offset(), []
+        for i, stride in zip(index, t.stride()):
+            if type(i) is TracedInt:
+                terms.append(i.code if stride == 1 else f"{i.code} * {stride}")
+            else:
+                constant += i * stride
+        where = " + ".join(terms + [str(constant)] if constant or not terms else terms)
+        source = self._read_sources.get((storage, t.dtype))
+        if source is None:
+            elements = t.untyped_storage().nbytes() // t.element_size()
+            whole = elements <= READ_WHOLE_ELEMENTS
+            source = self._read_sources[(storage, t.dtype)] = (f"r{len(self._read_sources)}", whole)
+            flat = f"{self._const(torch.as_strided, 'f')}({entry[0]}, ({elements},), (1,), 0)"
+            self.prologue.append(f"{source[0]} = {flat}.tolist()" if whole else f"{source[0]} = {flat}")
+        self._muted = True
+        try:
+            value = t[tuple(int.__int__(i) for i in index)].item()
+        finally:
+            self._muted = False
+        symbol = f"s{self._symbols}"
+        self._symbols += 1
+        self.prologue.append(f"{symbol} = {source[0]}[{where}]" + ("" if source[1] else ".item()"))
+        return TracedInt(value, symbol, self)
+
+    def _pin(self, traced: list) -> None:
+        for v in traced:
+            v.pin()
+
+    def _guard_window(self, t: torch.Tensor, key, traced: list) -> None:
+        """A window of `t` at offsets computed from data (`t[s:s + 1, :]`, `t.narrow(0, s, 4)`): guards that
+        keep it inside `t` with the recorded extents, so only its offset varies between replays; values it
+        cannot bound this way are pinned."""
+        key = key if isinstance(key, tuple) else (key,)
+        if id(t) in self._dynamic or len(key) > t.dim() or any(
+                not (type(k) is slice or type(k) is int or type(k) is TracedInt) for k in key):
+            return self._pin(traced)
+        checks = []
+        for k, n in zip(key, t.shape):
+            if type(k) is slice:
+                if k.step not in (None, 1) or any(type(b) not in (int, TracedInt, type(None)) for b in (k.start, k.stop)):
+                    return self._pin(traced)
+                start, stop = (0 if k.start is None else k.start), (n if k.stop is None else k.stop)
+                if type(start) is TracedInt or type(stop) is TracedInt:
+                    a, b = _plain(start), _plain(stop)
+                    checks += [(_code(start), ">=", "0", 0 <= a), (_code(stop), ">=", _code(start), a <= b),
+                               (_code(stop), "<=", str(n), b <= n), (f"{_code(stop)} - {_code(start)}", "==", str(b - a), True)]
+            elif type(k) is TracedInt:
+                checks += [(k.code, ">=", "0", 0 <= _plain(k)), (k.code, "<", str(n), _plain(k) < n)]
+        if not all(check[3] for check in checks):   # outside when recorded: pin instead
+            return self._pin(traced)
+        for left, symbol, right, _ in checks:
+            self.guard(left, symbol, right, True)
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.refused is None:
+        if self.refused is None and not self._muted:
             try:
                 self._record(func, args, kwargs, out)
             except Refused as r:
@@ -114,25 +236,38 @@ class Recorder(TorchFunctionMode):
         tensors_in = _tensors(args)
         if kwargs:
             _tensors(kwargs, tensors_in)
+        traced = _traced(args, []) if self._symbols else []
+        if kwargs and self._symbols:
+            _traced(tuple(kwargs.values()), traced)
         if name in _DATA_READS:
             if any(storage_id(t) in self._tainted for t in tensors_in):
                 raise Refused(f"the run reads tensor data into Python (`{name}`), so its course may depend on data")
-            return   # data computed from constants only: the same value every run
+            return self._pin(traced)   # data computed from constants only: the same value every run
         if name in _DATA_SHAPED or (name == "where" and len(args) == 1) or (
                 name == "__getitem__" and any(t.dtype in (torch.bool, torch.uint8) for t in tensors_in[1:])):
             raise Refused(f"`{name}` makes a result whose shape depends on data")
         if isinstance(out, _METADATA_TYPES) or (name in _METADATA and not _tensors(out)):
-            return
+            if self._dynamic and any(id(t) in self._dynamic for t in tensors_in):
+                raise Refused(f"the run reads the shape of a tensor made with sizes read from data (`{name}`)")
+            if self._moving and name in ("storage_offset", "data_ptr") and any(
+                    id(t) in self._moving for t in tensors_in):
+                raise Refused(f"the run reads the place of a window at offsets read from data (`{name}`)")
+            return self._pin(traced)
         if not isinstance(out, (torch.Tensor, tuple, list)) and out is not None:
             raise Refused(f"`{name}` returned a {type(out).__name__}, which the trace cannot follow")
+        if traced and name in _WINDOWS and tensors_in and args and args[0] is tensors_in[0]:
+            self._guard_window(tensors_in[0], args[1] if name != "narrow" else
+                               (slice(None),) * _plain(args[1]) + (slice(args[2], args[2] + args[3]),), traced)
         call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
         reads = [self.names[id(t)] for t in tensors_in]
-        tainted = name in _RANDOM or any(storage_id(t) in self._tainted for t in tensors_in)
+        tainted = bool(traced) or name in _RANDOM or any(storage_id(t) in self._tainted for t in tensors_in)
         mutates = (not name.startswith("__") and name.endswith("_")) or name in _IN_PLACE_DUNDERS or (
             "out" in kwargs or kwargs.get("inplace") is True)
         written = (tensors_in[:1] + _tensors(kwargs.get("out"))) if mutates else []
         if mutates and tainted:
             self._tainted.update(storage_id(t) for t in written)
+        if mutates:
+            self._written.update(storage_id(t) for t in written)
         effect = mutates or name in _RANDOM
         line = _Line(call, reads, effect, [self.names[id(t)] for t in written], [storage_id(t) for t in written])
         line.tainted = tainted
@@ -144,6 +279,8 @@ class Recorder(TorchFunctionMode):
             line.target = self._define(out, tainted)
             line.fresh = storage_id(out) not in {storage_id(t) for t in tensors_in}
             self.lines.append(line)
+            if traced or self._dynamic or self._moving:
+                self._follow_place(name, out, tensors_in, traced)
             return
         if out is None:
             line.effect = True
@@ -159,6 +296,17 @@ class Recorder(TorchFunctionMode):
                 part.tainted = tainted
                 part.target = self._define(o, tainted)
                 self.lines.append(part)
+                if traced or self._dynamic or self._moving:
+                    self._follow_place(name, o, tensors_in, traced)
+
+    def _follow_place(self, name: str, out: torch.Tensor, tensors_in: list, traced: list) -> None:
+        """Which results have a shape (`_dynamic`) or an offset (`_moving`) that depends on data: made with
+        values read from data (a window's extents are guarded, so only its offset moves), or from such tensors."""
+        if any(id(t) in self._dynamic for t in tensors_in) or (
+                traced and name not in _WINDOWS and name not in _SCALAR_OPERANDS):
+            self._dynamic.add(id(out))
+        elif (traced and name in _WINDOWS) or any(id(t) in self._moving and storage_id(t) == storage_id(out) for t in tensors_in):
+            self._moving.add(id(out))
 
     def _define(self, t: torch.Tensor, tainted: bool) -> str:
         name = f"v{len(self.names)}"
@@ -188,6 +336,8 @@ class Recorder(TorchFunctionMode):
         return ", ".join(parts)
 
     def _render(self, value) -> str:
+        if type(value) is TracedInt:
+            return value.code
         if isinstance(value, torch.Tensor):
             name = self.names.get(id(value))
             if name is None:   # made outside the run: kept by reference
@@ -244,6 +394,7 @@ class Recorder(TorchFunctionMode):
                   if n in self.constants]
         if folded:
             body.insert(0, "# tensors computed from constants when recorded, kept: " + ", ".join(folded))
+        body[:0] = self.prologue
         named = set(re.findall(r"\bk\d+\b", "\n".join(body)))
         used = sorted((n for n in self._literals.values() if n in named), key=lambda n: int(n[1:]))
         body[:0] = [f"# {n} = {self.constants[n]!r}" for n in used]
@@ -283,7 +434,7 @@ class _Line:
         self.tainted = True  # the result may depend on an entry tensor, an outside tensor or chance
 
 
-_NAME = re.compile(r"\b[avt]\d+\b")
+_NAME = re.compile(r"\b[avts]\d+\b")
 
 
 def _dedupe(lines: list[_Line], storage_of: dict[str, int]) -> list[_Line]:
@@ -329,6 +480,27 @@ def _users_line() -> str | None:
             return f"{os.path.basename(name)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def _traced(value, out: list) -> list:
+    """The TracedInts in call arguments (nested tuples, lists, slices), in order."""
+    for v in value:
+        kind = type(v)
+        if kind is TracedInt:
+            out.append(v)
+        elif kind is slice:
+            _traced((v.start, v.stop, v.step), out)
+        elif kind is tuple or kind is list:
+            _traced(v, out)
+    return out
+
+
+def _plain(value):
+    return int.__int__(value) if type(value) is TracedInt else value
+
+
+def _code(value) -> str:
+    return value.code if type(value) is TracedInt else repr(value)
 
 
 def storage_id(t: torch.Tensor) -> int:

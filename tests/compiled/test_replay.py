@@ -1,9 +1,10 @@
 """Replay: an entry call whose course depends only on shapes, dtypes and scalars runs again as recorded torch calls.
 
-What users depend on: a replayed call gives bit-for-bit the engine's outputs on new data; a call whose course
-depends on data (a host `pl.read` steering an `if`, an offset read inside a kernel) is never replayed, so it
-stays right when that data changes; a new shape, stride, aliasing or scalar value gets its own recording;
-PYPTO_REPLAY=0 turns it off.
+What users depend on: a replayed call gives bit-for-bit the engine's outputs on new data; integers read from data
+(`pl.read`) are read again by every replay, and a call whose data takes another course than recorded (an `if`
+on such a value, a loop bound, a Python list index) runs on the engine instead, so it stays right when that
+data changes; data read into Python any other way is never replayed; a new shape, stride, aliasing or scalar
+value gets its own recording; PYPTO_REPLAY=0 turns it off.
 """
 from __future__ import annotations
 
@@ -61,12 +62,10 @@ def test_replayed_calls_match_the_engine_bit_for_bit_on_new_data(name, monkeypat
         for out in outputs:
             assert torch.equal(got[out], want[out]), f"{name}: call {seed}: output {out} differs from the engine's"
     kernel = getattr(entry, "kernel", entry)
-    if name.startswith("c06"):   # a host pl.read steers an `if`: its course depends on data
-        (mode,) = modes(kernel)
-        assert mode.startswith("engine (the run reads tensor data into Python (`item`)"), mode
-        assert "(c06_paged_kv_append.py:" in mode, "the reason names the user's line"
-    else:
-        assert modes(kernel)[0].startswith("replay"), modes(kernel)
+    (mode,) = modes(kernel)
+    assert mode.startswith("replay"), mode
+    if name.startswith("c06"):   # host pl.reads steer an `if` and place each write: read again, guarded
+        assert "guards on values read from data" in mode, mode
 
 
 ROWS, COLS = 16, 8
@@ -81,14 +80,126 @@ def gather_row(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[1], pl.I
     return out
 
 
-def test_a_host_read_offset_is_never_baked_into_a_replay():
+def test_a_host_read_offset_is_read_again_by_every_replay():
     src = torch.randn(ROWS, COLS)
     for i in range(CALLS):
         row = (3 * i + 1) % ROWS
         out = torch.zeros(1, COLS)
         gather_row(src, torch.tensor([row], dtype=torch.int32), out)
         assert torch.equal(out, src[row : row + 1] * 2.0), f"call {i} read row {row}"
-    assert modes(gather_row)[0].startswith("engine (the run reads tensor data")
+    assert modes(gather_row)[0].startswith("replay"), modes(gather_row)
+
+
+@pl.jit
+def gather_row_in_kernel(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[2], pl.INT32],
+                         out: pl.Out[pl.Tensor[[2, COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_rows"):
+        for k in pl.range(2):
+            row = pl.read(index, [k])
+            out[k : k + 1, :] = pl.add(src[row : row + 1, :], 1.0)
+    return out
+
+
+def test_an_offset_read_inside_a_kernel_is_read_again_by_every_replay():
+    src = torch.randn(ROWS, COLS)
+    for i in range(CALLS):
+        rows = [(5 * i + 2) % ROWS, (7 * i) % ROWS]
+        out = torch.zeros(2, COLS)
+        gather_row_in_kernel(src, torch.tensor(rows, dtype=torch.int32), out)
+        assert torch.equal(out, src[rows] + 1.0), f"call {i} read rows {rows}"
+    assert modes(gather_row_in_kernel)[0].startswith("replay"), modes(gather_row_in_kernel)
+
+
+@pl.jit
+def gather_cast_row(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[1], pl.INT32],
+                    out: pl.Out[pl.Tensor[[1, COLS], pl.FP32]]):
+    row = pl.cast(pl.read(index, [0]), pl.INDEX)
+    lo = pl.min(row, ROWS - 1)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_row"):
+        out[0:1, :] = pl.add(src[lo : lo + 1, :], 0.0)
+    return out
+
+
+def test_casts_and_scalar_min_of_a_read_value_stay_data_and_bad_values_still_fail_on_the_engine():
+    src = torch.randn(ROWS, COLS)
+    for i in range(CALLS):
+        out = torch.zeros(1, COLS)
+        gather_cast_row(src, torch.tensor([i % ROWS], dtype=torch.int32), out)
+        assert torch.equal(out, src[i % ROWS :][:1]), f"call {i}"
+    (spec,) = gather_cast_row.cache["replay"].values()
+    assert spec.mode().startswith("replay") and spec.hits >= CALLS - replay.NORMAL_RUNS - 1
+    with pytest.raises(Exception, match="test_replay.py"):   # a negative row: the engine's error, at the user's line
+        gather_cast_row(src, torch.tensor([-3], dtype=torch.int32), torch.zeros(1, COLS))
+    assert spec.misses == 1
+
+
+SCALES = [1.0, 2.0, 3.0, 4.0]
+
+
+@pl.jit
+def steered(x: pl.Tensor[[ROWS, COLS], pl.FP32], idx: pl.Tensor[[2], pl.INT32],
+            y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    k = pl.read(idx, [0])
+    n = pl.read(idx, [1])
+    scale = SCALES[k]   # a plain Python list indexed by data
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        y[:, :] = pl.mul(x, scale)
+    for j in pl.range(n):   # a loop bound read from data
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="bump"):
+            y[j : j + 1, :] = pl.add(y[j : j + 1, :], 1.0)
+    if n > ROWS // 2:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="last"):
+            y[ROWS - 1 : ROWS, :] = pl.add(y[ROWS - 1 : ROWS, :], 100.0)
+    return y
+
+
+def test_data_that_takes_another_course_than_recorded_runs_on_the_engine(monkeypatch):
+    monkeypatch.setattr(replay, "SLOWER", float("inf"))
+    x = torch.randn(ROWS, COLS)
+
+    def check(k, n):
+        y = torch.empty(ROWS, COLS)
+        steered(x, torch.tensor([k, n], dtype=torch.int32), y)
+        want = x * SCALES[k]
+        want[:n] += 1.0
+        if n > ROWS // 2:
+            want[ROWS - 1] += 100.0
+        assert torch.equal(y, want), f"k={k} n={n}"
+
+    for _ in range(CALLS):   # recorded with k=2, n=3; replayed
+        check(2, 3)
+    (spec,) = steered.cache["replay"].values()
+    hits = spec.hits
+    check(1, 3)   # the list index differs (pinned: Python reads it silently)
+    check(2, 5)   # the loop bound differs
+    check(2, 12)  # the `if` goes the other way
+    check(2, 3)
+    assert (spec.hits, spec.misses) == (hits + 1, 3)
+    for i in range(replay.MISSES):
+        check(i % 4, i % ROWS)
+    assert modes(steered)[0].startswith("engine (the data took another course than recorded in "), modes(steered)
+
+
+@pl.jit
+def read_after_write(x: pl.Tensor[[ROWS, COLS], pl.FP32], idx: pl.InOut[pl.Tensor[[1], pl.INT32]],
+                     y: pl.Out[pl.Tensor[[1, COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="bump"):
+        idx[0:1] = pl.add(idx[0:1], 1)
+    row = pl.read(idx, [0])
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_row"):
+        y[0:1, :] = pl.add(x[row : row + 1, :], 0.0)
+    return y
+
+
+def test_a_read_of_data_the_run_wrote_first_is_never_replayed():
+    x = torch.randn(ROWS, COLS)
+    for i in range(CALLS):
+        y = torch.empty(1, COLS)
+        read_after_write(x, torch.tensor([i % (ROWS - 1)], dtype=torch.int32), y)
+        assert torch.equal(y, x[i % (ROWS - 1) + 1 :][:1]), f"call {i}"
+    (mode,) = modes(read_after_write)
+    assert mode.startswith("engine (the run reads tensor data into Python (`item`)"), mode
+    assert "(test_replay.py:" in mode, "the reason names the user's line"
 
 
 @pl.jit
@@ -253,16 +364,23 @@ def test_a_program_calling_plain_python_is_never_replayed():
     assert modes(noted)[0].startswith("engine (noted calls plain Python (")
 
 
-def test_stats_say_how_each_call_ran_and_why(capsys):
-    fresh, fresh_gather = pl.jit(scale_rows.fn), pl.jit(gather_row.fn)
+def test_stats_say_how_each_call_ran_and_why(capsys, monkeypatch):
+    monkeypatch.setattr(replay, "SLOWER", float("inf"))   # keep the recordings, whatever the timing says
+    fresh, fresh_gather, fresh_steered = pl.jit(scale_rows.fn), pl.jit(gather_row.fn), pl.jit(steered.fn)
+    fresh_read_after_write = pl.jit(read_after_write.fn)
     x = torch.randn(ROWS, COLS)
     with config.scope(STATS="1"):
         for _ in range(CALLS):
             fresh(x, 2.0, torch.empty(ROWS, COLS))
         for i in range(CALLS):
             fresh_gather(x, torch.tensor([i], dtype=torch.int32), torch.empty(1, COLS))
+        for i in range(CALLS):
+            fresh_read_after_write(x, torch.tensor([i], dtype=torch.int32), torch.empty(1, COLS))
+        for n in [3] * CALLS + [5]:
+            fresh_steered(x, torch.tensor([2, n], dtype=torch.int32), torch.empty(ROWS, COLS))
     err = capsys.readouterr().err
     assert re.search(r"recorded in [0-9.]+ ms: from now on replay of", err) and "· wall" in err
+    assert "guards failed (the data takes another course): engine run" in err
     assert ": from now on engine (the run reads tensor data into Python (`item`)" in err
     assert "(test_replay.py:" in err, "the reason points at the user's line"
 

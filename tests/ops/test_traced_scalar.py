@@ -1,0 +1,94 @@
+"""TracedInt: an integer read from data while a run is recorded, which a replay computes again.
+
+What users depend on (through replay): arithmetic keeps the value's code, so offsets computed from data are
+recomputed by every replay; everything that decides the run's course (a comparison, a truth test) or reads the
+number as a plain value (int(), a list index, float arithmetic, formatting) becomes a guard the replay checks,
+so a replay never silently reuses a number seen when recording. Once the recording ends it is a plain int.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pypto_rt.language import dtypes as D
+from pypto_rt.ops.traced_scalar import TracedInt, host_key, plain_key
+from pypto_rt.ops.value import TensorValue
+
+
+class FakeRecorder:
+    def __init__(self):
+        self.active = True
+        self.guards: list[tuple[str, bool]] = []
+
+    def guard(self, left, symbol, right, outcome):
+        self.guards.append((f"{left} {symbol} {right}", outcome))
+
+
+def traced(value=5, code="s0"):
+    rec = FakeRecorder()
+    return TracedInt(value, code, rec), rec
+
+
+def test_arithmetic_keeps_code_and_value_without_guards():
+    s, rec = traced(5)
+    t = (s + 1) * 64 - 3 // s + (-s) % 7 + abs(s) + (2 << s)
+    want = (5 + 1) * 64 - 3 // 5 + (-5) % 7 + 5 + (2 << 5)
+    assert type(t) is TracedInt and t.code == "((((((s0 + 1) * 64) - (3 // s0)) + ((-s0) % 7)) + abs(s0)) + (2 << s0))"
+    assert rec.guards == []
+    assert t == want and rec.guards == [(f"{t.code} == {want}", True)], "only the comparison guards"
+    q, r = divmod(s, 3)
+    assert (q, r) == (1, 2) and type(q) is TracedInt and q.code == "(s0 // 3)" and r.code == "(s0 % 3)"
+
+
+@pytest.mark.parametrize("use, guard", [
+    (lambda s: s >= 0, ("s0 >= 0", True)),
+    (lambda s: s < 2, ("s0 < 2", False)),
+    (lambda s: bool(s), ("s0 != 0", True)),
+    (lambda s: 7 == s, ("s0 == 7", False)),
+    (lambda s: s > 1.5, ("s0 > 1.5", True)),
+])
+def test_comparisons_and_truth_tests_guard_their_outcome(use, guard):
+    s, rec = traced(5)
+    use(s)
+    assert rec.guards == [guard]
+
+
+@pytest.mark.parametrize("use, value", [
+    (int, 5),
+    (float, 5.0),
+    (lambda s: [1, 2, 3, 4, 5, 6][plain_key(s)], 6),
+    (lambda s: [0] * s, [0] * 5),
+    (lambda s: s / 2, 2.5),
+    (lambda s: s + 0.5, 5.5),
+    (lambda s: f"{s:03d}", "005"),
+    (lambda s: str(s), "5"),
+    (lambda s: pow(s, 2, 3), 1),
+])
+def test_uses_as_a_plain_number_pin_the_value(use, value):
+    s, rec = traced(5)
+    assert use(s) == value
+    assert ("s0 == 5", True) in rec.guards
+
+
+def test_tensor_arithmetic_does_not_pin():
+    s, rec = traced(5)
+    assert torch.equal(torch.ones(2) * s, torch.full((2,), 5.0))
+    assert rec.guards == []
+
+
+def test_keys_for_plain_containers_are_pinned_and_tensor_keys_are_not():
+    s, rec = traced(2)
+    key = (slice(s, s + 1), 1)
+    pinned = plain_key(key)
+    assert pinned == (slice(2, 3), 1) and all(type(v) is int for v in (pinned[0].start, pinned[0].stop))
+    assert ("s0 == 2", True) in rec.guards and ("(s0 + 1) == 3", True) in rec.guards
+    rec.guards.clear()
+    assert host_key(TensorValue(torch.zeros(4, 4), D.FP32), key) is key and rec.guards == []
+    assert host_key([0, 1, 2], s) == 2 and rec.guards == [("s0 == 2", True)]
+
+
+def test_after_the_recording_it_is_a_plain_int():
+    s, rec = traced(5)
+    rec.active = False
+    assert type(s + 1) is int and s >= 0 and int(s) == 5 and [0] * s == [0] * 5
+    assert rec.guards == []
