@@ -3,12 +3,23 @@
 `Recorder` is a torch function mode: on the thread that enters it, every torch call (functions, tensor methods,
 factories, property reads) passes through it. Calls that make or change tensors become lines of a function,
 `v7 = sum_3(v2, dim=-1, keepdim=True)`; the run's entry tensors are its parameters `a0, a1, ...`, the
-functions and constants it uses are its globals. The recording is *refused*
-(`Recorder.refused` says why) when the run's course could depend on tensor data rather than only on shapes,
-dtypes and scalar arguments:
-- a tensor's data becomes a Python value (`.item()`, `bool(t)`, `int(t)`, `.tolist()`, printing) and that
-  data depends on an entry tensor, an outside tensor or randomness (data computed from constants alone is
-  static, so casting a Python scalar through a tensor is fine);
+functions and constants it uses are its globals.
+
+Integers read from data: `pl.read` of an integer tensor asks `read_scalar` and gets a `TracedInt`
+(ops.traced_scalar) when the element lies in an entry tensor the run has not written yet. The function then
+starts with a *prologue* that reads those elements again (`r0 = as_strided(a1, ...).tolist()`, `s3 = r0[7]`)
+and checks the *guards* the run's course depended on (`if not (s3 >= 0): return _MISS`): a replay whose data
+would take another course returns `GUARD_MISS` before touching any data. Torch calls take the values as code
+(`getitem(v2, (slice(s3, (s3 + 1), None), ...))`); a window at such offsets is guarded to stay inside its
+tensor with its recorded extents, so its shape is static and only its place moves. A tensor made with a value
+from data as a size has a shape that depends on data: reading its shape refuses the recording, as does reading
+the offset of a moving window.
+
+The recording is *refused* (`Recorder.refused` says why) when the run's course could depend on tensor data in a
+way the prologue cannot check:
+- a tensor's data becomes a Python value (`.item()`, `bool(t)`, `int(t)`, `.tolist()`, printing) other than
+  through `read_scalar`, and that data depends on an entry tensor, an outside tensor or randomness (data
+  computed from constants alone is static, so casting a Python scalar through a tensor is fine);
 - an op whose result shape depends on data (`nonzero`, boolean-mask indexing, `unique`, ...);
 - an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
   memory with an entry tensor (a view made before the run), or an op that declares itself non-replayable
