@@ -145,6 +145,56 @@ class Engine:
             self._traced.append(task)
         return task
 
+    def run_now(self, name: str, run, blocks: int = 1, *, span=None) -> Task | None:
+        """Host thread, when `runs_at_once` said so for `run`: run the task's blocks here and now, one after
+        another, and return it finished (done, or failed: the run then fails as for any task, at the next submit,
+        wait or finish). Its producers have all finished (nothing is in flight), so it needs no edges, no map
+        entry and no hand-off; it still takes a ring slot in the open scope and counts in the stats. None when a
+        trace is being written (which wants every task's full life): then `submit` it."""
+        if self._traced is not None:
+            return None
+        self._check_usable()
+        if blocks < 1:
+            raise PyptoError(f"task '{name}' has blocks={blocks}; it needs at least one", span)
+        t0 = _now()
+        task = Task(self._next_id, name, run, blocks, (), span, t0)
+        self._next_id += 1
+        # no lock: with nothing in flight no worker touches this engine, and a full ring cannot free a slot
+        if self._ring_used >= self.ring_size:
+            raise ring_overflow_error(self._scopes, self.ring_size)
+        self._ring_used += 1
+        self._scope_held += 1
+        self._ring_high = max(self._ring_high, self._ring_used)
+        self._scopes[-1].tasks.append(task)
+        if self._host_threads is None:   # a block runs with a worker's thread count on any lane; restored by close
+            self._host_threads = set_torch_threads(self.worker_threads)
+        lane = self.num_workers
+        task.t_ready = task.t_start = self._last_progress = t0
+        task.lane, task.state = lane, "running"
+        error = None
+        host_watch.entering(self, task)
+        try:
+            task.result = run(0)
+            for block in range(1, blocks):
+                run(block)
+        except BaseException as exc:  # a kernel's failure belongs to its task
+            error = exc
+        finally:
+            host_watch.leaving(self)
+        t1 = task.t_end = self._lane_free[lane] = self._last_progress = _now()
+        self._kernel_ns += t1 - t0
+        task.blocks_left = 0
+        if self.host_stall is not None:   # the watchdog interrupted this block: report the stall, not the interrupt
+            raise self.host_stall
+        self._release(task)
+        if error is None:
+            task.state = "done"
+        else:
+            task.state, task.error = "failed", error
+            if self._failure is None and not self._closed:
+                self._failure = task
+        return task
+
     def dummy(self, deps=(), *, name: str = "task_dummy", span=None) -> Task:
         """A task that runs nothing and finishes once `deps` have (a dependency-only join)."""
         return self.submit(name, None, deps=deps, span=span, manual=True)

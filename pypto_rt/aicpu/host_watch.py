@@ -30,28 +30,30 @@ os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def entering(engine, task) -> None:
+    """Host thread: it starts running `task` itself. No lock: one dict store is atomic, and the watchdog reads a
+    snapshot (this runs once per task the host runs, so it must cost next to nothing)."""
     global _thread_started
-    with _lock:
-        _running[id(engine)] = (engine, task, time.perf_counter_ns(), False)
-        if not _thread_started:
-            _thread_started = True
-            threading.Thread(target=_watch, name="pypto-rt host watchdog", daemon=True).start()
+    _running[id(engine)] = (engine, task, time.perf_counter_ns(), False)
+    if not _thread_started:
+        with _lock:
+            if not _thread_started:
+                _thread_started = True
+                threading.Thread(target=_watch, name="pypto-rt host watchdog", daemon=True).start()
 
 
 def leaving(engine) -> None:
-    with _lock:
-        _running.pop(id(engine), None)
+    _running.pop(id(engine), None)
 
 
 def _watch() -> None:
     while True:
         time.sleep(0.25)
         now = time.perf_counter_ns()
-        with _lock:
-            late = [(key, entry) for key, entry in _running.items()
-                    if not entry[3] and now - entry[2] > entry[0].timeout_s * 1e9]
-            for key, (engine, task, started, _) in late:
-                _running[key] = (engine, task, started, True)
+        late = [(key, entry) for key, entry in list(_running.items())   # a snapshot: hosts change it meanwhile
+                if not entry[3] and now - entry[2] > entry[0].timeout_s * 1e9]
+        for key, entry in late:
+            if _running.get(key) is entry:   # still running that block: report it once
+                _running[key] = entry[:3] + (True,)
         for _, (engine, task, started, _) in late:
             report = engine.stall_report()
             engine.host_stall = report

@@ -114,6 +114,11 @@ class HostExecutor(ReferenceExecutor):
         comm = windows or communicates(artifact)
         if comm and at_once:   # a communication task always goes through the map and the chain
             accesses, windows = self._accesses(artifact, inputs, no_dep_args)
+        elif at_once:   # nothing in flight: its producers have all finished
+            run = self.runner.runner(artifact, inputs, blocks, ())
+            task = self.engine.run_now(name, run, run.blocks, span=span)
+            if task is not None:
+                return task
         if comm:
             if self.last_comm is not None:
                 deps.append(self.last_comm)
