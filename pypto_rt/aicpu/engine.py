@@ -156,12 +156,12 @@ class Engine:
         self._check_usable()
         if blocks < 1:
             raise PyptoError(f"task '{name}' has blocks={blocks}; it needs at least one", span)
-        t0 = _now()
-        task = Task(self._next_id, name, run, blocks, (), span, t0)
-        self._next_id += 1
         # no lock: with nothing in flight no worker touches this engine, and a full ring cannot free a slot
         if self._ring_used >= self.ring_size:
             raise ring_overflow_error(self._scopes, self.ring_size)
+        t0 = _now()
+        task = Task(self._next_id, name, run, blocks, (), span, t0)
+        self._next_id += 1
         self._ring_used += 1
         self._scope_held += 1
         self._ring_high = max(self._ring_high, self._ring_used)

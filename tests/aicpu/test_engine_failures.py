@@ -108,3 +108,27 @@ def test_ring_that_can_never_drain_raises_at_once():
     err = info.value
     assert "scope 'loop body' at prog.py:7:1 holds 2 tasks" in err.message and "(2 slots)" in err.message
     assert "PYPTO_RING_SIZE" in err.hint and err.span == Span("prog.py", 7)
+
+
+def test_a_task_run_now_counts_holds_its_ring_slot_and_fails_the_run_like_any_task():
+    with Engine(num_workers=2, ring_size=2) as e:
+        with e.scope("loop body", span=Span("prog.py", 3)):
+            first = e.run_now("first", lambda b: 7 + b)
+            assert (first.state, first.result) == ("done", 7)
+            e.run_now("second", lambda b: None)
+            with pytest.raises(RingOverflowError):   # done, but its scope holds it: a third can never fit
+                e.run_now("third", lambda b: None)
+        failed = e.run_now("broken", lambda b: 1 / 0, span=Span("prog.py", 9))
+        assert failed.state == "failed"
+        with pytest.raises(TaskFailedError) as info:   # as for a task on a worker: the next submit reports it
+            e.submit("after", lambda b: None)
+        with pytest.raises(TaskFailedError):
+            e.finish()
+    assert "'broken'" in str(info.value) and info.value.span == Span("prog.py", 9)
+    assert e.stats["tasks"] == 3 and e.stats["ring_high_water"] == 2
+
+
+def test_run_now_leaves_traced_runs_to_submit(tmp_path):
+    with Engine(num_workers=1, trace_path=str(tmp_path / "t.json")) as e:
+        assert e.run_now("traced", lambda b: None) is None
+        e.finish()
