@@ -118,6 +118,11 @@ def local_buffers() -> list[WindowBuffer]:
     return sorted(_buffers.values(), key=lambda b: b.window.index)
 
 
+def has_windows() -> bool:
+    """Whether this process has window buffers at all (else no tensor is a window)."""
+    return bool(_buffers)
+
+
 def window_of(tensor) -> tuple[WindowBuffer, int] | None:
     """(buffer, byte offset of the tensor's first element in it) when `tensor` views a window buffer, else None."""
     if not _buffers:

@@ -115,9 +115,9 @@ class HostExecutor(ReferenceExecutor):
         if comm and at_once:   # a communication task always goes through the map and the chain
             accesses, windows = self._accesses(artifact, inputs, no_dep_args)
         elif at_once:   # nothing in flight: its producers have all finished
-            run = self.runner.runner(artifact, inputs, blocks, ())
-            task = self.engine.run_now(name, run, run.blocks, span=span)
+            task = self.engine.run_now(name, self.runner.now(artifact, inputs, blocks), blocks, span=span)
             if task is not None:
+                self.runner.ran_now(artifact, task)
                 return task
         if comm:
             if self.last_comm is not None:
@@ -215,19 +215,20 @@ class HostExecutor(ReferenceExecutor):
     def _checks_only(self, artifact, inputs, skip) -> bool:
         """`_accesses` without boxes (the kernel's static accesses suffice): warn of definite writes into In
         parameters; whether an input is a window tensor."""
-        params = artifact.ir.params
-        index_of = artifact.__dict__.get("param_index")
-        if index_of is None:
-            index_of = artifact.param_index = {p: i for i, p in enumerate(params)}
-        windows = False
-        for a in artifact.ir.accesses:
-            value = inputs[index_of[a.param]]
-            if type(value) is not TensorValue:
-                continue
-            if process.window_of(value.data) is not None:
-                windows = True
-            elif a.mode != "r" and a.line and a.param not in skip:
-                self._warn_in_write(value, artifact, a.line)
+        plan = artifact.__dict__.get("checks_plan")
+        if plan is None:   # (index, param, line) of each definite write; indices of every access
+            index_of = {p: i for i, p in enumerate(artifact.ir.params)}
+            plan = artifact.checks_plan = (
+                tuple((index_of[a.param], a.param, a.line) for a in artifact.ir.accesses if a.mode != "r" and a.line),
+                tuple(index_of[a.param] for a in artifact.ir.accesses))
+        windows = process.has_windows() and any(
+            type(inputs[i]) is TensorValue and process.window_of(inputs[i].data) is not None for i in plan[1])
+        if self.binding.readonly:   # only an entry with In tensors can be written into by mistake
+            for index, param, line in plan[0]:
+                value = inputs[index]
+                if type(value) is TensorValue and param not in skip and (
+                        not windows or process.window_of(value.data) is None):
+                    self._warn_in_write(value, artifact, line)
         return windows
 
     def _warn_in_write(self, value, artifact, line):

@@ -43,6 +43,15 @@ class TaskRunner:
         history = artifact.__dict__.get("history")
         return _SHORT if history is not None and history.short(self.inline_ns) else _LONG
 
+    def now(self, artifact, inputs: tuple, blocks: int):
+        """What `Engine.run_now` runs per block (no CPU-time bookkeeping: `ran_now` notes the task's time)."""
+        binding, fn = self.binding, artifact.kernel.run
+        return lambda block: run_block(binding, fn, inputs, block, blocks)
+
+    def ran_now(self, artifact, task) -> None:
+        """Note how long a task `Engine.run_now` ran took (nothing else ran meanwhile: wall time is CPU time)."""
+        artifact.__dict__.setdefault("history", RunHistory()).note(task.t_end - task.t_start)
+
     def runner(self, artifact, inputs: tuple, blocks: int, accesses, label: str | None = None) -> "_Run":
         """What the engine runs per block; `label`: a communication task's region name (for wait reports)."""
         if self.check:
