@@ -39,7 +39,7 @@ class KernelArtifact:
 
 
 def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dict,
-                   backend: str = "torch") -> KernelArtifact:
+                   backend: str = "torch", traced: bool = False) -> KernelArtifact:
     """The kernel of one outlined region of `ir`."""
     hint = _literal_name_hint(region)
     body, params = region.body, list(region.live_ins)
@@ -59,23 +59,25 @@ def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dic
                    coalesce_var=c.var if c else None, coalesce_untiled=c.untiled if c else (),
                    coalesce_dim=c.dim if c else 0)
     kir.accesses = plan_accesses(env, body, kir.params, block_var, region.aliased)
-    return _finish(kir, module_globals, backend)
+    return _finish(kir, module_globals, backend, traced)
 
 
-def incore_kernel(kernel, backend: str = "torch") -> KernelArtifact:
+def incore_kernel(kernel, backend: str = "torch", traced: bool = False) -> KernelArtifact:
     """A function run as InCore code throughout (`@pl.jit.incore`, or an inline kernel called from a kernel),
-    compiled once per KernelFunction."""
-    artifact = kernel.cache.get("incore_kernel")
+    compiled once per KernelFunction (`traced`: the variant a run recorded for replay executes, see traced_code)."""
+    key = "incore_kernel_traced" if traced else "incore_kernel"
+    artifact = kernel.cache.get(key)
     if artifact is None:
         start = time.perf_counter()
         ir = analyze(kernel, context="incore")
-        artifact = compile_function(ir, Env(kernel.fn), kernel.fn.__globals__, backend)
+        artifact = compile_function(ir, Env(kernel.fn), kernel.fn.__globals__, backend, traced)
         artifact.compile_ms = (time.perf_counter() - start) * 1e3
-        kernel.cache["incore_kernel"] = artifact
+        kernel.cache[key] = artifact
     return artifact
 
 
-def compile_function(ir: FunctionIR, env: Env, module_globals: dict, backend: str = "torch") -> KernelArtifact:
+def compile_function(ir: FunctionIR, env: Env, module_globals: dict, backend: str = "torch",
+                     traced: bool = False) -> KernelArtifact:
     """A function as one kernel with its own signature (defaults kept); its `return` gives the result."""
     tree = ir.tree
     signature = pycode.clone(tree.args)
@@ -87,11 +89,12 @@ def compile_function(ir: FunctionIR, env: Env, module_globals: dict, backend: st
                    span=span_of(ir.file, tree), params=list(ir.params), body=tree.body, env=env, anchor=tree,
                    returns_value=True, signature=signature)
     kir.accesses = plan_accesses(env, tree.body, kir.params)
-    return _finish(kir, module_globals, backend)
+    return _finish(kir, module_globals, backend, traced)
 
 
-def _finish(kir: KernelIR, module_globals: dict, backend: str) -> KernelArtifact:
-    compiled = BACKENDS[backend].compile(kir, module_globals)
+def _finish(kir: KernelIR, module_globals: dict, backend: str, traced: bool = False) -> KernelArtifact:
+    compiled = BACKENDS[backend].compile(kir, module_globals, traced=traced) if traced else \
+        BACKENDS[backend].compile(kir, module_globals)
     factory, (accesses,) = _access_function(kir, module_globals)
     return KernelArtifact(compiled, accesses, factory=factory)
 

@@ -11,6 +11,7 @@ from pypto_rt.errors import DSLError, user_span
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.language.enums import Level
 from pypto_rt.language.scopes import Spmd
+from pypto_rt.ops import replay_guard
 from pypto_rt.reference.executor import ReferenceExecutor
 
 
@@ -25,7 +26,7 @@ class KernelExecutor(ReferenceExecutor):
     def call_kernel(self, kernel, args, kwargs):
         if kernel.kind == "extern" or "device" in kwargs:
             return super().call_kernel(kernel, args, kwargs)   # says why it cannot run
-        return incore_kernel(kernel).kernel.run(self.block_idx, *args, **kwargs)
+        return incore_kernel(kernel, traced=replay_guard.recording()).kernel.run(self.block_idx, *args, **kwargs)
 
     def iterate(self, loop):
         if isinstance(loop, Spmd):

@@ -15,7 +15,7 @@ import ast
 import builtins
 
 from pypto_rt.frontend.resolve import Env, callee, is_loop, op_name
-from pypto_rt.incore_compiler import pycode
+from pypto_rt.incore_compiler import pycode, traced_code
 from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS
@@ -69,10 +69,14 @@ RUNTIME_NAMES = {"__UNBOUND": UNBOUND, "__range": loop_range, "__subscript": sub
 class TorchBackend:
     name = "torch"
 
-    def compile(self, kernel: KernelIR, module_globals: dict, direct_ops: bool = True) -> CompiledKernel:
-        """`direct_ops=False` keeps every `pl` call going through the executor (PYPTO_CHECK=reference)."""
+    def compile(self, kernel: KernelIR, module_globals: dict, direct_ops: bool = True,
+                traced: bool = False) -> CompiledKernel:
+        """`direct_ops=False` keeps every `pl` call going through the executor (PYPTO_CHECK=reference);
+        `traced`: the variant a run recorded for replay executes (see traced_code)."""
         rewriter = _OpRewriter(kernel.env, direct_ops)
         body = [rewriter.visit(stmt) for stmt in pycode.clone(kernel.body)]
+        if traced:
+            body = [traced_code.route(stmt, set(module_globals) | set(kernel.env.closure)) for stmt in body]
         prologue = []
         for p in kernel.guards:
             prologue.append(ast.If(ast.Compare(pycode.name(p), [ast.Is()], [pycode.name("__UNBOUND")]),
@@ -88,7 +92,7 @@ class TorchBackend:
                                + [pycode.located(s, kernel.anchor) for s in epilogue],
                                decorator_list=[], returns=None, **pycode._TYPE_PARAMS)
         ast.copy_location(fdef, kernel.anchor)
-        injected = {**RUNTIME_NAMES, **rewriter.injected}
+        injected = {**RUNTIME_NAMES, **rewriter.injected, **(traced_code.RUNTIME_NAMES if traced else {})}
         injected.update(kernel.env.closure)
         factory, (run,) = pycode.build_functions([fdef], injected, kernel.file, module_globals, kernel.anchor)
         header = _header(kernel, rewriter)

@@ -35,10 +35,10 @@ def _to_python(v, dtype):
 
 @op("read", "tensor.read", "tile.read")
 def read(src, indices):
-    """The element at `indices` as a Python scalar of the element type (while a run is recorded for replay, an
-    integer may come as a TracedInt, which the replay reads again)."""
+    """The element at `indices` as a Python scalar of the element type (while a run is recorded for replay, it may
+    come as a TracedInt or TracedFloat, which the replay reads again)."""
     index = _index(src, indices, "read")
-    if replay_guard.recording() and not src.dtype.is_float() and src.dtype.name != "BOOL":
+    if replay_guard.recording() and src.dtype.name != "BOOL" and src.data.is_floating_point() == src.dtype.is_float():
         traced = replay_guard.read_scalar(src.data, index)
         if traced is not None:
             return traced

@@ -21,6 +21,7 @@ from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import promote, scalar_dtype, storage_dtype
 from pypto_rt.ops.flush import exp_ftz
 from pypto_rt.ops.registry import op
+from pypto_rt.ops.traced_scalar import TracedFloat, TracedInt, largest, smallest
 from pypto_rt.ops.value import TensorValue, broadcast_shape, valid_mask
 
 
@@ -117,7 +118,7 @@ def _binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
     _check_broadcast(name, a, b)
     dtype = a.dtype if keep_lhs else promote(a.dtype, _dtype_of(b))
     cdt = _compute_dtype(dtype)
-    if fn in _TAKES_PY_SCALAR and cdt.is_floating_point and type(b) in (float, int):
+    if fn in _TAKES_PY_SCALAR and cdt.is_floating_point and type(b) in _PY_SCALARS:
         rhs = b   # torch rounds a Python number to the float compute dtype exactly as torch.tensor(b, cdt) does
     else:
         rhs = _arg(name, b, cdt)
@@ -130,6 +131,9 @@ def _binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
     return TensorValue(_store(out, result), result, box, is_tile)
 
 
+_PY_SCALARS = (float, int, TracedInt, TracedFloat)   # numbers torch takes as they are (read from data: as code)
+
+
 def _binary_fp32(a: TensorValue, b, fn):
     """FP32 lhs with a same-shape FP32 tensor or a Python number (for add/sub/mul): no promotion, no conversion,
     no broadcasting; None for anything else."""
@@ -139,7 +143,7 @@ def _binary_fp32(a: TensorValue, b, fn):
             return None
         return TensorValue(fn(a.data, b.data), D.FP32, a.valid if a.valid == b.valid else None,
                            a.is_tile or b.is_tile)
-    if (tb is float or tb is int) and fn in _TAKES_PY_SCALAR:
+    if tb in _PY_SCALARS and fn in _TAKES_PY_SCALAR:
         return TensorValue(fn(a.data, b), D.FP32, a.valid, a.is_tile)
     return None
 
@@ -492,11 +496,11 @@ def _scalar_pair(name: str, a, b) -> None:
 def scalar_min(a, b):
     """pl.min(a, b): minimum of two scalars (not a reduction)."""
     _scalar_pair("min", a, b)
-    return builtins.min(a, b)
+    return smallest(a, b)   # builtins.min, also right for numbers read from data while recording
 
 
 @op("max")
 def scalar_max(a, b):
     """pl.max(a, b): maximum of two scalars (not a reduction)."""
     _scalar_pair("max", a, b)
-    return builtins.max(a, b)
+    return largest(a, b)

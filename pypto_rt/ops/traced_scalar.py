@@ -1,21 +1,24 @@
-"""Integers read from tensor data while a run is recorded for replay: they remember how they were computed.
+"""Numbers read from tensor data while a run is recorded for replay: they remember how they were computed.
 
-A recorded run (orchestration.torch_trace) that reads an integer with `pl.read` gets a `TracedInt`: an `int`
-with the value read, carrying `code`, the Python expression that computes it in the replay (`s3`, `(s3 + 1)`).
-Arithmetic with other integers gives TracedInts again, so a value computed from data reaches the torch calls
-that use it (`cache[slot:slot + 1]`) as code, not as the number seen when recording. Everything else the
-program does with it fixes its course, and becomes a *guard* the replay checks before it touches any data:
+A recorded run (orchestration.torch_trace) that reads a scalar with `pl.read` gets a `TracedInt` (an `int`) or a
+`TracedFloat` (a `float`) with the value read, carrying `code`, the Python expression that computes it in the
+replay (`s3`, `(s3 + 1)`). Arithmetic with other numbers gives traced numbers again, so a value computed from data
+reaches the torch calls that use it (`cache[slot:slot + 1]`, `x * scale`) as code, not as the number seen when
+recording. Everything else the program does with it fixes its course, and becomes a *guard* the replay checks
+before it touches any data:
 - a comparison or truth test: the replay needs the same outcome (`if slot >= 0:`);
-- any other use as a plain number (`int(x)`, `range(x)` through `int`, formatting, float arithmetic): the replay
-  needs the same value (the value is *pinned*).
-A replay whose guards fail runs on the engine instead. Python's own C code reads int subclasses as plain ints
-without asking (a list index, `range(x)`): pypto-rt's helpers pin values before such uses (`plain`).
+- any other use as a plain number (`int(x)`, `float(x)`, `round(x)`, formatting, `range(x)` through `int`): the
+  replay needs the same value (the value is *pinned*).
+A replay whose guards fail runs on the engine instead. Python's own C code reads int and float subclasses as
+plain numbers without asking (a list index, `range(x)`, `math.sqrt(x)`): pypto-rt's helpers pin values before
+the uses they make (`plain`, `plain_key`); the user's own code calling such functions is not seen.
 
-The recorder the value belongs to is `rec`, with `guard(left, symbol, right, outcome)` and `active`; once the recording
-ends (or is refused) the value behaves as the plain int it is.
+The recorder the value belongs to is `rec`, with `guard(left, symbol, right, outcome)`, `refuse(reason)` and
+`active`; once the recording ends (or is refused) the value behaves as the plain number it is.
 """
 from __future__ import annotations
 
+import builtins
 import math
 import operator
 
@@ -50,24 +53,8 @@ class TracedInt(int):
     def __float__(self):
         return float(self.pin())
 
-    def __bool__(self):
-        out = int.__ne__(self, 0)
-        if self.rec.active:
-            self.rec.guard(self.code, "!=", "0", out)
-        return out
-
-    def __repr__(self):
-        return repr(self.pin())
-
-    __str__ = __repr__
-
-    def __format__(self, spec):
-        return format(self.pin(), spec)
-
     def __reduce__(self):
         return int, (self.pin(),)
-
-    __hash__ = int.__hash__   # a dict or set lookup that finds a key compares with ==, which guards
 
     def __round__(self, ndigits=None):
         return self if ndigits is None or ndigits >= 0 else round(self.pin(), ndigits)
@@ -77,17 +64,82 @@ class TracedInt(int):
 
     __floor__ = __ceil__ = __trunc__
 
+    def __invert__(self):
+        return _derived(self, int.__invert__(self), f"(~{self.code})")
+
+
+class TracedFloat(float):
+    code: str
+    rec: object
+
+    def __new__(cls, value: float, code: str, rec) -> TracedFloat:
+        self = float.__new__(cls, value)
+        self.code = code
+        self.rec = rec
+        return self
+
+    def pin(self) -> float:
+        """This value, fixed: the replay checks it is the same (a value that is not finite cannot be: the
+        recording is refused)."""
+        value = float.__float__(self)
+        if self.rec.active:
+            if math.isfinite(value):
+                self.rec.guard(self.code, "==", repr(value), True)
+            else:
+                self.rec.refuse(f"the run's course depends on a value read from data that is {value}")
+        return value
+
+    def __float__(self):
+        return self.pin()
+
+    def __int__(self):
+        return int(self.pin())
+
+    def __reduce__(self):
+        return float, (self.pin(),)
+
+    def __round__(self, ndigits=None):
+        return round(self.pin(), ndigits)
+
+    def __trunc__(self):
+        return math.trunc(self.pin())
+
+    def __floor__(self):
+        return math.floor(self.pin())
+
+    def __ceil__(self):
+        return math.ceil(self.pin())
+
+    def is_integer(self):
+        return self.pin().is_integer()
+
+
+TRACED = (TracedInt, TracedFloat)
+
+
+def _common(cls, base) -> None:
+    """The methods both kinds share, on `base`'s operations."""
+
+    def __bool__(self):
+        out = base.__ne__(self, 0)
+        if self.rec.active:
+            self.rec.guard(self.code, "!=", "0", out)
+        return out
+
+    def __repr__(self):
+        return repr(self.pin())
+
+    def __format__(self, spec):
+        return format(self.pin(), spec)
+
     def __neg__(self):
-        return _derived(self, int.__neg__(self), f"(-{self.code})")
+        return _derived(self, base.__neg__(self), f"(-{self.code})")
 
     def __pos__(self):
         return self
 
     def __abs__(self):
-        return _derived(self, int.__abs__(self), f"abs({self.code})")
-
-    def __invert__(self):
-        return _derived(self, int.__invert__(self), f"(~{self.code})")
+        return _derived(self, base.__abs__(self), f"abs({self.code})")
 
     def __divmod__(self, other):
         return self // other, self % other
@@ -95,19 +147,32 @@ class TracedInt(int):
     def __rdivmod__(self, other):
         return other // self, other % self
 
+    for method in (__bool__, __repr__, __format__, __neg__, __pos__, __abs__, __divmod__, __rdivmod__):
+        setattr(cls, method.__name__, method)
+    cls.__str__ = __repr__
+    symbols = [("add", "+"), ("sub", "-"), ("mul", "*"), ("floordiv", "//"), ("mod", "%"), ("truediv", "/"),
+               ("pow", "**")]
+    if base is int:
+        symbols += [("lshift", "<<"), ("rshift", ">>"), ("and", "&"), ("or", "|"), ("xor", "^")]
+    for name, symbol in symbols:
+        setattr(cls, f"__{name}__", _arithmetic(base, f"__{name}__", symbol, False))
+        setattr(cls, f"__r{name}__", _arithmetic(base, f"__r{name}__", symbol, True))
+    for name, symbol in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
+        setattr(cls, f"__{name}__", _comparison(base, f"__{name}__", symbol))
+    cls.__hash__ = base.__hash__   # defining __eq__ cleared it; a dict lookup that finds a key compares (guards)
+
 
 def plain(value):
-    """`value` as a plain int when it is a TracedInt (pinned: the replay checks it), else unchanged."""
-    return value.pin() if type(value) is TracedInt else value
+    """`value` as a plain number when it is traced (pinned: the replay checks it), else unchanged."""
+    return value.pin() if type(value) in TRACED else value
 
 
 def plain_key(key):
-    """A subscript key for a plain Python container (a list, a tuple): TracedInts in it pinned, since Python reads
-    an int subclass as a plain int without asking."""
-    if type(key) is TracedInt:
+    """A subscript key for a plain Python container (a list, a tuple): traced numbers in it pinned, since Python
+    reads an int subclass as a plain int without asking."""
+    if type(key) in TRACED:
         return key.pin()
-    if type(key) is slice and (type(key.start) is TracedInt or type(key.stop) is TracedInt
-                               or type(key.step) is TracedInt):
+    if type(key) is slice and (type(key.start) in TRACED or type(key.stop) in TRACED or type(key.step) in TRACED):
         return slice(plain(key.start), plain(key.stop), plain(key.step))
     if type(key) is tuple:
         return tuple(plain_key(k) for k in key)
@@ -120,55 +185,105 @@ def host_key(owner, key):
     return key if type(owner) is TensorValue else plain_key(key)
 
 
-def _code(value) -> str:
-    return value.code if type(value) is TracedInt else repr(value)
+def code_of(value) -> str:
+    """Python code for a number: a traced one's expression, else a literal (1e999 stands for infinity)."""
+    if type(value) in TRACED:
+        return value.code
+    if type(value) is float and not math.isfinite(value):
+        return "(1e999 - 1e999)" if value != value else ("1e999" if value > 0 else "(-1e999)")
+    return repr(value)
 
 
-def _derived(source: TracedInt, value, code: str):
-    return TracedInt(value, code, source.rec) if source.rec.active else value
+_MIRRORED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
 
-_INTEGRAL = (int, bool)
+def arithmetic(name: str, left, right):
+    """`left <op> right` (`name` as in `operator`); a plain float with a TracedInt on the right asks the TracedInt
+    (its reflected method): float's own method would read it as a plain int without asking."""
+    if type(right) is TracedInt and type(left) is float:
+        return getattr(right, f"__r{name.rstrip('_')}__")(left)
+    return getattr(operator, name)(left, right)
 
 
-def _arithmetic(name: str, symbol: str, reflected: bool):
-    base = getattr(int, name)
+def compare(name: str, left, right):
+    """`left <op> right`; a plain float with a TracedInt on the right asks the TracedInt (the mirrored op)."""
+    if type(right) is TracedInt and type(left) is float:
+        return getattr(right, f"__{_MIRRORED[name]}__")(left)
+    return getattr(operator, name)(left, right)
+
+
+def _extreme(name: str, pick):
+    def extreme(*args, key=None, **kwargs):
+        items = args[0] if len(args) == 1 else args
+        if key is not None or kwargs or type(items) not in (tuple, list) or not items:
+            return pick(*args, key=key, **kwargs) if key is not None else pick(*args, **kwargs)
+        best = items[0]
+        for item in items[1:]:   # the first of equal items wins, as with the builtin
+            if compare(name, item, best):
+                best = item
+        return best
+    extreme.__name__ = pick.__name__
+    extreme.__doc__ = f"`{pick.__name__}` comparing through `compare`."
+    return extreme
+
+
+smallest = _extreme("lt", builtins.min)
+largest = _extreme("gt", builtins.max)
+
+
+def _derived(source, value, code: str):
+    if not source.rec.active:
+        return value
+    return TracedInt(value, code, source.rec) if type(value) is int else TracedFloat(value, code, source.rec)
+
+
+_NUMBERS = (int, bool, float, TracedInt, TracedFloat)
+
+
+def _arithmetic(base, name: str, symbol: str, reflected: bool):
+    operation = getattr(base, name)
+    as_float = getattr(float, name, None)
 
     def method(self, other, *modulo):
         if modulo:   # three-argument pow
-            return base(self.pin(), other, *modulo)
-        out = base(self, other)
+            return operation(self.pin(), other, *modulo)
+        out = operation(self, other)
         if not self.rec.active:
             return out
         if out is NotImplemented:
-            if not isinstance(other, (TensorValue, torch.Tensor)):   # tensors take it as code; a list repeat,
-                self.pin()                                            # float arithmetic, ... read it silently
-            return out
-        if type(out) is int and (type(other) in _INTEGRAL or type(other) is TracedInt):
-            left, right = (_code(other), self.code) if reflected else (self.code, _code(other))
-            return TracedInt(out, f"({left} {symbol} {right})", self.rec)
-        self.pin()   # a float or unusual result: this value decides it
+            if type(other) is TracedFloat or isinstance(other, (TensorValue, torch.Tensor)):
+                return out   # the other side takes it as code (a traced float's own method, a tensor op)
+            if base is int and type(other) is float and as_float is not None:
+                out = as_float(float(int.__int__(self)), other)   # what Python does: the int as a float
+            else:
+                self.pin()   # a list repeat, an unknown type, ...: it reads the number silently
+                return out
+        if type(other) in _NUMBERS and type(out) in (int, float):
+            left, right = (code_of(other), self.code) if reflected else (self.code, code_of(other))
+            return _derived(self, out, f"({left} {symbol} {right})")
+        self.pin()
         return out
 
     method.__name__ = name
     return method
 
 
-def _comparison(name: str, symbol: str):
-    base, plain_compare = getattr(int, name), getattr(operator, name)
+def _comparison(base, name: str, symbol: str):
+    operation, plain_compare = getattr(base, name), getattr(operator, name)
 
     def method(self, other):
-        out = base(self, other)
+        out = operation(self, other)
         if not self.rec.active:
             return out
         if out is NotImplemented:
-            if type(other) is not float:   # a tensor compares it as code; anything else is pinned
-                if not isinstance(other, (TensorValue, torch.Tensor)):
-                    self.pin()
+            if type(other) is TracedFloat or isinstance(other, (TensorValue, torch.Tensor)):
+                return out   # the other side compares it as code
+            if type(other) is not float:
+                self.pin()   # an unknown type: it reads the number silently
                 return out
             out = plain_compare(int.__int__(self), other)
-        if type(other) in _INTEGRAL or type(other) is TracedInt or (type(other) is float and math.isfinite(other)):
-            self.rec.guard(self.code, symbol, _code(other), out)
+        if type(other) in _NUMBERS:
+            self.rec.guard(self.code, symbol, code_of(other), out)
         else:
             self.pin()
         return out
@@ -177,11 +292,5 @@ def _comparison(name: str, symbol: str):
     return method
 
 
-for _name, _symbol in (("add", "+"), ("sub", "-"), ("mul", "*"), ("floordiv", "//"), ("mod", "%"),
-                       ("truediv", "/"), ("pow", "**"), ("lshift", "<<"), ("rshift", ">>"), ("and", "&"),
-                       ("or", "|"), ("xor", "^")):
-    setattr(TracedInt, f"__{_name}__", _arithmetic(f"__{_name}__", _symbol, False))
-    setattr(TracedInt, f"__r{_name}__", _arithmetic(f"__r{_name}__", _symbol, True))
-for _name, _symbol in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">=")):
-    setattr(TracedInt, f"__{_name}__", _comparison(f"__{_name}__", _symbol))
-TracedInt.__hash__ = int.__hash__   # defining __eq__ cleared it
+_common(TracedInt, int)
+_common(TracedFloat, float)

@@ -86,7 +86,7 @@ class HostExecutor(ReferenceExecutor):
         _refuse_replay_of_plain_python(kernel)
         if is_incore(kernel):
             return self.call_kernel(kernel, tuple(self.binding.values), {})
-        return host_program(kernel).run(*self.binding.values)
+        return host_program(kernel, traced=replay_guard.recording()).run(*self.binding.values)
 
     def call_kernel(self, kernel, args, kwargs):
         _refuse_replay_of_plain_python(kernel)
@@ -98,7 +98,7 @@ class HostExecutor(ReferenceExecutor):
         if kernel.kind == "inline" and "inline_warned" not in kernel.cache:
             kernel.cache["inline_warned"] = True
             warn_directions_on_inline(kernel)
-        return host_program(kernel).run(*args, **kwargs)
+        return host_program(kernel, traced=replay_guard.recording()).run(*args, **kwargs)
 
     # -- region tasks (called by generated host code) --------------------------------------------
     def submit(self, artifact, inputs, name_hint=None, deps=None, core_num=None, no_dep_args=None):
@@ -162,7 +162,7 @@ class HostExecutor(ReferenceExecutor):
         return task.result
 
     def _submit_function(self, kernel, args, kwargs, deps, blocks, name):
-        artifact = incore_kernel(kernel)
+        artifact = incore_kernel(kernel, traced=replay_guard.recording())
         try:
             bound = inspect.signature(kernel.fn).bind(*args, **kwargs)
         except TypeError as e:

@@ -15,7 +15,7 @@ from pypto_rt import config
 from pypto_rt.frontend.analyze import analyze, enclosing_statement
 from pypto_rt.frontend.ir import FunctionIR
 from pypto_rt.frontend.resolve import Env
-from pypto_rt.incore_compiler import pycode
+from pypto_rt.incore_compiler import pycode, traced_code
 from pypto_rt.incore_compiler.coalesce import plan_coalescing
 from pypto_rt.incore_compiler.compiler import KernelArtifact, compile_region
 from pypto_rt.orchestration import disk_cache
@@ -33,9 +33,15 @@ class HostProgram:
     factory: pycode.Factory
 
 
-def host_program(kernel) -> HostProgram:
+def host_program(kernel, traced: bool = False) -> HostProgram:
     """The compiled host program of a `@pl.jit` / inline / opaque / program function: from this process's
-    cache, else the disk cache, else compiled now (and stored)."""
+    cache, else the disk cache, else compiled now (and stored). `traced`: the variant a run recorded for replay
+    executes (see incore_compiler.traced_code), compiled when first needed and kept in this process only."""
+    if traced:
+        program = kernel.cache.get("host_program_traced")
+        if program is None:
+            program = kernel.cache["host_program_traced"] = _compile_host(kernel, traced=True)
+        return program
     program = kernel.cache.get("host_program")
     if program is None:
         start = time.perf_counter()
@@ -53,19 +59,19 @@ def _from_factory(kernel, kernels, factory, source, start) -> HostProgram:
     return HostProgram(None, run, kernels, source, (time.perf_counter() - start) * 1e3, factory)
 
 
-def _compile_host(kernel) -> HostProgram:
+def _compile_host(kernel, traced: bool = False) -> HostProgram:
     """Compile with the cyclic garbage collector paused: compiling allocates thousands of short-lived AST
     nodes, which would otherwise trigger full collections over torch's ~10^5 objects (~80 ms each here)."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _compile_host_now(kernel)
+        return _compile_host_now(kernel, traced)
     finally:
         if paused:
             gc.enable()
 
 
-def _compile_host_now(kernel) -> HostProgram:
+def _compile_host_now(kernel, traced: bool = False) -> HostProgram:
     start = time.perf_counter()
     ir = analyze(kernel, context="host")
     env = Env(kernel.fn)
@@ -74,13 +80,17 @@ def _compile_host_now(kernel) -> HostProgram:
         for r in ir.regions:
             if r.tid_target is None and not any(k.arg in ("deps", "no_dep_args") for k in r.call.keywords):
                 r.coalesce = plan_coalescing(env, r, enclosing_statement(ir.tree, r.stmt))
-    kernels = [compile_region(ir, r, env, module_globals) for r in ir.regions]
+    kernels = [compile_region(ir, r, env, module_globals, traced=traced) for r in ir.regions]
     tree = generate_host(ir, module_globals)
-    factory, (run,) = pycode.build_functions([tree], disk_cache.host_values(kernels, env), ir.file,
-                                             module_globals, tree)
+    values = disk_cache.host_values(kernels, env)
+    if traced:
+        traced_code.route(tree, set(module_globals) | set(env.closure))
+        values.update(traced_code.RUNTIME_NAMES)
+    factory, (run,) = pycode.build_functions([tree], values, ir.file, module_globals, tree)
     source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")
     program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3, factory)
-    dump(ir, "host", source, [k.kernel.source for k in kernels])
+    if not traced:
+        dump(ir, "host", source, [k.kernel.source for k in kernels])
     return program
 
 

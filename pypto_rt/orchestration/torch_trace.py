@@ -5,7 +5,7 @@ factories, property reads) passes through it. Calls that make or change tensors 
 `v7 = sum_3(v2, dim=-1, keepdim=True)`; the run's entry tensors are its parameters `a0, a1, ...`, the
 functions and constants it uses are its globals.
 
-Integers read from data: `pl.read` of an integer tensor asks `read_scalar` and gets a `TracedInt`
+Numbers read from data: `pl.read` asks `read_scalar` and gets a `TracedInt` or `TracedFloat`
 (ops.traced_scalar) when the element lies in an entry tensor the run has not written yet. The function then
 starts with a *prologue* that reads those elements again (`r0 = as_strided(a1, ...).tolist()`, `s3 = r0[7]`)
 and checks the *guards* the run's course depended on (`if not (s3 >= 0): return _MISS`): a replay whose data
@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from pypto_rt.errors import is_internal_file
 from pypto_rt.ops import replay_guard
-from pypto_rt.ops.traced_scalar import TracedInt
+from pypto_rt.ops.traced_scalar import TRACED, TracedFloat, TracedInt
 
 # calls whose non-tensor results are metadata: static under one specialisation (same shapes, strides, dtypes)
 _METADATA_TYPES = (torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.UntypedStorage)
@@ -62,7 +62,8 @@ MAX_HELD_BYTES = 2 << 30
 _IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
                      "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
 _SIMPLE = (int, bool, str, type(None))
-_INT_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+_READABLE = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float16, torch.bfloat16,
+             torch.float32, torch.float64}   # what read_scalar reads again (Python's .item() of them is exact)
 # a storage of at most this many elements is read whole (`.tolist()`) by a replay that reads scalars from it
 READ_WHOLE_ELEMENTS = 4096
 # calls whose result is a window of their first argument at offsets given by their other arguments
@@ -72,6 +73,8 @@ _SCALAR_OPERANDS = {
     "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum",
     "lt", "le", "gt", "ge", "eq", "ne", "clamp", "clip", "clamp_min", "clamp_max", "where", "masked_fill",
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "fill", "lerp"}
+# calls whose scalar arguments are the contents of the tensor they make: its shape is the arguments' nesting
+_CONTENTS = {"tensor", "as_tensor", "scalar_tensor", "full_like", "fill_", "fill"}
 _SCALAR_OPERANDS |= {n + "_" for n in _SCALAR_OPERANDS} | {
     f"__{p}{n}__" for p in ("", "r", "i") for n in (
         "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")} | {
@@ -115,7 +118,7 @@ class Recorder(TorchFunctionMode):
         self._held_bytes = 0
         self.params: list[str] = []
         # scalars read from data (orchestration reads `pl.read`): code that reads them and checks the guards
-        self.active = False                                  # TracedInts made now record guards
+        self.active = False                                  # traced numbers made now record guards
         self.prologue: list[str] = []
         self.guards = 0
         self._guard_lines: set[str] = set()
@@ -169,9 +172,9 @@ class Recorder(TorchFunctionMode):
             self.constants["_MISS"] = GUARD_MISS
 
     def read_scalar(self, t: torch.Tensor, index: tuple):
-        """`t[index]` as a TracedInt the replay reads again from the same entry tensor, at its start (so only
+        """`t[index]` as a traced number the replay reads again from the same entry tensor, at its start (so only
         memory the run has not written yet); None when it cannot."""
-        if (self.refused is not None or t.dtype not in _INT_DTYPES or id(t) not in self.names
+        if (self.refused is not None or t.dtype not in _READABLE or id(t) not in self.names
                 or id(t) in self._dynamic or id(t) in self._moving):
             return None
         storage = storage_id(t)
@@ -200,7 +203,7 @@ class Recorder(TorchFunctionMode):
         symbol = f"s{self._symbols}"
         self._symbols += 1
         self.prologue.append(f"{symbol} = {source[0]}[{where}]" + ("" if source[1] else ".item()"))
-        return TracedInt(value, symbol, self)
+        return (TracedFloat if t.is_floating_point() else TracedInt)(value, symbol, self)
 
     def _pin(self, traced: list) -> None:
         for v in traced:
@@ -291,7 +294,7 @@ class Recorder(TorchFunctionMode):
             line.fresh = storage_id(out) not in {storage_id(t) for t in tensors_in}
             self.lines.append(line)
             if traced or self._dynamic or self._moving:
-                self._follow_place(name, out, tensors_in, traced)
+                self._follow_place(name, out, tensors_in, traced, args)
             return
         if out is None:
             line.effect = True
@@ -308,13 +311,16 @@ class Recorder(TorchFunctionMode):
                 part.target = self._define(o, tainted)
                 self.lines.append(part)
                 if traced or self._dynamic or self._moving:
-                    self._follow_place(name, o, tensors_in, traced)
+                    self._follow_place(name, o, tensors_in, traced, args)
 
-    def _follow_place(self, name: str, out: torch.Tensor, tensors_in: list, traced: list) -> None:
+    def _follow_place(self, name: str, out: torch.Tensor, tensors_in: list, traced: list, args: tuple) -> None:
         """Which results have a shape (`_dynamic`) or an offset (`_moving`) that depends on data: made with
-        values read from data (a window's extents are guarded, so only its offset moves), or from such tensors."""
-        if any(id(t) in self._dynamic for t in tensors_in) or (
-                traced and name not in _WINDOWS and name not in _SCALAR_OPERANDS):
+        values read from data as sizes (a window's extents are guarded, so only its offset moves), or from such
+        tensors. Values read from data as operands or contents (`x * s`, `torch.tensor(s)`, `torch.full(size, s)`)
+        leave the shape alone."""
+        sized = traced and name not in _WINDOWS and name not in _SCALAR_OPERANDS and name not in _CONTENTS and not (
+            name == "full" and args and not _traced((args[0],), []))
+        if sized or any(id(t) in self._dynamic for t in tensors_in):
             self._dynamic.add(id(out))
         elif (traced and name in _WINDOWS) or any(id(t) in self._moving and storage_id(t) == storage_id(out) for t in tensors_in):
             self._moving.add(id(out))
@@ -347,7 +353,7 @@ class Recorder(TorchFunctionMode):
         return ", ".join(parts)
 
     def _render(self, value) -> str:
-        if type(value) is TracedInt:
+        if type(value) in TRACED:
             return value.code
         if isinstance(value, torch.Tensor):
             name = self.names.get(id(value))
@@ -494,10 +500,10 @@ def _users_line() -> str | None:
 
 
 def _traced(value, out: list) -> list:
-    """The TracedInts in call arguments (nested tuples, lists, slices), in order."""
+    """The traced numbers in call arguments (nested tuples, lists, slices), in order."""
     for v in value:
         kind = type(v)
-        if kind is TracedInt:
+        if kind is TracedInt or kind is TracedFloat:
             out.append(v)
         elif kind is slice:
             _traced((v.start, v.stop, v.step), out)
@@ -511,7 +517,7 @@ def _plain(value):
 
 
 def _code(value) -> str:
-    return value.code if type(value) is TracedInt else repr(value)
+    return value.code if type(value) in TRACED else repr(value)
 
 
 def storage_id(t: torch.Tensor) -> int:

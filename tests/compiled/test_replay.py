@@ -133,6 +133,39 @@ def test_casts_and_scalar_min_of_a_read_value_stay_data_and_bad_values_still_fai
     assert spec.misses == 1
 
 
+EPS = 0.5
+
+
+@pl.jit
+def float_arithmetic(x: pl.Tensor[[ROWS, COLS], pl.FP32], count: pl.Tensor[[1], pl.INT32],
+                     scales: pl.Tensor[[2], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    n = pl.read(count, [0])
+    gain = pl.read(scales, [1])   # a float read from data
+    factor = 1.0 / n + EPS * n    # a plain float on the left of a value read from data
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        y[:, :] = pl.add(pl.mul(x, factor), gain * 2.0)
+    if 0.5 < n:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="bump"):
+            y[0:1, :] = pl.add(y[0:1, :], pl.max(gain, 1.0))
+    return y
+
+
+def test_float_arithmetic_on_values_read_from_data_is_recomputed_by_every_replay(monkeypatch):
+    monkeypatch.setattr(replay, "SLOWER", float("inf"))
+    x = torch.randn(ROWS, COLS)
+    for i in range(CALLS):
+        n, gain = i % 3 + 1, 0.25 * (i % 5) + 0.5
+        y = torch.empty(ROWS, COLS)
+        float_arithmetic(x, torch.tensor([n], dtype=torch.int32), torch.tensor([0.0, gain]), y)
+        want = x * (1.0 / n + EPS * n) + gain * 2.0
+        want[0] += max(gain, 1.0)
+        assert torch.equal(y, want), f"call {i}: n={n} gain={gain}"
+    (spec,) = float_arithmetic.cache["replay"].values()
+    # the guards: `0.5 < n` and which side of pl.max(gain, 1.0) won; calls on the other side ran on the engine
+    assert spec.mode().startswith("replay") and "2 guards" in spec.mode(), spec.mode()
+    assert spec.hits >= 3 and spec.misses >= 1, (spec.hits, spec.misses)
+
+
 SCALES = [1.0, 2.0, 3.0, 4.0]
 
 

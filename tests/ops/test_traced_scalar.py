@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pypto_rt.language import dtypes as D
-from pypto_rt.ops.traced_scalar import TracedInt, host_key, plain_key
+from pypto_rt.ops.traced_scalar import (TracedFloat, TracedInt, arithmetic, compare, host_key, plain_key,
+                                        smallest)
 from pypto_rt.ops.value import TensorValue
 
 
@@ -19,6 +20,10 @@ class FakeRecorder:
     def __init__(self):
         self.active = True
         self.guards: list[tuple[str, bool]] = []
+        self.refused = None
+
+    def refuse(self, reason):
+        self.refused = reason
 
     def guard(self, left, symbol, right, outcome):
         self.guards.append((f"{left} {symbol} {right}", outcome))
@@ -58,8 +63,6 @@ def test_comparisons_and_truth_tests_guard_their_outcome(use, guard):
     (float, 5.0),
     (lambda s: [1, 2, 3, 4, 5, 6][plain_key(s)], 6),
     (lambda s: [0] * s, [0] * 5),
-    (lambda s: s / 2, 2.5),
-    (lambda s: s + 0.5, 5.5),
     (lambda s: f"{s:03d}", "005"),
     (lambda s: str(s), "5"),
     (lambda s: pow(s, 2, 3), 1),
@@ -92,3 +95,33 @@ def test_after_the_recording_it_is_a_plain_int():
     rec.active = False
     assert type(s + 1) is int and s >= 0 and int(s) == 5 and [0] * s == [0] * 5
     assert rec.guards == []
+
+
+def test_float_results_and_reads_stay_code():
+    s, rec = traced(4)
+    for value, code, want in ((s / 8, "(s0 / 8)", 0.5), (s + 0.5, "(s0 + 0.5)", 4.5),
+                              (arithmetic("truediv", 1.0, s), "(1.0 / s0)", 0.25),
+                              (arithmetic("mul", 1.5, s), "(1.5 * s0)", 6.0)):
+        assert type(value) is TracedFloat and value.code == code and float.__eq__(value, want)
+    assert rec.guards == []
+    f = TracedFloat(0.25, "s1", rec)
+    g = (1 - f) * s + f ** 2 - abs(-f) // 0.1
+    assert type(g) is TracedFloat and g.code == "((((1 - s1) * s0) + (s1 ** 2)) - (abs((-s1)) // 0.1))"
+    assert rec.guards == [] and float.__eq__(g, (1 - 0.25) * 4 + 0.25 ** 2 - 0.25 // 0.1)
+
+
+def test_a_plain_float_on_the_left_still_guards_through_the_recorded_code_helpers():
+    s, rec = traced(4)
+    assert 1.5 * s == 6.0 and type(1.5 * s) is float, "Python's float reads it silently: why recorded runs route"
+    assert rec.guards == []
+    assert compare("lt", 0.5, s) and rec.guards == [("s0 > 0.5", True)]
+    rec.guards.clear()
+    assert smallest(0.5, s) == 0.5 and rec.guards == [("s0 < 0.5", False)]
+
+
+def test_a_float_that_is_not_finite_cannot_be_pinned():
+    rec = FakeRecorder()
+    f = TracedFloat(float("inf"), "s0", rec)
+    assert float(f) == float("inf") and rec.refused and rec.guards == []
+    rec.refused = None
+    assert f > 1.0 and rec.guards == [("s0 > 1.0", True)], "comparisons still guard"

@@ -1,0 +1,77 @@
+"""The code a recorded run executes: arithmetic and comparisons routed so no value read from data is lost.
+
+A run recorded for replay gets integers read from data as `TracedInt`s (ops.traced_scalar). Python computes
+`1.5 * n`, `1.0 / n` and `0.5 < n` with float's own method, which reads an int subclass as a plain int without
+asking: the replay would keep the number seen when recording. The recorded run therefore executes a variant of
+the host program and kernels in which every binary operation, comparison and `min`/`max` call goes through
+`ops.traced_scalar.arithmetic` / `compare`, which hand such a pair to the traced value's reflected method. Other runs execute the
+plain code (this costs a function call per operation). Results are the same: only who computes them differs.
+"""
+from __future__ import annotations
+
+import ast
+
+from pypto_rt.ops.traced_scalar import arithmetic, compare, largest, smallest
+
+_BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
+           ast.Mod: "mod", ast.Pow: "pow", ast.LShift: "lshift", ast.RShift: "rshift", ast.BitAnd: "and_",
+           ast.BitOr: "or_", ast.BitXor: "xor", ast.MatMult: "matmul"}
+_COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
+RUNTIME_NAMES = {"__arithmetic": arithmetic, "__compare": compare, "__min": smallest, "__max": largest}
+
+
+def route(tree: ast.AST, shadowed: set[str] = frozenset()) -> ast.AST:
+    """Rewrite `tree` in place for a recorded run (names in `shadowed` are not the builtins min/max)."""
+    _Router(shadowed).visit(tree)
+    ast.fix_missing_locations(tree)
+    return tree
+
+
+class _Router(ast.NodeTransformer):
+    def __init__(self, shadowed):
+        self.shadowed = shadowed
+        self.temps = 0
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        name = _BINARY.get(type(node.op))
+        if name is None:
+            return node
+        return ast.copy_location(ast.Call(ast.Name("__arithmetic", ast.Load()),
+                                          [ast.Constant(name), node.left, node.right], []), node)
+
+    def visit_AugAssign(self, node):
+        self.generic_visit(node)
+        name = _BINARY.get(type(node.op))
+        if name is None or not isinstance(node.target, ast.Name):
+            return node
+        value = ast.Call(ast.Name("__arithmetic", ast.Load()),
+                         [ast.Constant(name), ast.Name(node.target.id, ast.Load()), node.value], [])
+        return ast.copy_location(ast.Assign([node.target], value), node)
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if any(type(op) not in _COMPARE for op in node.ops):
+            return node   # `is`, `in`: no arithmetic
+        left, parts = node.left, []
+        for i, (op, right) in enumerate(zip(node.ops, node.comparators)):
+            if i < len(node.ops) - 1:   # a chain: each middle operand is evaluated once
+                temp = f"__chained{self.temps}"
+                self.temps += 1
+                right = ast.NamedExpr(ast.Name(temp, ast.Store()), right)
+                parts.append(_compare_call(op, left, right))
+                left = ast.Name(temp, ast.Load())
+            else:
+                parts.append(_compare_call(op, left, right))
+        out = parts[0] if len(parts) == 1 else ast.BoolOp(ast.And(), parts)
+        return ast.copy_location(out, node)
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in ("min", "max") and node.func.id not in self.shadowed:
+            node.func = ast.copy_location(ast.Name(f"__{node.func.id}", ast.Load()), node.func)
+        return node
+
+
+def _compare_call(op, left, right) -> ast.Call:
+    return ast.Call(ast.Name("__compare", ast.Load()), [ast.Constant(_COMPARE[type(op)]), left, right], [])
