@@ -6,17 +6,17 @@ Per specialisation, an entry call goes through three phases:
 1. the first `NORMAL_RUNS` calls run on the engine as usual (the first one compiles); they are timed;
 2. the next call is *recorded*: the engine runs every block on this thread (`Engine(inline=True)`, one chunk per
    coalesced loop) under a `torch_trace.Recorder`. If the recorder refuses (the run read data into Python
-   other than as a `pl.read` integer, communicated, printed, warned, ...), the specialisation stays on the engine
-   for good;
+   other than with a `pl.read` it can repeat, communicated, printed, warned, ...), the specialisation stays on
+   the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
    thread count. After `TRIAL_REPLAYS` replays the faster of the two ways is kept for good. A specialisation
    whose engine runs overlapped long tasks (kernel time summed over the workers `PARALLEL` times the wall time,
    tasks of `LONG_TASK_NS` on average) is not even recorded: its sequential replay would be slower.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
 
-Data-dependent runs: integers a run reads with `pl.read` (slot mappings, block tables, lengths, indices) are read
-again by each replay, at its start, from the same entry tensor (ops.traced_scalar); offsets computed from them stay
-code. What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
+Data-dependent runs: numbers a run reads with `pl.read` (slot mappings, block tables, lengths, indices, scales)
+are read again by each replay, at its start, from the same entry tensor (ops.traced_scalar); offsets and
+operands computed from them stay code (the recorded run executes the code variant of incore_compiler.traced_code). What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
 before the replay touches any data: when one fails (the data takes another course) the call runs on the engine,
 and after `MISSES` such calls a replay that misses more often than it runs is dropped. Reads of memory the run
 wrote first are not replayed.
