@@ -76,7 +76,8 @@ class TorchBackend:
         rewriter = _OpRewriter(kernel.env, direct_ops)
         body = [rewriter.visit(stmt) for stmt in pycode.clone(kernel.body)]
         if traced:
-            body = [traced_code.route(stmt, set(module_globals) | set(kernel.env.closure)) for stmt in body]
+            body = [traced_code.route(stmt, module_globals, set(module_globals) | set(kernel.env.closure))
+                    for stmt in body]
         prologue = []
         for p in kernel.guards:
             prologue.append(ast.If(ast.Compare(pycode.name(p), [ast.Is()], [pycode.name("__UNBOUND")]),

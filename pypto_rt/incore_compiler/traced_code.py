@@ -1,35 +1,50 @@
 """The code a recorded run executes: arithmetic and comparisons routed so no value read from data is lost.
 
-A run recorded for replay gets integers read from data as `TracedInt`s (ops.traced_scalar). Python computes
-`1.5 * n`, `1.0 / n` and `0.5 < n` with float's own method, which reads an int subclass as a plain int without
-asking: the replay would keep the number seen when recording. The recorded run therefore executes a variant of
-the host program and kernels in which every binary operation, comparison and `min`/`max` call goes through
-`ops.traced_scalar.arithmetic` / `compare`, which hand such a pair to the traced value's reflected method. Other runs execute the
-plain code (this costs a function call per operation). Results are the same: only who computes them differs.
+A run recorded for replay gets numbers read from data as `TracedInt`s and `TracedFloat`s (ops.traced_scalar).
+Python computes `1.5 * n`, `1.0 / n` and `0.5 < n` with float's own method, which reads an int subclass as a plain
+int without asking, and `math.sqrt(x)` reads any int or float subclass that way: the replay would keep the
+number seen when recording. The recorded run therefore executes a variant of the host program and kernels in
+which every binary operation, comparison and `min`/`max` call goes through `ops.traced_scalar.arithmetic` /
+`compare` (which hand such a pair to the traced value's reflected method), and calls into numeric modules
+(`math.floor(x)`, `np.sqrt(x)`) pin their traced arguments first. Other runs execute the plain code (this costs a
+function call per operation). Results are the same: only who computes them differs.
 """
 from __future__ import annotations
 
 import ast
+import types
 
-from pypto_rt.ops.traced_scalar import arithmetic, compare, largest, smallest
+from pypto_rt.ops.traced_scalar import arithmetic, compare, largest, plain, smallest
+
+# modules whose functions read numbers in C without asking: their calls get plain (pinned) numbers
+_NUMERIC_MODULES = {"math", "cmath", "numpy", "statistics", "fractions", "decimal", "random"}
 
 _BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
            ast.Mod: "mod", ast.Pow: "pow", ast.LShift: "lshift", ast.RShift: "rshift", ast.BitAnd: "and_",
            ast.BitOr: "or_", ast.BitXor: "xor", ast.MatMult: "matmul"}
 _COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
-RUNTIME_NAMES = {"__arithmetic": arithmetic, "__compare": compare, "__min": smallest, "__max": largest}
+def pinned_call(function, *args, **kwargs):
+    """`function(*args, **kwargs)` with traced numbers among the arguments pinned."""
+    return function(*(plain(a) for a in args), **{k: plain(v) for k, v in kwargs.items()})
 
 
-def route(tree: ast.AST, shadowed: set[str] = frozenset()) -> ast.AST:
-    """Rewrite `tree` in place for a recorded run (names in `shadowed` are not the builtins min/max)."""
-    _Router(shadowed).visit(tree)
+RUNTIME_NAMES = {"__arithmetic": arithmetic, "__compare": compare, "__min": smallest, "__max": largest,
+                 "__pinned_call": pinned_call}
+
+
+def route(tree: ast.AST, module_globals: dict, shadowed: set[str] = frozenset()) -> ast.AST:
+    """Rewrite `tree` in place for a recorded run (names in `shadowed` are not the builtins min/max; module
+    globals tell which names are numeric modules)."""
+    numeric = {name for name, value in module_globals.items() if _numeric(value)}
+    _Router(shadowed, numeric).visit(tree)
     ast.fix_missing_locations(tree)
     return tree
 
 
 class _Router(ast.NodeTransformer):
-    def __init__(self, shadowed):
+    def __init__(self, shadowed, modules):
         self.shadowed = shadowed
+        self.modules = modules
         self.temps = 0
 
     def visit_BinOp(self, node):
@@ -68,9 +83,27 @@ class _Router(ast.NodeTransformer):
 
     def visit_Call(self, node):
         self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id in ("min", "max") and node.func.id not in self.shadowed:
-            node.func = ast.copy_location(ast.Name(f"__{node.func.id}", ast.Load()), node.func)
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in ("min", "max") and func.id not in self.shadowed:
+            node.func = ast.copy_location(ast.Name(f"__{func.id}", ast.Load()), func)
+        elif _root(func) in self.modules:   # math.floor(x), np.sqrt(x), sqrt(x) from math: x pinned
+            node.args.insert(0, func)
+            node.func = ast.copy_location(ast.Name("__pinned_call", ast.Load()), func)
         return node
+
+
+def _numeric(value) -> bool:
+    """A numeric module, or a function from one (`from math import sqrt`)."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__.split(".")[0] in _NUMERIC_MODULES
+    module = getattr(value, "__module__", None)
+    return callable(value) and isinstance(module, str) and module.split(".")[0] in _NUMERIC_MODULES
+
+
+def _root(node) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _compare_call(op, left, right) -> ast.Call:

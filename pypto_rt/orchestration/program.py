@@ -84,7 +84,7 @@ def _compile_host_now(kernel, traced: bool = False) -> HostProgram:
     tree = generate_host(ir, module_globals)
     values = disk_cache.host_values(kernels, env)
     if traced:
-        traced_code.route(tree, set(module_globals) | set(env.closure))
+        traced_code.route(tree, module_globals, set(module_globals) | set(env.closure))
         values.update(traced_code.RUNTIME_NAMES)
     factory, (run,) = pycode.build_functions([tree], values, ir.file, module_globals, tree)
     source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import inspect
+import math
 import os
 import re
 
@@ -164,6 +165,28 @@ def test_float_arithmetic_on_values_read_from_data_is_recomputed_by_every_replay
     # the guards: `0.5 < n` and which side of pl.max(gain, 1.0) won; calls on the other side ran on the engine
     assert spec.mode().startswith("replay") and "2 guards" in spec.mode(), spec.mode()
     assert spec.hits >= 3 and spec.misses >= 1, (spec.hits, spec.misses)
+
+
+@pl.jit
+def math_of_a_read_value(x: pl.Tensor[[ROWS, COLS], pl.FP32], count: pl.Tensor[[1], pl.INT32],
+                         y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    n = pl.read(count, [0])
+    factor = math.sqrt(n + 0.5)   # C code reading a float without asking: the recorded code pins it first
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        y[:, :] = pl.mul(x, factor)
+    return y
+
+
+def test_numbers_read_from_data_passed_to_math_functions_are_pinned(monkeypatch):
+    monkeypatch.setattr(replay, "SLOWER", float("inf"))
+    x = torch.randn(ROWS, COLS)
+    for i in range(CALLS + 3):
+        n = 4 if i < CALLS else i
+        y = torch.empty(ROWS, COLS)
+        math_of_a_read_value(x, torch.tensor([n], dtype=torch.int32), y)
+        assert torch.equal(y, x * math.sqrt(n + 0.5)), f"call {i}: n={n}"
+    (spec,) = math_of_a_read_value.cache["replay"].values()
+    assert spec.hits >= 1 and spec.misses == 3, (spec.hits, spec.misses)
 
 
 SCALES = [1.0, 2.0, 3.0, 4.0]
