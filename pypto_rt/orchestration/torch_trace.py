@@ -84,6 +84,7 @@ _SCALAR_OPERANDS |= {n + "_" for n in _SCALAR_OPERANDS} | {
 _NEGATED = {"==": "!=", "!=": "==", "<": ">=", ">=": "<", ">": "<=", "<=": ">"}
 _MIRRORED = {"==": "==", "!=": "!=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
 _LITERAL = re.compile(r"-?[0-9.]+(e[-+]?[0-9]+)?")
+_SYMBOL = re.compile(r"\bs\d+\b")
 
 
 class _GuardMiss:
@@ -124,6 +125,7 @@ class Recorder(TorchFunctionMode):
         self._guard_lines: set[str] = set()
         self._symbols = 0
         self._read_sources: dict[tuple, tuple[str, bool]] = {}   # (storage, dtype) -> (its name, read whole)
+        self._late: set[str] = set()                         # symbols read in the body (from computed data)
         self._entry_of: dict[int, list] = {}                  # storage -> [(param name, tensor)]
         self._written: set[int] = set()                      # storages the run has written so far
         self._dynamic: set[int] = set()                      # ids of tensors whose shape depends on data
@@ -160,6 +162,9 @@ class Recorder(TorchFunctionMode):
     def guard(self, left: str, symbol: str, right: str, outcome: bool) -> None:
         """The replay must see `left symbol right` come out as `outcome` (checked before it touches data). Kept
         in one form (`s1 < 0` false is `s1 >= 0`; `0 <= s1` is `s1 >= 0`), so repeated checks are kept once."""
+        if self._late and self._late.intersection(_SYMBOL.findall(f"{left} {right}")):
+            self.refuse("the run's course depends on a value it read (pl.read) from data it computed")
+            return
         if not outcome:
             symbol = _NEGATED[symbol]
         if _LITERAL.fullmatch(left) and not _LITERAL.fullmatch(right):
@@ -172,15 +177,28 @@ class Recorder(TorchFunctionMode):
             self.constants["_MISS"] = GUARD_MISS
 
     def read_scalar(self, t: torch.Tensor, index: tuple):
-        """`t[index]` as a traced number the replay reads again from the same entry tensor, at its start (so only
-        memory the run has not written yet); None when it cannot."""
-        if (self.refused is not None or t.dtype not in _READABLE or id(t) not in self.names
-                or id(t) in self._dynamic or id(t) in self._moving):
+        """`t[index]` as a traced number the replay reads again; None when it cannot. From an entry tensor the run
+        has not written yet, the replay reads it at its start (its guards may use it); from data the run computed
+        or wrote, at the same point of the run, and then the run's course must not depend on it (a guard on it
+        refuses the recording)."""
+        if self.refused is not None or t.dtype not in _READABLE or id(t) not in self.names or id(t) in self._dynamic:
             return None
+        self._muted = True
+        try:
+            value = t[tuple(int.__int__(i) for i in index)].item()
+        finally:
+            self._muted = False
+        symbol = f"s{self._symbols}"
+        self._symbols += 1
         storage = storage_id(t)
         entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
-        if entry is None or storage in self._written:
-            return None
+        if entry is None or storage in self._written or id(t) in self._moving:
+            name = self.names[id(t)]
+            line = _Line(f"{name}[({', '.join(_code(i) for i in index)},)].item()", [name], True, [], [])
+            line.target = symbol
+            self.lines.append(line)
+            self._late.add(symbol)
+            return (TracedFloat if t.is_floating_point() else TracedInt)(value, symbol, self)
         constant, terms = t.storage_offset(), []
         for i, stride in zip(index, t.stride()):
             if type(i) is TracedInt:
@@ -195,13 +213,6 @@ class Recorder(TorchFunctionMode):
             source = self._read_sources[(storage, t.dtype)] = (f"r{len(self._read_sources)}", whole)
             flat = f"{self._const(torch.as_strided, 'f')}({entry[0]}, ({elements},), (1,), 0)"
             self.prologue.append(f"{source[0]} = {flat}.tolist()" if whole else f"{source[0]} = {flat}")
-        self._muted = True
-        try:
-            value = t[tuple(int.__int__(i) for i in index)].item()
-        finally:
-            self._muted = False
-        symbol = f"s{self._symbols}"
-        self._symbols += 1
         self.prologue.append(f"{symbol} = {source[0]}[{where}]" + ("" if source[1] else ".item()"))
         return (TracedFloat if t.is_floating_point() else TracedInt)(value, symbol, self)
 

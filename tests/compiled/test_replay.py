@@ -189,6 +189,27 @@ def test_numbers_read_from_data_passed_to_math_functions_are_pinned(monkeypatch)
     assert spec.hits >= 1 and spec.misses == 3, (spec.hits, spec.misses)
 
 
+@pl.jit
+def computed_scale(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[1, COLS], pl.FP32]]):
+    total = pl.create_tensor([1, 1], dtype=pl.FP32)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="sum"):
+        total[:, :] = pl.row_sum(x[0:1, :])
+    scale = pl.read(total, [0, 0])   # data the run computed, used only as data
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        y[:, :] = pl.mul(x[1:2, :], scale)
+    return y
+
+
+def test_a_value_read_from_data_the_run_computed_is_read_again_where_it_was_read():
+    for i in range(CALLS):
+        x = torch.randn(ROWS, COLS)
+        y = torch.empty(1, COLS)
+        computed_scale(x, y)
+        assert torch.equal(y, x[1:2] * x[0:1].sum(dim=-1, keepdim=True)), f"call {i}"
+    (mode,) = modes(computed_scale)
+    assert mode.startswith("replay") and "guards" not in mode, mode
+
+
 SCALES = [1.0, 2.0, 3.0, 4.0]
 
 
@@ -247,14 +268,14 @@ def read_after_write(x: pl.Tensor[[ROWS, COLS], pl.FP32], idx: pl.InOut[pl.Tenso
     return y
 
 
-def test_a_read_of_data_the_run_wrote_first_is_never_replayed():
+def test_a_read_of_data_the_run_wrote_first_that_places_a_window_is_never_replayed():
     x = torch.randn(ROWS, COLS)
     for i in range(CALLS):
         y = torch.empty(1, COLS)
         read_after_write(x, torch.tensor([i % (ROWS - 1)], dtype=torch.int32), y)
         assert torch.equal(y, x[i % (ROWS - 1) + 1 :][:1]), f"call {i}"
     (mode,) = modes(read_after_write)
-    assert mode.startswith("engine (the run reads tensor data into Python (`item`)"), mode
+    assert mode.startswith("engine (the run's course depends on a value it read (pl.read) from data it computed"), mode
     assert "(test_replay.py:" in mode, "the reason names the user's line"
 
 
@@ -437,7 +458,7 @@ def test_stats_say_how_each_call_ran_and_why(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert re.search(r"recorded in [0-9.]+ ms: from now on replay of", err) and "· wall" in err
     assert "guards failed (the data takes another course): engine run" in err
-    assert ": from now on engine (the run reads tensor data into Python (`item`)" in err
+    assert ": from now on engine (the run's course depends on a value it read (pl.read) from data it computed" in err
     assert "(test_replay.py:" in err, "the reason points at the user's line"
 
 
