@@ -18,8 +18,8 @@ Data-dependent runs: numbers a run reads with `pl.read` (slot mappings, block ta
 are read again by each replay, at its start, from the same entry tensor (ops.traced_scalar); offsets and
 operands computed from them stay code (the recorded run executes the code variant of incore_compiler.traced_code). What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
 before the replay touches any data: when one fails (the data takes another course) the call runs on the engine,
-and after `MISSES` such calls a replay that misses more often than it runs is dropped. Reads of memory the run
-wrote first are not replayed.
+and after `MISSES` such calls a replay that misses more often than it runs is dropped. A value read from data the
+run computed is read again where it was read; if the run's course depends on it, the run is not replayed.
 
 With PYPTO_STATS=1 each replay prints one line, and a recording says what it chose and why. Not replayed: runs
 with PYPTO_TRACE or PYPTO_CHECK (they observe the engine's tasks), multi-rank and communicating runs, and calls

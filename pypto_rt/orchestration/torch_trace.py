@@ -6,10 +6,12 @@ factories, property reads) passes through it. Calls that make or change tensors 
 functions and constants it uses are its globals.
 
 Numbers read from data: `pl.read` asks `read_scalar` and gets a `TracedInt` or `TracedFloat`
-(ops.traced_scalar) when the element lies in an entry tensor the run has not written yet. The function then
-starts with a *prologue* that reads those elements again (`r0 = as_strided(a1, ...).tolist()`, `s3 = r0[7]`)
-and checks the *guards* the run's course depended on (`if not (s3 >= 0): return _MISS`): a replay whose data
-would take another course returns `GUARD_MISS` before touching any data. Torch calls take the values as code
+(ops.traced_scalar). When the element lies in an entry tensor the run has not written yet, the function starts
+with a *prologue* that reads those elements again (`r0 = as_strided(a1, ...).tolist()`, `s3 = r0[7]`) and
+checks the *guards* the run's course depended on (`if not (s3 >= 0): return _MISS`): a replay whose data would
+take another course returns `GUARD_MISS` before touching any data. An element of data the run computed (or
+wrote) is read again where the run read it (`s4 = v9[(0, 0)].item()`); a guard on such a value would come too
+late, so it refuses the recording. Torch calls take the values as code
 (`getitem(v2, (slice(s3, (s3 + 1), None), ...))`); a window at such offsets is guarded to stay inside its
 tensor with its recorded extents, so its shape is static and only its place moves. A tensor made with a value
 from data as a size has a shape that depends on data: reading its shape refuses the recording, as does reading
