@@ -22,7 +22,8 @@ way the prologue cannot check:
 - a tensor's data becomes a Python value (`.item()`, `bool(t)`, `int(t)`, `.tolist()`, printing) other than
   through `read_scalar`, and that data depends on an entry tensor, an outside tensor or randomness (data
   computed from constants alone is static, so casting a Python scalar through a tensor is fine);
-- an op whose result shape depends on data (`nonzero`, boolean-mask indexing, `unique`, ...);
+- an op whose result shape depends on data (`nonzero`, boolean-mask indexing, `unique`, ...) of an entry tensor,
+  an outside tensor or chance (on data computed from constants alone, e.g. a valid-box mask, it is static);
 - an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
   memory with an entry tensor (a view made before the run), or an op that declares itself non-replayable
   (`pypto_rt.ops.replay_guard.refuse`: communication, printing).
@@ -218,6 +219,11 @@ class Recorder(TorchFunctionMode):
         self.prologue.append(f"{symbol} = {source[0]}[{where}]" + ("" if source[1] else ".item()"))
         return (TracedFloat if t.is_floating_point() else TracedInt)(value, symbol, self)
 
+    def _from_data(self, t: torch.Tensor) -> bool:
+        """Whether `t`'s contents may differ between runs: computed from an entry tensor or chance, or an outside
+        tensor (kept by reference: its contents are read afresh by every replay)."""
+        return storage_id(t) in self._tainted or id(t) not in self.names or id(t) in self._dynamic
+
     def _pin(self, traced: list) -> None:
         for v in traced:
             v.pin()
@@ -267,12 +273,13 @@ class Recorder(TorchFunctionMode):
         if kwargs and self._symbols:
             _traced(tuple(kwargs.values()), traced)
         if name in _DATA_READS:
-            if any(storage_id(t) in self._tainted for t in tensors_in):
+            if any(self._from_data(t) for t in tensors_in):
                 raise Refused(f"the run reads tensor data into Python (`{name}`), so its course may depend on data")
             return self._pin(traced)   # data computed from constants only: the same value every run
-        if name in _DATA_SHAPED or (name == "where" and len(args) == 1) or (
-                name == "__getitem__" and any(t.dtype in (torch.bool, torch.uint8) for t in tensors_in[1:])):
-            raise Refused(f"`{name}` makes a result whose shape depends on data")
+        if (name in _DATA_SHAPED or (name == "where" and len(args) == 1) or (
+                name == "__getitem__" and any(t.dtype in (torch.bool, torch.uint8) for t in tensors_in[1:]))) and (
+                traced or any(self._from_data(t) for t in tensors_in)):
+            raise Refused(f"`{name}` makes a result whose shape depends on data")   # (on constants: static)
         if isinstance(out, _METADATA_TYPES) or (name in _METADATA and not _tensors(out)):
             if self._dynamic and any(id(t) in self._dynamic for t in tensors_in):
                 raise Refused(f"the run reads the shape of a tensor made with sizes read from data (`{name}`)")

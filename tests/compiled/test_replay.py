@@ -413,9 +413,14 @@ def test_data_dependent_python_value_refuses_but_constant_data_does_not():
     assert torch.equal(replayed(x)[0], x * 2.5)
 
 
-def test_data_shaped_results_refuse():
+def test_data_shaped_results_refuse_unless_computed_from_constants():
     recorder, _ = record(lambda x: x[x > 0].sum() + x, torch.randn(5))
     assert "shape depends on data" in recorder.refused
+    # a mask built from constants (as a valid box is): the same every run
+    recorder, replayed = record(lambda x: x + torch.nonzero(torch.arange(5) < 3).numel(), torch.randn(5))
+    assert recorder.refused is None
+    x = torch.randn(5)
+    assert torch.equal(replayed(x)[0], x + 3)
 
 
 SEEN = []
@@ -527,3 +532,13 @@ def test_a_recording_that_would_hold_too_much_memory_is_refused(monkeypatch):
     monkeypatch.setattr(torch_trace, "MAX_HELD_BYTES", 1024)
     recorder, replayed = record(lambda x: torch.exp(x) + torch.ones(1000), torch.randn(1000))
     assert replayed is None and "GiB of intermediate tensors" in recorder.refused
+
+
+TABLE = torch.tensor([3.0, 5.0])
+SCALE = torch.tensor(2.0)
+
+
+def test_an_outside_tensor_read_into_python_refuses_since_its_contents_may_change():
+    for read in (lambda x: x * float(TABLE[0]), lambda x: x * float(SCALE), lambda x: x[torch.nonzero(TABLE > 4)]):
+        recorder, _ = record(read, torch.randn(3))
+        assert recorder.refused and "data" in recorder.refused
