@@ -38,6 +38,7 @@ import torch
 
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
+from pypto_rt.errors import InWriteWarning
 from pypto_rt.ops.traced_scalar import TracedInt
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
@@ -54,7 +55,7 @@ MISSES = 8                 # guard misses (data took another course) after which
 
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "why_not", "calls", "guards", "hits",
-                 "misses")
+                 "misses", "warnings")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -67,6 +68,7 @@ class _Specialisation:
         self.guards = 0             # its checks of values read from data
         self.hits = 0               # replays run
         self.misses = 0             # replays whose guards failed (the engine ran the call)
+        self.warnings = ()          # InWriteWarnings of the recorded run: each replay gives them again
 
     def mode(self) -> str:
         """How calls of this specialisation run now, and why (PYPTO_STATS prints it)."""
@@ -193,8 +195,12 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         set_torch_threads(threads)
     for w in caught:   # the run's own warnings, as they would have appeared
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-    if caught:
-        recorder.refuse(f"the run warned ({caught[0].category.__name__})")
+    # an InWriteWarning is about the kernel's code (decided by the specialisation): each replay gives it again
+    spec.warnings = [(w.message, w.category, w.filename, w.lineno) for w in caught
+                     if issubclass(w.category, InWriteWarning)]
+    if len(spec.warnings) < len(caught):
+        other = next(w for w in caught if not issubclass(w.category, InWriteWarning))
+        recorder.refuse(f"the run warned ({other.category.__name__})")
     try:
         rebuild = _result_plan(result, recorder) if recorder.refused is None else None
     except _Unreplayable as e:
@@ -286,6 +292,8 @@ def _replay(kernel, spec: _Specialisation, args: list, bound: bool = True):
     if outputs is GUARD_MISS:
         return MISS
     spec.hits += 1
+    for message, category, filename, lineno in spec.warnings:
+        warnings.warn_explicit(message, category, filename, lineno)
     if len(spec.replay_ns) <= TRIAL_REPLAYS:   # the first replay warms up (allocations): not counted
         spec.replay_ns.append(time.perf_counter_ns() - t0)
         if len(spec.replay_ns) > TRIAL_REPLAYS and min(spec.replay_ns[1:]) > SLOWER * min(spec.engine_ns):

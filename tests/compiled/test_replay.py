@@ -313,7 +313,7 @@ def test_a_scalar_passed_as_a_one_element_tensor_is_not_replayed_by_its_tensor_l
 
 def test_a_call_whose_input_aliases_its_output_keeps_warning_and_stays_right():
     """y is x itself: a recording made with distinct tensors must not serve it, and the warning about writing an
-    In parameter comes on every call (a run that warns is never replayed)."""
+    In parameter comes on every call, replayed ones too."""
     for i in range(CALLS):
         x = torch.randn(ROWS, COLS)
         scale_rows(x, 3.0, torch.empty(ROWS, COLS))
@@ -323,6 +323,8 @@ def test_a_call_whose_input_aliases_its_output_keeps_warning_and_stays_right():
         with pytest.warns(InWriteWarning, match="writes into 'x'"):
             scale_rows(x, 2.0, x)
         assert torch.equal(x, expect), f"call {i}"
+    aliased = [s for s in scale_rows.cache["replay"].values() if s.warnings]
+    assert len(aliased) == 1 and aliased[0].hits > 0, "the aliased call replays, warning each time"
 
 
 def test_replay_off_records_nothing():
