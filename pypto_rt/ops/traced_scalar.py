@@ -31,12 +31,6 @@ class TracedInt(int):
     code: str
     rec: object
 
-    def __new__(cls, value: int, code: str, rec) -> TracedInt:
-        self = int.__new__(cls, value)
-        self.code = code
-        self.rec = rec
-        return self
-
     def pin(self) -> int:
         """This value, fixed: the replay checks it is the same."""
         value = int.__int__(self)
@@ -71,12 +65,6 @@ class TracedInt(int):
 class TracedFloat(float):
     code: str
     rec: object
-
-    def __new__(cls, value: float, code: str, rec) -> TracedFloat:
-        self = float.__new__(cls, value)
-        self.code = code
-        self.rec = rec
-        return self
 
     def pin(self) -> float:
         """This value, fixed: the replay checks it is the same (a value that is not finite cannot be: the
@@ -119,6 +107,14 @@ TRACED = (TracedInt, TracedFloat)
 
 def _common(cls, base) -> None:
     """The methods both kinds share, on `base`'s operations."""
+
+    def __new__(kind, value, code: str, rec):
+        self = base.__new__(kind, value)
+        self.code = code
+        self.rec = rec
+        return self
+
+    cls.__new__ = __new__
 
     def __bool__(self):
         out = base.__ne__(self, 0)
