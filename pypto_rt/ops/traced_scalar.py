@@ -28,6 +28,7 @@ from pypto_rt.ops.value import TensorValue
 
 
 class TracedInt(int):
+    """`TracedInt(value, code, recorder)`: an int read from data (or computed from one) while recording."""
     code: str
     rec: object
 
@@ -63,6 +64,7 @@ class TracedInt(int):
 
 
 class TracedFloat(float):
+    """`TracedFloat(value, code, recorder)`: a float read from data (or computed from one) while recording."""
     code: str
     rec: object
 
