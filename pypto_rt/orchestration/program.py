@@ -31,6 +31,7 @@ class HostProgram:
     source: str
     compile_ms: float
     factory: pycode.Factory
+    coalesce: str = "1"             # PYPTO_COALESCE when compiled (its traced variant is compiled the same way)
 
 
 def host_program(kernel, traced: bool = False) -> HostProgram:
@@ -40,7 +41,8 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
     if traced:
         program = kernel.cache.get("host_program_traced")
         if program is None:
-            program = kernel.cache["host_program_traced"] = _compile_host(kernel, traced=True)
+            with config.scope(COALESCE=host_program(kernel).coalesce):   # the same program, arithmetic routed
+                program = kernel.cache["host_program_traced"] = _compile_host(kernel, traced=True)
         return program
     program = kernel.cache.get("host_program")
     if program is None:
@@ -56,7 +58,8 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
 
 def _from_factory(kernel, kernels, factory, source, start) -> HostProgram:
     (run,) = factory.instantiate(disk_cache.host_values(kernels, Env(kernel.fn)), kernel.fn.__globals__)
-    return HostProgram(None, run, kernels, source, (time.perf_counter() - start) * 1e3, factory)
+    return HostProgram(None, run, kernels, source, (time.perf_counter() - start) * 1e3, factory,
+                       config.COALESCE.get())
 
 
 def _compile_host(kernel, traced: bool = False) -> HostProgram:
@@ -88,7 +91,8 @@ def _compile_host_now(kernel, traced: bool = False) -> HostProgram:
         values.update(traced_code.RUNTIME_NAMES)
     factory, (run,) = pycode.build_functions([tree], values, ir.file, module_globals, tree)
     source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")
-    program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3, factory)
+    program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3, factory,
+                          config.COALESCE.get())
     if not traced:
         dump(ir, "host", source, [k.kernel.source for k in kernels])
     return program

@@ -544,3 +544,26 @@ def test_an_outside_tensor_read_into_python_refuses_since_its_contents_may_chang
     for read in (lambda x: x * float(TABLE[0]), lambda x: x * float(SCALE), lambda x: x[torch.nonzero(TABLE > 4)]):
         recorder, _ = record(read, torch.randn(3))
         assert recorder.refused and "data" in recorder.refused
+
+
+TILES, TILE = 4, 4
+
+
+@pl.jit
+def add_tiles(x: pl.Tensor[[TILES * TILE, COLS], pl.FP32], y: pl.Out[pl.Tensor[[TILES * TILE, COLS], pl.FP32]]):
+    for i in pl.range(TILES):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_tile"):
+            y[i * TILE : (i + 1) * TILE, :] = pl.add(x[i * TILE : (i + 1) * TILE, :], 1.0)
+    return y
+
+
+def test_the_recorded_run_executes_the_program_as_it_was_compiled():
+    x = torch.randn(ROWS, COLS)
+    with config.scope(COALESCE="0"):   # compiled now: one task per 4-row tile
+        add_tiles(x, torch.empty(ROWS, COLS))
+    for _ in range(CALLS):
+        y = torch.empty(ROWS, COLS)
+        add_tiles(x, y)
+        assert torch.equal(y, x + 1.0)
+    (spec,) = add_tiles.cache["replay"].values()
+    assert spec.calls >= 3 * TILES, f"one tile at a time, as on the engine: {spec.mode()}"
