@@ -9,7 +9,8 @@ Per specialisation, an entry call goes through three phases:
    other than with a `pl.read` it can repeat, communicated, printed, warned, ...), the specialisation stays on
    the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
-   thread count. After `TRIAL_REPLAYS` replays the faster of the two ways is kept for good. A specialisation
+   thread count. The next calls are a trial: replays alternate with timed engine runs (both warm, so neither is
+   judged by a cold run), and after `TRIAL_REPLAYS` replays the faster way is kept for good. A specialisation
    whose engine runs overlapped long tasks (kernel time summed over the workers `PARALLEL` times the wall time,
    tasks of `LONG_TASK_NS` on average) is not even recorded: its sequential replay would be slower.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
@@ -55,7 +56,7 @@ MISSES = 8                 # guard misses (data took another course) after which
 
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "why_not", "calls", "guards", "hits",
-                 "misses", "warnings")
+                 "misses", "warnings", "engine_turn")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -69,6 +70,10 @@ class _Specialisation:
         self.hits = 0               # replays run
         self.misses = 0             # replays whose guards failed (the engine ran the call)
         self.warnings = ()          # InWriteWarnings of the recorded run: each replay gives them again
+        self.engine_turn = False    # during the trial: the next call runs on the engine (timed)
+
+    def in_trial(self) -> bool:
+        return self.replay is not None and len(self.replay_ns) <= TRIAL_REPLAYS
 
     def mode(self) -> str:
         """How calls of this specialisation run now, and why (PYPTO_STATS prints it)."""
@@ -96,7 +101,7 @@ def by_arguments(kernel, args: tuple):
         return MISS
     key = _key(args)
     spec = table.get(key) if key is not None else None
-    if spec is None or spec.replay is None:
+    if spec is None or spec.replay is None or spec.in_trial():   # (the trial alternates with the engine: `run`)
         return MISS
     return _replay(kernel, spec, [a if type(a) is torch.Tensor else None for a in args], bound=False)   # or MISS
 
@@ -125,6 +130,12 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
     if spec is None or spec.off:
         return run_on_engine(False)[0]
     if spec.replay is not None:
+        if spec.engine_turn:   # the trial: an engine run between replays, timed
+            spec.engine_turn = False
+            t0 = time.perf_counter_ns()
+            result = run_on_engine(False)[0]
+            spec.engine_ns.append(time.perf_counter_ns() - t0)
+            return result
         _remember_arguments(kernel, spec, binding, args)
         out = _replay(kernel, spec, [v.data if type(v) is TensorValue else None for v in binding.values])
         if out is not MISS:
@@ -296,6 +307,7 @@ def _replay(kernel, spec: _Specialisation, args: list, bound: bool = True):
         warnings.warn_explicit(message, category, filename, lineno)
     if len(spec.replay_ns) <= TRIAL_REPLAYS:   # the first replay warms up (allocations): not counted
         spec.replay_ns.append(time.perf_counter_ns() - t0)
+        spec.engine_turn = len(spec.replay_ns) <= TRIAL_REPLAYS
         if len(spec.replay_ns) > TRIAL_REPLAYS and min(spec.replay_ns[1:]) > SLOWER * min(spec.engine_ns):
             spec.off, spec.why_not = True, "the engine ran it faster"
             spec.replay = None

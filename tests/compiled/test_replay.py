@@ -26,7 +26,9 @@ from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
 
 CONFORMANCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
 KERNELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFORMANCE, "c0[1-7]*.py")))
-CALLS = replay.NORMAL_RUNS + 1 + 1 + replay.TRIAL_REPLAYS + 2   # engine runs, recording, warm-up, trials, more
+# engine runs, recording, warm-up replay, the trial (replays alternating with engine runs), a few more
+CALLS = replay.NORMAL_RUNS + 1 + 1 + 2 * replay.TRIAL_REPLAYS + 2
+REPLAYED = CALLS - replay.NORMAL_RUNS - 1 - replay.TRIAL_REPLAYS   # how many of them replay
 
 
 def modes(kernel) -> list[str]:
@@ -128,7 +130,7 @@ def test_casts_and_scalar_min_of_a_read_value_stay_data_and_bad_values_still_fai
         gather_cast_row(src, torch.tensor([i % ROWS], dtype=torch.int32), out)
         assert torch.equal(out, src[i % ROWS :][:1]), f"call {i}"
     (spec,) = gather_cast_row.cache["replay"].values()
-    assert spec.mode().startswith("replay") and spec.hits >= CALLS - replay.NORMAL_RUNS - 1
+    assert spec.mode().startswith("replay") and spec.hits == REPLAYED
     with pytest.raises(Exception, match="test_replay.py"):   # a negative row: the engine's error, at the user's line
         gather_cast_row(src, torch.tensor([-3], dtype=torch.int32), torch.zeros(1, COLS))
     assert spec.misses == 1
@@ -567,3 +569,18 @@ def test_the_recorded_run_executes_the_program_as_it_was_compiled():
         assert torch.equal(y, x + 1.0)
     (spec,) = add_tiles.cache["replay"].values()
     assert spec.calls >= 3 * TILES, f"one tile at a time, as on the engine: {spec.mode()}"
+
+
+def test_the_trial_times_replays_against_warm_engine_runs_between_them():
+    kernel = pl.jit(scale_rows.fn)
+    x = torch.randn(ROWS, COLS)
+    ways = []
+    for _ in range(CALLS):
+        (spec,) = kernel.cache.get("replay", {None: replay._Specialisation()}).values()
+        before = (len(spec.engine_ns), spec.hits)
+        kernel(x, 2.0, torch.empty(ROWS, COLS))
+        (spec,) = kernel.cache["replay"].values()
+        ways.append("engine" if len(spec.engine_ns) > before[0] else "replay" if spec.hits > before[1] else "record")
+    trial = ways[replay.NORMAL_RUNS + 2:][: 2 * replay.TRIAL_REPLAYS]
+    assert ways[: replay.NORMAL_RUNS + 2] == ["engine"] * replay.NORMAL_RUNS + ["record", "replay"], ways
+    assert trial == ["engine", "replay"] * replay.TRIAL_REPLAYS, ways
