@@ -20,14 +20,13 @@ from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS
 from pypto_rt.ops import OPS
-from pypto_rt.ops.traced_scalar import plain_key
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.ops.views import subscript_read, subscript_write
 
 
 def subscript(x, key):
     """`x[key]`: a tensor window through the op library, anything else as Python indexes it."""
-    return subscript_read(x, key) if type(x) is TensorValue else x[plain_key(key)]
+    return subscript_read(x, key) if type(x) is TensorValue else x[key]
 
 
 def subscript_set(x, key, value) -> None:
@@ -35,11 +34,11 @@ def subscript_set(x, key, value) -> None:
     if type(x) is TensorValue:
         subscript_write(x, key, value)
     else:
-        x[plain_key(key)] = value
+        x[key] = value
 
 
 def loop_range(*bounds):
-    """`range` that accepts integral scalars of any kind (numpy/torch ints, bools; a TracedInt is pinned)."""
+    """`range` that accepts integral scalars of any kind (numpy/torch ints, bools)."""
     for b in bounds:
         if type(b) is not int:
             return builtins.range(*(int(b) for b in bounds))

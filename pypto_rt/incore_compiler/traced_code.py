@@ -5,8 +5,9 @@ Python computes `1.5 * n`, `1.0 / n` and `0.5 < n` with float's own method, whic
 int without asking, and `math.sqrt(x)` reads any int or float subclass that way: the replay would keep the
 number seen when recording. The recorded run therefore executes a variant of the host program and kernels in
 which every binary operation, comparison and `min`/`max` call goes through `ops.traced_scalar.arithmetic` /
-`compare` (which hand such a pair to the traced value's reflected method), and calls into numeric modules
-(`math.floor(x)`, `np.sqrt(x)`) pin their traced arguments first. Other runs execute the plain code (this costs a
+`compare` (which hand such a pair to the traced value's reflected method); calls into numeric modules
+(`math.floor(x)`, `np.sqrt(x)`), `range` bounds and subscripts of anything but a tensor (a list, a tuple) pin
+their traced numbers first. Other runs execute the plain code (this costs a
 function call per operation). Results are the same: only who computes them differs.
 """
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import ast
 import types
 
-from pypto_rt.ops.traced_scalar import arithmetic, compare, largest, plain, smallest
+from pypto_rt.ops.traced_scalar import arithmetic, compare, host_key, largest, plain, plain_key, smallest
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.ops.views import subscript_read, subscript_write
 
 # modules whose functions read numbers in C without asking: their calls get plain (pinned) numbers
 _NUMERIC_MODULES = {"math", "cmath", "numpy", "statistics", "fractions", "decimal", "random"}
@@ -28,8 +31,29 @@ def pinned_call(function, *args, **kwargs):
     return function(*(plain(a) for a in args), **{k: plain(v) for k, v in kwargs.items()})
 
 
+def pinned_range(*bounds):
+    """`range` with traced bounds pinned (range reads an int subclass without asking)."""
+    return range(*(int(b) if type(b) is not int else b for b in bounds))
+
+
+def subscript(x, key):
+    """The kernels' `__subscript`: a tensor window (traced offsets stay code), anything else pinned."""
+    return subscript_read(x, key) if type(x) is TensorValue else x[plain_key(key)]
+
+
+def subscript_set(x, key, value) -> None:
+    """The kernels' `__subscript_set`, likewise."""
+    if type(x) is TensorValue:
+        subscript_write(x, key, value)
+    else:
+        x[plain_key(key)] = value
+
+
+# what the variant runs with, over the plain code's names: host programs index through `__key`, kernels
+# through `__subscript` / `__subscript_set`, and both loop over `__range`
 RUNTIME_NAMES = {"__arithmetic": arithmetic, "__compare": compare, "__min": smallest, "__max": largest,
-                 "__pinned_call": pinned_call}
+                 "__pinned_call": pinned_call, "__key": host_key, "__range": pinned_range,
+                 "__subscript": subscript, "__subscript_set": subscript_set}
 
 
 def route(tree: ast.AST, module_globals: dict, shadowed: set[str] = frozenset()) -> ast.AST:
@@ -81,10 +105,17 @@ class _Router(ast.NodeTransformer):
         out = parts[0] if len(parts) == 1 else ast.BoolOp(ast.And(), parts)
         return ast.copy_location(out, node)
 
+    def visit_Subscript(self, node):
+        """`x[k]` -> `x[__key(x, k)]` (`x` a name; else `__key(None, k)`): a list or tuple index is pinned."""
+        self.generic_visit(node)
+        owner = ast.Name(node.value.id, ast.Load()) if isinstance(node.value, ast.Name) else ast.Constant(None)
+        node.slice = ast.copy_location(ast.Call(ast.Name("__key", ast.Load()), [owner, node.slice], []), node.slice)
+        return node
+
     def visit_Call(self, node):
         self.generic_visit(node)
         func = node.func
-        if isinstance(func, ast.Name) and func.id in ("min", "max") and func.id not in self.shadowed:
+        if isinstance(func, ast.Name) and func.id in ("min", "max", "range") and func.id not in self.shadowed:
             node.func = ast.copy_location(ast.Name(f"__{func.id}", ast.Load()), func)
         elif _root(func) in self.modules:   # math.floor(x), np.sqrt(x), sqrt(x) from math: x pinned
             node.args.insert(0, func)

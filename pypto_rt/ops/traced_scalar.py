@@ -212,6 +212,9 @@ def compare(name: str, left, right):
 
 def _extreme(name: str, pick):
     def extreme(*args, key=None, **kwargs):
+        if len(args) == 2 and key is None and not kwargs and type(args[0]) not in TRACED \
+                and type(args[1]) not in TRACED:
+            return pick(*args)   # the common case (pl.min of plain numbers): the builtin
         items = args[0] if len(args) == 1 else args
         if key is not None or kwargs or type(items) not in (tuple, list) or not items:
             return pick(*args, key=key, **kwargs) if key is not None else pick(*args, **kwargs)

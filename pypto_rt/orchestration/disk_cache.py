@@ -20,12 +20,11 @@ from pypto_rt.incore_compiler.accesses import Access
 from pypto_rt.incore_compiler.compiler import KernelArtifact
 from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.incore_compiler.pycode import Factory
-from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES, loop_range
+from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES
 from pypto_rt.language import _runtime
 from pypto_rt.ops import OPS
-from pypto_rt.ops.traced_scalar import host_key
 
-_FORMAT = 3   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3: host `__key`
+_FORMAT = 4   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired
 _COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration")
 _compiler_stamp: str | None = None
 
@@ -131,5 +130,4 @@ def _artifact(d: dict, env: Env, module_globals: dict) -> KernelArtifact:
 
 def host_values(kernels, env: Env) -> dict:
     """What a host program's factory is instantiated with."""
-    return {"__host": _runtime.current, "__UNBOUND": UNBOUND, "__K": kernels, "__key": host_key,
-            "__range": loop_range, **env.closure}
+    return {"__host": _runtime.current, "__UNBOUND": UNBOUND, "__K": kernels, **env.closure}

@@ -6,9 +6,7 @@
 
 Loops, ifs, `pl.read`, `create_tensor`, views and scalar code stay as they are and run on the host
 (through the HostExecutor); only the submissions are new. Positions are the user's, so errors in
-host code point at the user's lines. One more change, for runs recorded for replay
-(ops.traced_scalar): a subscript's key goes through `__key(x, key)` and `range` is `__range`, so an integer read
-from data that indexes a plain Python list or bounds a `range` is pinned (Python would read it silently).
+host code point at the user's lines.
 """
 from __future__ import annotations
 
@@ -19,11 +17,10 @@ from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.coalesce import EXTENT
 
 
-def generate_host(ir: FunctionIR, module_globals: dict) -> ast.FunctionDef:
+def generate_host(ir: FunctionIR) -> ast.FunctionDef:
     """The host function of `ir` (same name and parameters; annotations dropped)."""
     memo: dict = {}
     tree = pycode.clone(ir.tree, memo)
-    _PinnedIndices("range" not in module_globals and "range" not in ir.local_names).visit(tree)
     replacements = {id(memo[id(r.coalesce.loop if r.coalesce else r.stmt)]): r for r in ir.regions}
     _Replacer(replacements).visit(tree)
     args = tree.args
@@ -59,25 +56,6 @@ class _Replacer(ast.NodeTransformer):
                         self.visit(item)
             elif isinstance(value, ast.AST):
                 self.visit(value)
-        return node
-
-
-class _PinnedIndices(ast.NodeTransformer):
-    """`x[k]` -> `x[__key(x, k)]` (x a name) or `x[__key(None, k)]`; `range(...)` -> `__range(...)`."""
-
-    def __init__(self, range_is_builtin: bool):
-        self.range_is_builtin = range_is_builtin
-
-    def visit_Subscript(self, node):
-        self.generic_visit(node)
-        owner = pycode.name(node.value.id) if isinstance(node.value, ast.Name) else ast.Constant(None)
-        node.slice = ast.copy_location(ast.Call(pycode.name("__key"), [owner, node.slice], []), node.slice)
-        return node
-
-    def visit_Call(self, node):
-        self.generic_visit(node)
-        if self.range_is_builtin and isinstance(node.func, ast.Name) and node.func.id == "range":
-            node.func = ast.copy_location(pycode.name("__range"), node.func)
         return node
 
 

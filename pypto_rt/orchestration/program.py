@@ -84,7 +84,7 @@ def _compile_host_now(kernel, traced: bool = False) -> HostProgram:
             if r.tid_target is None and not any(k.arg in ("deps", "no_dep_args") for k in r.call.keywords):
                 r.coalesce = plan_coalescing(env, r, enclosing_statement(ir.tree, r.stmt))
     kernels = [compile_region(ir, r, env, module_globals, traced=traced) for r in ir.regions]
-    tree = generate_host(ir, module_globals)
+    tree = generate_host(ir)
     values = disk_cache.host_values(kernels, env)
     if traced:
         traced_code.route(tree, module_globals, set(module_globals) | set(env.closure))

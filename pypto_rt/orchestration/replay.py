@@ -17,7 +17,8 @@ Results are bit-identical to the engine's: the same torch calls run in the same 
 
 Data-dependent runs: numbers a run reads with `pl.read` (slot mappings, block tables, lengths, indices, scales)
 are read again by each replay, at its start, from the same entry tensor (ops.traced_scalar); offsets and
-operands computed from them stay code (the recorded run executes the code variant of incore_compiler.traced_code). What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
+operands computed from them stay code (the recorded run executes the code variant of incore_compiler.traced_code).
+What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
 before the replay touches any data: when one fails (the data takes another course) the call runs on the engine,
 and after `MISSES` such calls a replay that misses more often than it runs is dropped. A value read from data the
 run computed is read again where it was read; if the run's course depends on it, the run is not replayed.

@@ -45,7 +45,7 @@ from torch.overrides import TorchFunctionMode
 
 from pypto_rt.errors import is_internal_file
 from pypto_rt.ops import replay_guard
-from pypto_rt.ops.traced_scalar import TRACED, TracedFloat, TracedInt
+from pypto_rt.ops.traced_scalar import TRACED, TracedFloat, TracedInt, code_of
 
 # calls whose non-tensor results are metadata: static under one specialisation (same shapes, strides, dtypes)
 _METADATA_TYPES = (torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.UntypedStorage)
@@ -197,7 +197,7 @@ class Recorder(TorchFunctionMode):
         entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
         if entry is None or storage in self._written or id(t) in self._moving:
             name = self.names[id(t)]
-            line = _Line(f"{name}[({', '.join(_code(i) for i in index)},)].item()", [name], True, [], [])
+            line = _Line(f"{name}[({', '.join(code_of(i) for i in index)},)].item()", [name], True, [], [])
             line.target = symbol
             self.lines.append(line)
             self._late.add(symbol)
@@ -239,13 +239,15 @@ class Recorder(TorchFunctionMode):
         checks = []
         for k, n in zip(key, t.shape):
             if type(k) is slice:
-                if k.step not in (None, 1) or any(type(b) not in (int, TracedInt, type(None)) for b in (k.start, k.stop)):
+                bounds = (k.start, k.stop)
+                if k.step not in (None, 1) or any(type(b) not in (int, TracedInt, type(None)) for b in bounds):
                     return self._pin(traced)
                 start, stop = (0 if k.start is None else k.start), (n if k.stop is None else k.stop)
                 if type(start) is TracedInt or type(stop) is TracedInt:
                     a, b = _plain(start), _plain(stop)
-                    checks += [(_code(start), ">=", "0", 0 <= a), (_code(stop), ">=", _code(start), a <= b),
-                               (_code(stop), "<=", str(n), b <= n), (f"{_code(stop)} - {_code(start)}", "==", str(b - a), True)]
+                    lo, hi = code_of(start), code_of(stop)
+                    checks += [(lo, ">=", "0", 0 <= a), (hi, ">=", lo, a <= b), (hi, "<=", str(n), b <= n),
+                               (f"{hi} - {lo}", "==", str(b - a), True)]
             elif type(k) is TracedInt:
                 checks += [(k.code, ">=", "0", 0 <= _plain(k)), (k.code, "<", str(n), _plain(k) < n)]
         if not all(check[3] for check in checks):   # outside when recorded: pin instead
@@ -342,7 +344,8 @@ class Recorder(TorchFunctionMode):
             name == "full" and args and not _traced((args[0],), []))
         if sized or any(id(t) in self._dynamic for t in tensors_in):
             self._dynamic.add(id(out))
-        elif (traced and name in _WINDOWS) or any(id(t) in self._moving and storage_id(t) == storage_id(out) for t in tensors_in):
+        elif (traced and name in _WINDOWS) or any(
+                id(t) in self._moving and storage_id(t) == storage_id(out) for t in tensors_in):
             self._moving.add(id(out))
 
     def _define(self, t: torch.Tensor, tainted: bool) -> str:
@@ -534,10 +537,6 @@ def _traced(value, out: list) -> list:
 
 def _plain(value):
     return int.__int__(value) if type(value) is TracedInt else value
-
-
-def _code(value) -> str:
-    return value.code if type(value) in TRACED else repr(value)
 
 
 def storage_id(t: torch.Tensor) -> int:
