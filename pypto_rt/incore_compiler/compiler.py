@@ -93,8 +93,7 @@ def compile_function(ir: FunctionIR, env: Env, module_globals: dict, backend: st
 
 
 def _finish(kir: KernelIR, module_globals: dict, backend: str, traced: bool = False) -> KernelArtifact:
-    compiled = BACKENDS[backend].compile(kir, module_globals, traced=traced) if traced else \
-        BACKENDS[backend].compile(kir, module_globals)
+    compiled = BACKENDS[backend].compile(kir, module_globals, traced=traced)
     factory, (accesses,) = _access_function(kir, module_globals)
     return KernelArtifact(compiled, accesses, factory=factory)
 

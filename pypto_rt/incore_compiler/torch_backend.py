@@ -20,6 +20,7 @@ from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS
 from pypto_rt.ops import OPS
+from pypto_rt.ops.traced_scalar import host_key
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.ops.views import subscript_read, subscript_write
 
@@ -37,8 +38,20 @@ def subscript_set(x, key, value) -> None:
         x[key] = value
 
 
+def traced_subscript(x, key):
+    """`subscript` in a recorded run's kernels: a tensor window as it is (offsets read from data stay code), any
+    other container's key pinned (Python reads a TracedInt index without asking)."""
+    return subscript(x, host_key(x, key))
+
+
+def traced_subscript_set(x, key, value) -> None:
+    """`subscript_set` in a recorded run's kernels, likewise."""
+    subscript_set(x, host_key(x, key), value)
+
+
 def loop_range(*bounds):
-    """`range` that accepts integral scalars of any kind (numpy/torch ints, bools)."""
+    """`range` that accepts integral scalars of any kind (numpy/torch ints, bools); a TracedInt bound goes through
+    int(), which pins it (recorded runs rely on this)."""
     for b in bounds:
         if type(b) is not int:
             return builtins.range(*(int(b) for b in bounds))
@@ -63,6 +76,10 @@ def disjoint(reads: tuple, writes: tuple) -> bool:
 # names every generated kernel may use, besides its ops (`__op_*`) and the closure of its function
 RUNTIME_NAMES = {"__UNBOUND": UNBOUND, "__range": loop_range, "__subscript": subscript,
                  "__subscript_set": subscript_set, "__slice": builtins.slice, "__disjoint": disjoint}
+
+
+# a recorded run's kernels (traced=True): the routed arithmetic's helpers and pinning subscripts
+_TRACED_NAMES = {**traced_code.RUNTIME_NAMES, "__subscript": traced_subscript, "__subscript_set": traced_subscript_set}
 
 
 class TorchBackend:
@@ -92,7 +109,7 @@ class TorchBackend:
                                + [pycode.located(s, kernel.anchor) for s in epilogue],
                                decorator_list=[], returns=None, **pycode._TYPE_PARAMS)
         ast.copy_location(fdef, kernel.anchor)
-        injected = {**RUNTIME_NAMES, **rewriter.injected, **(traced_code.RUNTIME_NAMES if traced else {})}
+        injected = {**RUNTIME_NAMES, **rewriter.injected, **(_TRACED_NAMES if traced else {})}
         injected.update(kernel.env.closure)
         factory, (run,) = pycode.build_functions([fdef], injected, kernel.file, module_globals, kernel.anchor)
         header = _header(kernel, rewriter)

@@ -7,17 +7,15 @@ number seen when recording. The recorded run therefore executes a variant of the
 which every binary operation, comparison and `min`/`max` call goes through `ops.traced_scalar.arithmetic` /
 `compare` (which hand such a pair to the traced value's reflected method); calls into numeric modules
 (`math.floor(x)`, `np.sqrt(x)`), `range` bounds and subscripts of anything but a tensor (a list, a tuple) pin
-their traced numbers first. Other runs execute the plain code (this costs a
-function call per operation). Results are the same: only who computes them differs.
+their traced numbers first. That costs a function call per operation, so only recorded runs execute this
+variant; other runs execute the plain code. Results are the same: only who computes them differs.
 """
 from __future__ import annotations
 
 import ast
 import types
 
-from pypto_rt.ops.traced_scalar import arithmetic, compare, host_key, largest, plain, plain_key, smallest
-from pypto_rt.ops.value import TensorValue
-from pypto_rt.ops.views import subscript_read, subscript_write
+from pypto_rt.ops.traced_scalar import arithmetic, compare, host_key, largest, plain, smallest
 
 # modules whose functions read numbers in C without asking: their calls get plain (pinned) numbers
 _NUMERIC_MODULES = {"math", "cmath", "numpy", "statistics", "fractions", "decimal", "random"}
@@ -26,34 +24,17 @@ _BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", 
            ast.Mod: "mod", ast.Pow: "pow", ast.LShift: "lshift", ast.RShift: "rshift", ast.BitAnd: "and_",
            ast.BitOr: "or_", ast.BitXor: "xor", ast.MatMult: "matmul"}
 _COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
+
+
 def pinned_call(function, *args, **kwargs):
     """`function(*args, **kwargs)` with traced numbers among the arguments pinned."""
     return function(*(plain(a) for a in args), **{k: plain(v) for k, v in kwargs.items()})
 
 
-def pinned_range(*bounds):
-    """`range` with traced bounds pinned (range reads an int subclass without asking)."""
-    return range(*(int(b) if type(b) is not int else b for b in bounds))
-
-
-def subscript(x, key):
-    """The kernels' `__subscript`: a tensor window (traced offsets stay code), anything else pinned."""
-    return subscript_read(x, key) if type(x) is TensorValue else x[plain_key(key)]
-
-
-def subscript_set(x, key, value) -> None:
-    """The kernels' `__subscript_set`, likewise."""
-    if type(x) is TensorValue:
-        subscript_write(x, key, value)
-    else:
-        x[plain_key(key)] = value
-
-
-# what the variant runs with, over the plain code's names: host programs index through `__key`, kernels
-# through `__subscript` / `__subscript_set`, and both loop over `__range`
+# what the variant runs with, over the plain code's names (kernels add pinning `__subscript` helpers, see
+# torch_backend; `__range`, which pins through int(), is the plain code's own)
 RUNTIME_NAMES = {"__arithmetic": arithmetic, "__compare": compare, "__min": smallest, "__max": largest,
-                 "__pinned_call": pinned_call, "__key": host_key, "__range": pinned_range,
-                 "__subscript": subscript, "__subscript_set": subscript_set}
+                 "__pinned_call": pinned_call, "__key": host_key}
 
 
 def route(tree: ast.AST, module_globals: dict, shadowed: set[str] = frozenset()) -> ast.AST:

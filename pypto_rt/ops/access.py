@@ -4,7 +4,7 @@ from __future__ import annotations
 from pypto_rt.errors import OpError
 from pypto_rt.ops import replay_guard
 from pypto_rt.ops.registry import op, writes
-from pypto_rt.ops.traced_scalar import TracedInt
+from pypto_rt.ops.traced_scalar import integral
 from pypto_rt.ops.value import TensorValue
 
 
@@ -12,7 +12,7 @@ def _index(src: TensorValue, indices, opname: str) -> tuple[int, ...]:
     if not isinstance(indices, (list, tuple)):
         indices = [indices]
     try:
-        idx = tuple(i if type(i) is int or type(i) is TracedInt else int(i) for i in indices)
+        idx = tuple(integral(i) for i in indices)
     except (TypeError, ValueError):
         raise OpError(f"pl.{opname}: indices must be integers, got {indices!r}") from None
     if len(idx) != src.ndim:

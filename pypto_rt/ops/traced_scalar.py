@@ -160,6 +160,23 @@ def _common(cls, base) -> None:
     cls.__hash__ = base.__hash__   # defining __eq__ cleared it; a dict lookup that finds a key compares (guards)
 
 
+def traced(value, code: str, rec):
+    """A traced number of `value`'s kind: a TracedInt for an int, a TracedFloat for a float."""
+    return TracedInt(value, code, rec) if type(value) is int else TracedFloat(value, code, rec)
+
+
+def untraced(value):
+    """`value` as the plain number it is, without pinning it (for pypto-rt's own bookkeeping)."""
+    kind = type(value)
+    return int.__int__(value) if kind is TracedInt else float.__float__(value) if kind is TracedFloat else value
+
+
+def integral(value):
+    """An index or offset as ops take it: an int, a TracedInt as it is (it keeps its code), anything else via
+    int()."""
+    return value if type(value) is int or type(value) is TracedInt else int(value)
+
+
 def plain(value):
     """`value` as a plain number when it is traced (pinned: the replay checks it), else unchanged."""
     return value.pin() if type(value) in TRACED else value
@@ -233,9 +250,7 @@ largest = _extreme("gt", builtins.max)
 
 
 def _derived(source, value, code: str):
-    if not source.rec.active:
-        return value
-    return TracedInt(value, code, source.rec) if type(value) is int else TracedFloat(value, code, source.rec)
+    return traced(value, code, source.rec) if source.rec.active else value
 
 
 _NUMBERS = (int, bool, float, TracedInt, TracedFloat)

@@ -15,19 +15,15 @@ from pypto_rt.errors import OpError
 from pypto_rt.language.enums import AtomicType, PadValue
 from pypto_rt.ops import dtype_rules
 from pypto_rt.ops.registry import op, writes
-from pypto_rt.ops.traced_scalar import TracedInt
+from pypto_rt.ops.traced_scalar import TracedInt, integral
 from pypto_rt.ops.value import TensorValue, valid_mask, valid_region
 
 _INT = (int, TracedInt)   # integers taken as they are (a TracedInt keeps its code: offsets read from data)
 
 
-def _integral(v):
-    return v if type(v) in _INT else int(v)
-
-
 def _ints(seq, what: str, opname: str) -> list[int]:
     try:
-        return [_integral(v) for v in seq]
+        return [integral(v) for v in seq]
     except (TypeError, ValueError):
         raise OpError(f"pl.{opname}: {what} must be a list of integers, got {seq!r}") from None
 
@@ -90,15 +86,15 @@ def _parse_key(x: TensorValue, key, opname: str):
             if k.step not in (None, 1):
                 raise OpError(f"{opname}: slices with a step are not supported (axis {axis})",
                               hint="PyPTO windows are contiguous; gather the strided elements instead")
-            start = 0 if k.start is None else _integral(k.start)
-            stop = size if k.stop is None else _integral(k.stop)
+            start = 0 if k.start is None else integral(k.start)
+            stop = size if k.stop is None else integral(k.stop)
             if start < 0 or stop < start:
                 raise OpError(f"{opname}: bad window {start}:{stop} on axis {axis} of extent {size}")
             shape.append(stop - start)
             offset.append(start)
         else:
             try:
-                idx = _integral(k)
+                idx = integral(k)
             except (TypeError, ValueError):
                 raise OpError(f"{opname}: index on axis {axis} must be an integer or a slice, got {k!r}") from None
             shape.append(1)

@@ -18,6 +18,7 @@ from pypto_rt.frontend.resolve import Env
 from pypto_rt.incore_compiler import pycode, traced_code
 from pypto_rt.incore_compiler.coalesce import plan_coalescing
 from pypto_rt.incore_compiler.compiler import KernelArtifact, compile_region
+from pypto_rt.incore_compiler.torch_backend import loop_range
 from pypto_rt.orchestration import disk_cache
 from pypto_rt.orchestration.hostgen import generate_host
 
@@ -88,7 +89,7 @@ def _compile_host_now(kernel, traced: bool = False) -> HostProgram:
     values = disk_cache.host_values(kernels, env)
     if traced:
         traced_code.route(tree, module_globals, set(module_globals) | set(env.closure))
-        values.update(traced_code.RUNTIME_NAMES)
+        values.update(traced_code.RUNTIME_NAMES, __range=loop_range)   # loop_range pins through int()
     factory, (run,) = pycode.build_functions([tree], values, ir.file, module_globals, tree)
     source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")
     program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3, factory,

@@ -41,7 +41,7 @@ import torch
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
 from pypto_rt.errors import InWriteWarning
-from pypto_rt.ops.traced_scalar import TracedInt
+from pypto_rt.ops.traced_scalar import TRACED, untraced
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
 
@@ -133,10 +133,7 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
     if spec.replay is not None:
         if spec.engine_turn:   # the trial: an engine run between replays, timed
             spec.engine_turn = False
-            t0 = time.perf_counter_ns()
-            result = run_on_engine(False)[0]
-            spec.engine_ns.append(time.perf_counter_ns() - t0)
-            return result
+            return _timed_engine_run(spec, run_on_engine)[0]
         _remember_arguments(kernel, spec, binding, args)
         out = _replay(kernel, spec, [v.data if type(v) is TensorValue else None for v in binding.values])
         if out is not MISS:
@@ -149,9 +146,7 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
         _stats(kernel, f"guards failed (the data takes another course): engine run; from now on {spec.mode()}")
         return run_on_engine(False)[0]
     if len(spec.engine_ns) < NORMAL_RUNS:
-        t0 = time.perf_counter_ns()
-        result, stats = run_on_engine(False)
-        spec.engine_ns.append(time.perf_counter_ns() - t0)
+        result, stats = _timed_engine_run(spec, run_on_engine)
         kernel_ns, tasks = stats.get("kernel_ns", 0), stats.get("tasks", 0)
         if tasks > 1 and kernel_ns > PARALLEL * stats.get("wall_ns", 1) and kernel_ns >= LONG_TASK_NS * tasks:
             # its tasks ran side by side on the workers: a replay, one block after another, would be slower
@@ -159,6 +154,14 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
             _stats(kernel, f"from now on {spec.mode()}")
         return result
     return _record(kernel, spec, binding, run_on_engine)
+
+
+def _timed_engine_run(spec: _Specialisation, run_on_engine):
+    """(result, stats) of an engine run, its time noted for the choice between replay and engine."""
+    t0 = time.perf_counter_ns()
+    out = run_on_engine(False)
+    spec.engine_ns.append(time.perf_counter_ns() - t0)
+    return out
 
 
 def _specialisation(kernel, binding) -> _Specialisation | None:
@@ -247,15 +250,15 @@ def _result_plan(result, recorder: Recorder):
         return (type(result), [_result_plan(r, recorder) for r in result])
     if result is None or type(result) in (int, float, bool, str):
         return ("value", result)
-    if type(result) is TracedInt:
+    if type(result) in TRACED:
         raise _Unreplayable("the entry returns a value read from tensor data")
     raise _Unreplayable(f"the entry returns a {type(result).__name__}")
 
 
 def _plain_scalars(result):
-    """The recorded call's return value with values read from data as plain ints."""
-    if type(result) is TracedInt:
-        return int.__int__(result)
+    """The recorded call's return value with values read from data as plain numbers."""
+    if type(result) in TRACED:
+        return untraced(result)
     if type(result) in (tuple, list):
         return type(result)(_plain_scalars(r) for r in result)
     return result

@@ -45,7 +45,7 @@ from torch.overrides import TorchFunctionMode
 
 from pypto_rt.errors import is_internal_file
 from pypto_rt.ops import replay_guard
-from pypto_rt.ops.traced_scalar import TRACED, TracedFloat, TracedInt, code_of
+from pypto_rt.ops.traced_scalar import TRACED, TracedInt, code_of, traced, untraced
 
 # calls whose non-tensor results are metadata: static under one specialisation (same shapes, strides, dtypes)
 _METADATA_TYPES = (torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.UntypedStorage)
@@ -201,7 +201,7 @@ class Recorder(TorchFunctionMode):
             line.target = symbol
             self.lines.append(line)
             self._late.add(symbol)
-            return (TracedFloat if t.is_floating_point() else TracedInt)(value, symbol, self)
+            return traced(value, symbol, self)
         constant, terms = t.storage_offset(), []
         for i, stride in zip(index, t.stride()):
             if type(i) is TracedInt:
@@ -217,7 +217,7 @@ class Recorder(TorchFunctionMode):
             flat = f"{self._const(torch.as_strided, 'f')}({entry[0]}, ({elements},), (1,), 0)"
             self.prologue.append(f"{source[0]} = {flat}.tolist()" if whole else f"{source[0]} = {flat}")
         self.prologue.append(f"{symbol} = {source[0]}[{where}]" + ("" if source[1] else ".item()"))
-        return (TracedFloat if t.is_floating_point() else TracedInt)(value, symbol, self)
+        return traced(value, symbol, self)
 
     def _from_data(self, t: torch.Tensor) -> bool:
         """Whether `t`'s contents may differ between runs: computed from an entry tensor or chance, or an outside
@@ -244,12 +244,12 @@ class Recorder(TorchFunctionMode):
                     return self._pin(traced)
                 start, stop = (0 if k.start is None else k.start), (n if k.stop is None else k.stop)
                 if type(start) is TracedInt or type(stop) is TracedInt:
-                    a, b = _plain(start), _plain(stop)
+                    a, b = untraced(start), untraced(stop)
                     lo, hi = code_of(start), code_of(stop)
                     checks += [(lo, ">=", "0", 0 <= a), (hi, ">=", lo, a <= b), (hi, "<=", str(n), b <= n),
                                (f"{hi} - {lo}", "==", str(b - a), True)]
             elif type(k) is TracedInt:
-                checks += [(k.code, ">=", "0", 0 <= _plain(k)), (k.code, "<", str(n), _plain(k) < n)]
+                checks += [(k.code, ">=", "0", 0 <= untraced(k)), (k.code, "<", str(n), untraced(k) < n)]
         if not all(check[3] for check in checks):   # outside when recorded: pin instead
             return self._pin(traced)
         for left, symbol, right, _ in checks:
@@ -293,7 +293,7 @@ class Recorder(TorchFunctionMode):
             raise Refused(f"`{name}` returned a {type(out).__name__}, which the trace cannot follow")
         if traced and name in _WINDOWS and tensors_in and args and args[0] is tensors_in[0]:
             self._guard_window(tensors_in[0], args[1] if name != "narrow" else
-                               (slice(None),) * _plain(args[1]) + (slice(args[2], args[2] + args[3]),), traced)
+                               (slice(None),) * untraced(args[1]) + (slice(args[2], args[2] + args[3]),), traced)
         call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
         reads = [self.names[id(t)] for t in tensors_in]
         tainted = bool(traced) or name in _RANDOM or any(storage_id(t) in self._tainted for t in tensors_in)
@@ -526,17 +526,13 @@ def _traced(value, out: list) -> list:
     """The traced numbers in call arguments (nested tuples, lists, slices), in order."""
     for v in value:
         kind = type(v)
-        if kind is TracedInt or kind is TracedFloat:
+        if kind in TRACED:
             out.append(v)
         elif kind is slice:
             _traced((v.start, v.stop, v.step), out)
         elif kind is tuple or kind is list:
             _traced(v, out)
     return out
-
-
-def _plain(value):
-    return int.__int__(value) if type(value) is TracedInt else value
 
 
 def storage_id(t: torch.Tensor) -> int:

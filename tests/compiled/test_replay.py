@@ -584,3 +584,16 @@ def test_the_trial_times_replays_against_warm_engine_runs_between_them():
     trial = ways[replay.NORMAL_RUNS + 2:][: 2 * replay.TRIAL_REPLAYS]
     assert ways[: replay.NORMAL_RUNS + 2] == ["engine"] * replay.NORMAL_RUNS + ["record", "replay"], ways
     assert trial == ["engine", "replay"] * replay.TRIAL_REPLAYS, ways
+
+
+@pl.jit
+def returns_a_read(scales: pl.Tensor[[2], pl.FP32]):
+    return pl.read(scales, [1])
+
+
+def test_an_entry_returning_a_value_read_from_data_gives_a_plain_number_and_is_not_replayed():
+    for i in range(CALLS):
+        got = returns_a_read(torch.tensor([0.0, 0.5 * i]))
+        assert type(got) is float and got == 0.5 * i, f"call {i}: {got!r}"
+    (mode,) = modes(returns_a_read)
+    assert mode.startswith("engine (the entry returns a value read from tensor data"), mode
