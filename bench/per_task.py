@@ -62,7 +62,7 @@ def bodies_alone(kernel, x, y, repeats: int = 5) -> float | None:
     try:
         from pypto_rt.binding import bind_call
         from pypto_rt.orchestration.program import host_program
-        from pypto_rt.orchestration.task_runner import run_block
+        from pypto_rt.orchestration.block import run_block
         body = host_program(kernel).kernels[0].kernel.run
         binding = bind_call(kernel, (x, y), {})
         xv, yv = binding.values

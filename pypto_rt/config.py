@@ -52,6 +52,8 @@ COALESCE = Knob("PYPTO_COALESCE", "1", ("0", "1"), "merge the iterations of tile
                 "one task per worker (0: one task per iteration)")
 REPLAY = Knob("PYPTO_REPLAY", "1", ("0", "1"), "replay entry calls whose course depends only on shapes, dtypes "
                "and scalar arguments as their recorded torch calls (0: every call runs on the engine)")
+KERNEL_REPLAY = Knob("PYPTO_KERNEL_REPLAY", "1", ("0", "1"), "tasks run their kernel's recorded torch calls "
+                     "(one block recorded per kernel specialisation) instead of the op library's Python")
 DUMP_DIR = Knob("PYPTO_DUMP_DIR", "", None, "write the generated host programs and kernels here")
 CACHE_DIR = Knob("PYPTO_CACHE_DIR", "", None, "on-disk kernel cache (default ~/.cache/pypto-rt; 'off' disables)")
 

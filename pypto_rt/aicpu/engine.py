@@ -45,8 +45,8 @@ def _positive(what: str, value):
 
 
 class _Scope:
-    """Tasks submitted in a scope hold their ring slot at least until it closes. A context manager (entered once)
-    rather than a generator one: the host opens one per loop iteration."""
+    """Tasks submitted in a scope hold their ring slot at least until it closes. A context manager rather than a
+    generator one: the host opens one per loop iteration (the same object, entered again for each)."""
     __slots__ = ("name", "span", "manual", "tasks", "engine")
 
     def __init__(self, name: str, span, manual: bool, engine=None):
@@ -59,13 +59,19 @@ class _Scope:
         return self
 
     def __exit__(self, *exc) -> None:
-        scopes = self.engine._scopes
+        engine = self.engine
+        scopes = engine._scopes
         if scopes[-1] is self:
             scopes.pop()
         else:
             scopes.remove(self)
-        with _lock:
-            self.engine._close_scope(self)
+        if not self.tasks:
+            return
+        if engine._live:
+            with _lock:
+                engine._close_scope(self)
+        else:   # nothing in flight: no worker touches the ring (see `_settle`)
+            engine._close_scope(self)
 
 
 class Engine:
@@ -153,34 +159,36 @@ class Engine:
         trace is being written (which wants every task's full life): then `submit` it."""
         if self._traced is not None:
             return None
-        self._check_usable()
+        if self._failure is not None or self._closed or self._finished:
+            self._check_usable()
         if blocks < 1:
             raise PyptoError(f"task '{name}' has blocks={blocks}; it needs at least one", span)
         # no lock: with nothing in flight no worker touches this engine, and a full ring cannot free a slot
-        if self._ring_used >= self.ring_size:
+        used = self._ring_used + 1
+        if used > self.ring_size:
             raise ring_overflow_error(self._scopes, self.ring_size)
         t0 = _now()
         task = Task(self._next_id, name, run, blocks, (), span, t0)
         self._next_id += 1
-        self._ring_used += 1
+        self._ring_used = used
         self._scope_held += 1
-        self._ring_high = max(self._ring_high, self._ring_used)
+        if used > self._ring_high:
+            self._ring_high = used
         self._scopes[-1].tasks.append(task)
         if self._host_threads is None:   # a block runs with a worker's thread count on any lane; restored by close
             self._host_threads = set_torch_threads(self.worker_threads)
         lane = self.num_workers
-        task.t_ready = task.t_start = self._last_progress = t0
+        task.t_ready = task.t_start = t0
         task.lane, task.state = lane, "running"
         error = None
-        host_watch.entering(self, task)
+        host_watch.entering(self, task, t0)
         try:
             task.result = run(0)
             for block in range(1, blocks):
                 run(block)
         except BaseException as exc:  # a kernel's failure belongs to its task
             error = exc
-        finally:
-            host_watch.leaving(self)
+        host_watch.leaving(self)
         t1 = task.t_end = self._lane_free[lane] = self._last_progress = _now()
         self._kernel_ns += t1 - t0
         task.blocks_left = 0
@@ -470,8 +478,8 @@ class Engine:
                 t.state = "failed"
                 if self._failure is None and not self._closed:
                     self._failure = t
-            del self._live[t.id]
             self._release(t)
+            del self._live[t.id]   # last: a host that finds nothing live may touch the ring without the lock
             for consumer in t.consumers:
                 if t.error is not None and consumer.error is None:
                     consumer.error = TaskPoisoned(consumer, t)

@@ -29,11 +29,11 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
-def entering(engine, task) -> None:
+def entering(engine, task, started_ns: int | None = None) -> None:
     """Host thread: it starts running `task` itself. No lock: one dict store is atomic, and the watchdog reads a
     snapshot (this runs once per task the host runs, so it must cost next to nothing)."""
     global _thread_started
-    _running[id(engine)] = (engine, task, time.perf_counter_ns(), False)
+    _running[id(engine)] = (engine, task, time.perf_counter_ns() if started_ns is None else started_ns, False)
     if not _thread_started:
         with _lock:
             if not _thread_started:

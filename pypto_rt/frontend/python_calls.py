@@ -26,13 +26,18 @@ _TRUSTED_ROOTS = ("pypto_rt", "pypto", "torch", "math", "numbers", "operator", "
 def plain_python_calls(fn) -> list[str]:
     """`file:line name` of each call in `fn`'s source that runs plain Python with possible effects."""
     tree = parse_function(fn)
-    env = Env(fn)
+    return plain_python_calls_in([tree.tree], Env(fn), tree.file)
+
+
+def plain_python_calls_in(nodes, env: Env, file: str) -> list[str]:
+    """The same for statements of a function (an outlined region's body) whose names `env` resolves."""
     found = []
-    for node in ast.walk(tree.tree):
-        if isinstance(node, ast.Call):
-            target = env.resolve(node.func)
-            if target is not UNRESOLVED and not _trusted(target):
-                found.append(f"{tree.file}:{node.lineno} {ast.unparse(node.func)}()")
+    for root in nodes:
+        for node in ast.walk(root):
+            if isinstance(node, ast.Call):
+                target = env.resolve(node.func)
+                if target is not UNRESOLVED and not _trusted(target):
+                    found.append(f"{file}:{node.lineno} {ast.unparse(node.func)}()")
     return found
 
 

@@ -32,6 +32,8 @@ class KernelArtifact:
     accesses: Callable[..., tuple]     # accesses(*inputs) -> ((input index, mode, offsets, sizes, line), ...)
     compile_ms: float = 0.0
     factory: pycode.Factory | None = None   # of `accesses`
+    # the artifact of the same kernel in the code variant a recorded run executes (incore_compiler.traced_code)
+    traced_variant: Callable[[], "KernelArtifact"] | None = None
 
     @property
     def ir(self) -> KernelIR:
@@ -72,6 +74,8 @@ def incore_kernel(kernel, backend: str = "torch", traced: bool = False) -> Kerne
         ir = analyze(kernel, context="incore")
         artifact = compile_function(ir, Env(kernel.fn), kernel.fn.__globals__, backend, traced)
         artifact.compile_ms = (time.perf_counter() - start) * 1e3
+        if not traced:
+            artifact.traced_variant = lambda: incore_kernel(kernel, backend, traced=True)
         kernel.cache[key] = artifact
     return artifact
 

@@ -3,30 +3,33 @@
 Replaying a recorded run repeats its torch calls only. An op whose effect lies outside them (communication with
 other ranks, printing) calls `refuse(reason)`: the run is then not replayed. `pl.read` asks `read_scalar` for an
 integer the replay can read again itself (a `TracedInt`) instead of reading tensor data into Python, which would
-fix the replay to the value seen when recording. Costs one list check when nothing records.
+fix the replay to the value seen when recording. Costs one thread-local read when nothing records.
 """
 from __future__ import annotations
 
-from threading import get_ident
+import threading
 
-_recorders: list = []   # (thread, recorder) of the recordings active (one run records at a time, on one thread)
+
+class _Recording(threading.local):
+    recorder = None   # the recorder of the run or block recorded on this thread (others' are not its business)
+
+
+_this_thread = _Recording()
 
 
 def push(recorder) -> None:
-    _recorders.append((get_ident(), recorder))
+    """`recorder` records on this thread (a run on the host, or one block of a kernel on a worker)."""
+    if _this_thread.recorder is not None:
+        raise RuntimeError("a recording is already active on this thread")
+    _this_thread.recorder = recorder
 
 
 def pop() -> None:
-    _recorders.pop()
+    _this_thread.recorder = None
 
 
 def _current():
-    """The recorder of a run recorded on this thread (other threads' runs are not its business), or None."""
-    if _recorders:
-        thread, recorder = _recorders[-1]
-        if thread == get_ident():
-            return recorder
-    return None
+    return _this_thread.recorder
 
 
 def refuse(reason: str) -> None:

@@ -26,8 +26,8 @@ from pypto_rt.aicpu import Access as EngineAccess
 from pypto_rt.aicpu import Task, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
-from pypto_rt.frontend.python_calls import plain_python_calls
 from pypto_rt.incore_compiler.compiler import incore_kernel
+from pypto_rt.incore_compiler.executor import refuse_replay_of_plain_python
 from pypto_rt.language import distributed as pld
 from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.enums import FunctionType, Level
@@ -52,17 +52,6 @@ _READS = {"read", "tensor.read", "tile.read"}
 _READ = OPS["read"]
 
 
-def _refuse_replay_of_plain_python(kernel) -> None:
-    """A run being recorded for replay (orchestration.replay) that calls the user's plain Python must not be
-    replayed: the replay would skip those calls."""
-    if replay_guard.recording():
-        calls = kernel.cache.get("python_calls")
-        if calls is None:
-            calls = kernel.cache["python_calls"] = plain_python_calls(kernel.fn)
-        if calls:
-            replay_guard.refuse(f"{kernel.name} calls plain Python ({calls[0]}), which only the engine runs")
-
-
 def _base(name: str) -> str:
     return name.split(".", 1)[1] if name.startswith(("tensor.", "tile.")) else name
 
@@ -80,16 +69,18 @@ class HostExecutor(ReferenceExecutor):
         self.open_scopes: list = []
         self.runner = TaskRunner(binding, check=config.CHECK.get() == "reference")
         self.last_comm: Task | None = None   # the communication task submitted last: the next one depends on it
+        self.at_once: dict = {}   # id(artifact) -> how its tasks run at once (TaskRunner.at_once), or False: never
+        self.write_checked: dict = {}   # id(value) -> TensorValue whose writes `_checks_only` has checked
 
     # -- entry -----------------------------------------------------------------------------------
     def run_entry(self, kernel):
-        _refuse_replay_of_plain_python(kernel)
+        refuse_replay_of_plain_python(kernel)
         if is_incore(kernel):
             return self.call_kernel(kernel, tuple(self.binding.values), {})
         return host_program(kernel, traced=replay_guard.recording()).run(*self.binding.values)
 
     def call_kernel(self, kernel, args, kwargs):
-        _refuse_replay_of_plain_python(kernel)
+        refuse_replay_of_plain_python(kernel)
         if kernel.kind == "extern" or "device" in kwargs:
             return super().call_kernel(kernel, args, kwargs)   # says why it cannot run
         if is_incore(kernel):
@@ -108,17 +99,18 @@ class HostExecutor(ReferenceExecutor):
 
     def _task(self, artifact, inputs, blocks, no_dep_args, name, deps, span):
         """Submit one kernel; a communication task also depends on the previous one (program order)."""
-        at_once = not self.runner.check and self.engine.runs_at_once(self.runner.quick(artifact))
-        accesses, windows = self._accesses(artifact, inputs, no_dep_args, regions=not at_once)
+        now = self.at_once.get(id(artifact))
+        if now is None:   # (artifacts outlive the run: their ids stay theirs)
+            now = self.at_once[id(artifact)] = (not communicates(artifact) and self.runner.at_once(artifact)) or False
+        if now and self.engine.runs_at_once(now) and not self._checks_only(artifact, inputs, no_dep_args):
+            # nothing in flight: its producers (and `deps`) have all finished, so it needs no accesses
+            task = self.engine.run_now(name, now.blocks(inputs, blocks), blocks, span=span)
+            if task is not None:
+                now.ran(task)
+                return task
+        accesses, windows = self._accesses(artifact, inputs, no_dep_args)
         deps = _flatten(deps)
         comm = windows or communicates(artifact)
-        if comm and at_once:   # a communication task always goes through the map and the chain
-            accesses, windows = self._accesses(artifact, inputs, no_dep_args)
-        elif at_once:   # nothing in flight: its producers have all finished
-            task = self.engine.run_now(name, self.runner.now(artifact, inputs, blocks), blocks, span=span)
-            if task is not None:
-                self.runner.ran_now(artifact, task)
-                return task
         if comm:
             if self.last_comm is not None:
                 deps.append(self.last_comm)
@@ -183,13 +175,10 @@ class HostExecutor(ReferenceExecutor):
     def _task_dummy(self, *, deps=None):
         return self.engine.dummy(_flatten(deps), span=user_span())
 
-    def _accesses(self, artifact, inputs, no_dep_args, regions: bool = True):
+    def _accesses(self, artifact, inputs, no_dep_args):
         """([(engine access, box, input index)] of the tensor inputs: exact boxes where the plan has them, else
-        whole; whether an input is a window tensor (those make no accesses: the comm chain orders them)).
-        regions=False: a task that runs at once (`Engine.runs_at_once`): no accesses, only the checks."""
+        whole; whether an input is a window tensor (those make no accesses: the comm chain orders them))."""
         skip = set(no_dep_args or ())
-        if not regions:
-            return [], self._checks_only(artifact, inputs, skip)
         try:
             plan = artifact.accesses(*inputs)
         except Exception:  # noqa: BLE001 - a plan expression the host cannot evaluate: be conservative
@@ -212,9 +201,11 @@ class HostExecutor(ReferenceExecutor):
                 self._warn_in_write(value, artifact, line)
         return out, windows
 
-    def _checks_only(self, artifact, inputs, skip) -> bool:
-        """`_accesses` without boxes (the kernel's static accesses suffice): warn of definite writes into In
-        parameters; whether an input is a window tensor."""
+    def _checks_only(self, artifact, inputs, no_dep_args) -> bool:
+        """What `_accesses` checks, for a task that runs at once (`Engine.runs_at_once`; the kernel's static
+        accesses suffice): warn of definite writes into In parameters; whether an input is a window tensor."""
+        if not self.binding.readonly and not process.has_windows():
+            return False
         plan = artifact.__dict__.get("checks_plan")
         if plan is None:   # (index, param, line) of each definite write; indices of every access
             index_of = {p: i for i, p in enumerate(artifact.ir.params)}
@@ -224,11 +215,13 @@ class HostExecutor(ReferenceExecutor):
         windows = process.has_windows() and any(
             type(inputs[i]) is TensorValue and process.window_of(inputs[i].data) is not None for i in plan[1])
         if self.binding.readonly:   # only an entry with In tensors can be written into by mistake
+            checked = self.write_checked
             for index, param, line in plan[0]:
                 value = inputs[index]
-                if type(value) is TensorValue and param not in skip and (
-                        not windows or process.window_of(value.data) is None):
+                if checked.get(id(value)) is not value and type(value) is TensorValue and param not in (
+                        no_dep_args or ()) and (not windows or process.window_of(value.data) is None):
                     self._warn_in_write(value, artifact, line)
+                    checked[id(value)] = value   # (it warns once per In parameter: checking it again does nothing)
         return windows
 
     def _warn_in_write(self, value, artifact, line):
@@ -289,8 +282,9 @@ class HostExecutor(ReferenceExecutor):
         return self._scoped(super().iterate(loop), loop.span)
 
     def _scoped(self, iterations, span):
+        scope = self.engine.scope("loop body", span, manual=self.manual_depth > 0)
         for item in iterations:
-            with self.engine.scope("loop body", span, manual=self.manual_depth > 0):
+            with scope:
                 yield item
 
     def enter_scope(self, scope):

@@ -5,6 +5,7 @@ and are written to PYPTO_DUMP_DIR when it is set.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import time
@@ -53,8 +54,14 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
         if program is None:
             program = _compile_host(kernel)
             disk_cache.store(kernel, program)
+        for index, artifact in enumerate(program.kernels):
+            artifact.traced_variant = functools.partial(_traced_kernel, kernel, index)
         kernel.cache["host_program"] = program
     return program
+
+
+def _traced_kernel(kernel, index: int) -> KernelArtifact:
+    return host_program(kernel, traced=True).kernels[index]
 
 
 def _from_factory(kernel, kernels, factory, source, start) -> HostProgram:

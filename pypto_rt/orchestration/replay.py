@@ -11,7 +11,7 @@ Per specialisation, an entry call goes through three phases:
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
    thread count. The next calls are a trial: replays alternate with timed engine runs (both warm, so neither is
    judged by a cold run), and after `TRIAL_REPLAYS` replays the faster way is kept for good. A specialisation
-   whose engine runs overlapped long tasks (kernel time summed over the workers `PARALLEL` times the wall time,
+   whose engine runs all overlapped long tasks (kernel time summed over the workers `PARALLEL` times the wall time,
    tasks of `LONG_TASK_NS` on average) is not even recorded: its sequential replay would be slower.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
 
@@ -57,7 +57,7 @@ MISSES = 8                 # guard misses (data took another course) after which
 
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "why_not", "calls", "guards", "hits",
-                 "misses", "warnings", "engine_turn")
+                 "misses", "warnings", "engine_turn", "parallel_runs")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -72,6 +72,7 @@ class _Specialisation:
         self.misses = 0             # replays whose guards failed (the engine ran the call)
         self.warnings = ()          # InWriteWarnings of the recorded run: each replay gives them again
         self.engine_turn = False    # during the trial: the next call runs on the engine (timed)
+        self.parallel_runs = 0      # engine runs before recording whose tasks ran side by side
 
     def in_trial(self) -> bool:
         return self.replay is not None and len(self.replay_ns) <= TRIAL_REPLAYS
@@ -149,6 +150,8 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
         result, stats = _timed_engine_run(spec, run_on_engine)
         kernel_ns, tasks = stats.get("kernel_ns", 0), stats.get("tasks", 0)
         if tasks > 1 and kernel_ns > PARALLEL * stats.get("wall_ns", 1) and kernel_ns >= LONG_TASK_NS * tasks:
+            spec.parallel_runs += 1
+        if spec.parallel_runs == NORMAL_RUNS:   # (every one of them: one garbage-collector pause can look parallel)
             # its tasks ran side by side on the workers: a replay, one block after another, would be slower
             spec.off, spec.why_not = True, "its tasks run in parallel on the engine's workers"
             _stats(kernel, f"from now on {spec.mode()}")
@@ -217,71 +220,72 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         other = next(w for w in caught if not issubclass(w.category, InWriteWarning))
         recorder.refuse(f"the run warned ({other.category.__name__})")
     try:
-        rebuild = _result_plan(result, recorder) if recorder.refused is None else None
-    except _Unreplayable as e:
+        rebuild = result_plan(result, recorder) if recorder.refused is None else None
+    except Unreplayable as e:
         recorder.refuse(str(e))
-    result = _plain_scalars(result)
+    result = plain_scalars(result)
     if recorder.refused is not None:
         spec.off, spec.why_not = True, recorder.refused
     else:
         outputs = []
-        spec.results = _number(rebuild, outputs)
+        spec.results = number_outputs(rebuild, outputs)
         source = recorder.source(outputs, fn_name=f"replay_{kernel.name}".replace(".", "_"))
         spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
-        spec.calls = sum(1 for line in source.splitlines()[1:-1] if not line.lstrip().startswith(("#", "if ")))
+        spec.calls = recorder.calls
         spec.guards = recorder.guards
         _dump(kernel, source)
     _stats(kernel, f"recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: from now on {spec.mode()}")
     return result
 
 
-class _Unreplayable(Exception):
+class Unreplayable(Exception):
     pass
 
 
-def _result_plan(result, recorder: Recorder):
-    """The entry's return value as a plan: tensor names from the trace, other values kept as they are."""
+def result_plan(result, recorder: Recorder, what: str = "the entry"):
+    """`what`'s return value as a plan: tensor names from the trace, other values kept as they are."""
     if isinstance(result, TensorValue):
         name = recorder.name_of(result.data)
         if name is None:
-            raise _Unreplayable("the entry returns a tensor the trace did not make")
+            raise Unreplayable(f"{what} returns a tensor the trace did not make")
         return ("tensor", name, result.dtype, result.valid, result.is_tile, result.pad)
     if isinstance(result, (tuple, list)):
-        return (type(result), [_result_plan(r, recorder) for r in result])
+        return (type(result), [result_plan(r, recorder, what) for r in result])
     if result is None or type(result) in (int, float, bool, str):
         return ("value", result)
     if type(result) in TRACED:
-        raise _Unreplayable("the entry returns a value read from tensor data")
-    raise _Unreplayable(f"the entry returns a {type(result).__name__}")
+        raise Unreplayable(f"{what} returns a value read from tensor data"
+                           + ("" if what == "the entry" else " or computed from its scalar inputs"))
+    raise Unreplayable(f"{what} returns a {type(result).__name__}")
 
 
-def _plain_scalars(result):
+def plain_scalars(result):
     """The recorded call's return value with values read from data as plain numbers."""
     if type(result) in TRACED:
         return untraced(result)
     if type(result) in (tuple, list):
-        return type(result)(_plain_scalars(r) for r in result)
+        return type(result)(plain_scalars(r) for r in result)
     return result
 
 
-def _number(plan, outputs: list):
+def number_outputs(plan, outputs: list):
     """Replace tensor names by positions in the replay function's output tuple."""
     if plan[0] == "tensor":
         outputs.append(plan[1])
         return ("tensor", len(outputs) - 1) + plan[2:]
     if plan[0] == "value":
         return plan
-    return (plan[0], [_number(p, outputs) for p in plan[1]])
+    return (plan[0], [number_outputs(p, outputs) for p in plan[1]])
 
 
-def _rebuild(plan, outputs, bound: bool = True):
+def rebuild(plan, outputs, bound: bool = True):
     """The entry's return value: TensorValues (bound) or the torch tensors the caller gets (not bound)."""
     if plan[0] == "tensor":
         _, index, dtype, valid, is_tile, pad = plan
         return TensorValue(outputs[index], dtype, valid, is_tile, pad) if bound else outputs[index]
     if plan[0] == "value":
         return plan[1]
-    return plan[0](_rebuild(p, outputs, bound) for p in plan[1])
+    return plan[0](rebuild(p, outputs, bound) for p in plan[1])
 
 
 _threads_knob = ("", 1)   # (PYPTO_WORKER_THREADS as read, its value): parsed once per distinct setting
@@ -317,7 +321,7 @@ def _replay(kernel, spec: _Specialisation, args: list, bound: bool = True):
             spec.replay = None
     if config.STATS.get() == "1":
         _stats(kernel, f"{spec.mode()} · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
-    return _rebuild(spec.results, outputs, bound)
+    return rebuild(spec.results, outputs, bound)
 
 
 def _stats(kernel, text: str) -> None:

@@ -18,11 +18,11 @@ import torch
 
 from pypto_rt import config
 from pypto_rt.collective import process
-from pypto_rt.errors import OpError, PyptoError, is_internal_file, span_from_traceback
+from pypto_rt.errors import PyptoError
 from pypto_rt.incore_compiler.compiler import BACKENDS
-from pypto_rt.incore_compiler.executor import KernelExecutor
-from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
+from pypto_rt.orchestration.block import run_block
+from pypto_rt.orchestration.kernel_replay import KernelReplays
 
 CHECK_TOL = config.Knob("PYPTO_CHECK_TOL", "1e-5", None, "rtol = atol of PYPTO_CHECK=reference comparisons")
 
@@ -37,20 +37,15 @@ class TaskRunner:
         self.check = check
         self.tolerance = float(CHECK_TOL.get()) if check else 0.0
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
+        self.kernel_replay = config.KERNEL_REPLAY.get() == "1"
 
-    def quick(self, artifact) -> "_Quick":
-        """What `Engine.runs_at_once` needs to know of a kernel before its task exists: whether it is short."""
-        history = artifact.__dict__.get("history")
-        return _SHORT if history is not None and history.short(self.inline_ns) else _LONG
-
-    def now(self, artifact, inputs: tuple, blocks: int):
-        """What `Engine.run_now` runs per block (no CPU-time bookkeeping: `ran_now` notes the task's time)."""
-        binding, fn = self.binding, artifact.kernel.run
-        return lambda block: run_block(binding, fn, inputs, block, blocks)
-
-    def ran_now(self, artifact, task) -> None:
-        """Note how long a task `Engine.run_now` ran took (nothing else ran meanwhile: wall time is CPU time)."""
-        artifact.__dict__.setdefault("history", RunHistory()).note(task.t_end - task.t_start)
+    def at_once(self, artifact) -> "_AtOnce | None":
+        """How the host runs a task of `artifact` by itself (`Engine.run_now`), when the engine lets it; None when
+        it never does in this run (PYPTO_CHECK runs go through `_CheckedRun`)."""
+        if self.check:
+            return None
+        return _AtOnce(self.binding, self._body(artifact), artifact.__dict__.setdefault("history", RunHistory()),
+                       self.inline_ns)
 
     def runner(self, artifact, inputs: tuple, blocks: int, accesses, label: str | None = None) -> "_Run":
         """What the engine runs per block; `label`: a communication task's region name (for wait reports)."""
@@ -60,18 +55,43 @@ class TaskRunner:
             return run
         history = artifact.__dict__.setdefault("history", RunHistory())
         if label is not None:
-            return _CommRun(self.binding, artifact.kernel.run, inputs, blocks, history, False, label)
-        return _Run(self.binding, artifact.kernel.run, inputs, blocks, history, history.short(self.inline_ns))
+            return _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
+        return _Run(self.binding, self._body(artifact), inputs, blocks, history, history.short(self.inline_ns))
+
+    def _body(self, artifact):
+        """What runs one block of `artifact`'s kernel, `body(binding, inputs, block, nblocks)`: its block replays
+        (orchestration.kernel_replay), or the kernel itself."""
+        if not self.kernel_replay:
+            return _kernel_body(artifact.kernel.run)
+        replays = artifact.__dict__.get("kernel_replays")
+        if replays is None:
+            replays = artifact.__dict__.setdefault("kernel_replays", KernelReplays(artifact))
+        return replays.run
 
 
-class _Quick:
-    __slots__ = ("host_ok",)
-
-    def __init__(self, host_ok: bool):
-        self.host_ok = host_ok
+def _kernel_body(fn):
+    return lambda binding, inputs, block, nblocks: run_block(binding, fn, inputs, block, nblocks)
 
 
-_SHORT, _LONG = _Quick(True), _Quick(False)
+class _AtOnce:
+    """A kernel's tasks as `Engine.run_now` runs them: `host_ok` when its blocks are short (`Engine.runs_at_once`
+    asks), `blocks(inputs, n)` what runs per block, `ran(task)` notes the task's time (nothing else ran meanwhile:
+    its wall time is CPU time)."""
+    __slots__ = ("binding", "body", "history", "limit_ns")
+
+    def __init__(self, binding, body, history: "RunHistory", limit_ns: int):
+        self.binding, self.body, self.history, self.limit_ns = binding, body, history, limit_ns
+
+    @property
+    def host_ok(self) -> bool:
+        return self.history.short(self.limit_ns)
+
+    def blocks(self, inputs: tuple, nblocks: int):
+        binding, body = self.binding, self.body
+        return lambda block: body(binding, inputs, block, nblocks)
+
+    def ran(self, task) -> None:
+        self.history.note(task.t_end - task.t_start)
 
 
 class RunHistory:
@@ -93,16 +113,16 @@ class RunHistory:
 
 class _Run:
     """run(block): one block on the calling thread (a worker, or the host for a short kernel: `host_ok`)."""
-    __slots__ = ("binding", "fn", "inputs", "blocks", "nblocks", "history", "host_ok")
+    __slots__ = ("binding", "body", "inputs", "blocks", "nblocks", "history", "host_ok")
 
-    def __init__(self, binding, fn, inputs, blocks, history, host_ok):
-        self.binding, self.fn, self.inputs, self.blocks, self.nblocks = binding, fn, inputs, blocks, blocks
+    def __init__(self, binding, body, inputs, blocks, history, host_ok):
+        self.binding, self.body, self.inputs, self.blocks, self.nblocks = binding, body, inputs, blocks, blocks
         self.history, self.host_ok = history, host_ok
 
     def __call__(self, block: int):
         start = thread_time_ns()   # CPU time of this thread: waiting for the interpreter lock does not count
         try:
-            return run_block(self.binding, self.fn, self.inputs, block, self.nblocks)
+            return self.body(self.binding, self.inputs, block, self.nblocks)
         finally:
             self.history.note(thread_time_ns() - start)
 
@@ -111,8 +131,8 @@ class _CommRun(_Run):
     """A communication task's block: its thread's wait label is the region's name while it runs."""
     __slots__ = ("label",)
 
-    def __init__(self, binding, fn, inputs, blocks, history, host_ok, label):
-        super().__init__(binding, fn, inputs, blocks, history, host_ok)
+    def __init__(self, binding, body, inputs, blocks, history, host_ok, label):
+        super().__init__(binding, body, inputs, blocks, history, host_ok)
         self.label = label
 
     def __call__(self, block: int):
@@ -122,31 +142,6 @@ class _CommRun(_Run):
             return _Run.__call__(self, block)
         finally:
             process.set_label(previous)
-
-
-def run_block(binding, fn, inputs, block, nblocks):
-    try:
-        with activate(KernelExecutor(binding, block, nblocks)):
-            return fn(block, *inputs)
-    except PyptoError as e:
-        raise e.at(span_from_traceback(e.__traceback__))
-    except Exception as e:  # noqa: BLE001 - a torch error inside an op: name the op and the user's line
-        raise OpError(f"{_failing_op(e.__traceback__)} failed: {type(e).__name__}: {e}",
-                      span_from_traceback(e.__traceback__)) from e
-
-
-def _failing_op(tb) -> str:
-    """`pl.<op>` for the first op-library frame under the innermost user frame of a traceback."""
-    name = None
-    after_user = False
-    while tb is not None:
-        internal = is_internal_file(tb.tb_frame.f_code.co_filename)
-        if not internal:
-            after_user, name = True, None
-        elif after_user and name is None:
-            name = tb.tb_frame.f_code.co_name.rstrip("_")
-        tb = tb.tb_next
-    return f"pl.{name}" if name else "the kernel"
 
 
 class _CheckedRun:

@@ -13,9 +13,9 @@ take another course returns `GUARD_MISS` before touching any data. An element of
 wrote) is read again where the run read it (`s4 = v9[(0, 0)].item()`); a guard on such a value would come too
 late, so it refuses the recording. Torch calls take the values as code
 (`getitem(v2, (slice(s3, (s3 + 1), None), ...))`); a window at such offsets is guarded to stay inside its
-tensor with its recorded extents, so its shape is static and only its place moves. A tensor made with a value
-from data as a size has a shape that depends on data: reading its shape refuses the recording, as does reading
-the offset of a moving window.
+tensor with its recorded extents, so its shape is static and only its place moves. A value taken as a size
+(`torch.zeros(s3, 8)`) is pinned, so every shape stays static; reading the offset of a moving window refuses the
+recording.
 
 The recording is *refused* (`Recorder.refused` says why) when the run's course could depend on tensor data in a
 way the prologue cannot check:
@@ -34,6 +34,7 @@ constants, op-library caches) are kept by reference.
 """
 from __future__ import annotations
 
+import ast
 import math
 import os
 import re
@@ -131,9 +132,10 @@ class Recorder(TorchFunctionMode):
         self._late: set[str] = set()                         # symbols read in the body (from computed data)
         self._entry_of: dict[int, list] = {}                  # storage -> [(param name, tensor)]
         self._written: set[int] = set()                      # storages the run has written so far
-        self._dynamic: set[int] = set()                      # ids of tensors whose shape depends on data
         self._moving: set[int] = set()                       # ids of views whose offset depends on data
         self._muted = False
+        self.place_read = False                              # the run asked where a tensor lies in its memory
+        self.calls = 0                                       # torch calls in the replay (once `source` made it)
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)
@@ -154,6 +156,22 @@ class Recorder(TorchFunctionMode):
         self.active = False
         replay_guard.pop()
         return super().__exit__(*exc)
+
+    def scalar_input(self, index: int, value):
+        """The number passed as parameter `index` (a kernel's loop index, its block index) as a traced number whose
+        code is that parameter: offsets computed from it stay code, and what the course depends on is guarded at
+        the replay's start."""
+        self._symbols += 1   # (traced values exist now: calls are searched for them)
+        return traced(value, self.params[index], self)
+
+    def pin_places(self) -> None:
+        """For a run that asked where its tensors lie (`place_read`): the replay returns a miss unless each entry
+        tensor lies at the storage offset, in memory of the size, it had when recorded."""
+        checks = [f"if {name}.storage_offset() != {t.storage_offset()} or {name}.untyped_storage().nbytes() != "
+                  f"{t.untyped_storage().nbytes()}: return _MISS"
+                  for entries in self._entry_of.values() for name, t in entries]
+        self.prologue[:0] = checks
+        self.constants["_MISS"] = GUARD_MISS
 
     def refuse(self, reason: str) -> None:
         if self.refused is None:
@@ -184,7 +202,7 @@ class Recorder(TorchFunctionMode):
         has not written yet, the replay reads it at its start (its guards may use it); from data the run computed
         or wrote, at the same point of the run, and then the run's course must not depend on it (a guard on it
         refuses the recording)."""
-        if self.refused is not None or t.dtype not in _READABLE or id(t) not in self.names or id(t) in self._dynamic:
+        if self.refused is not None or t.dtype not in _READABLE or id(t) not in self.names:
             return None
         self._muted = True
         try:
@@ -202,6 +220,7 @@ class Recorder(TorchFunctionMode):
             self.lines.append(line)
             self._late.add(symbol)
             return traced(value, symbol, self)
+        self.place_read = True   # (the prologue reads the element at its place in the entry tensor's memory)
         constant, terms = t.storage_offset(), []
         for i, stride in zip(index, t.stride()):
             if type(i) is TracedInt:
@@ -222,7 +241,7 @@ class Recorder(TorchFunctionMode):
     def _from_data(self, t: torch.Tensor) -> bool:
         """Whether `t`'s contents may differ between runs: computed from an entry tensor or chance, or an outside
         tensor (kept by reference: its contents are read afresh by every replay)."""
-        return storage_id(t) in self._tainted or id(t) not in self.names or id(t) in self._dynamic
+        return storage_id(t) in self._tainted or id(t) not in self.names
 
     def _pin(self, traced: list) -> None:
         for v in traced:
@@ -233,7 +252,7 @@ class Recorder(TorchFunctionMode):
         keep it inside `t` with the recorded extents, so only its offset varies between replays; values it
         cannot bound this way are pinned."""
         key = key if isinstance(key, tuple) else (key,)
-        if id(t) in self._dynamic or len(key) > t.dim() or any(
+        if len(key) > t.dim() or any(
                 not (type(k) is slice or type(k) is int or type(k) is TracedInt) for k in key):
             return self._pin(traced)
         checks = []
@@ -283,8 +302,8 @@ class Recorder(TorchFunctionMode):
                 traced or any(self._from_data(t) for t in tensors_in)):
             raise Refused(f"`{name}` makes a result whose shape depends on data")   # (on constants: static)
         if isinstance(out, _METADATA_TYPES) or (name in _METADATA and not _tensors(out)):
-            if self._dynamic and any(id(t) in self._dynamic for t in tensors_in):
-                raise Refused(f"the run reads the shape of a tensor made with sizes read from data (`{name}`)")
+            if name in ("storage_offset", "data_ptr", "untyped_storage"):
+                self.place_read = True
             if self._moving and name in ("storage_offset", "data_ptr") and any(
                     id(t) in self._moving for t in tensors_in):
                 raise Refused(f"the run reads the place of a window at offsets read from data (`{name}`)")
@@ -315,7 +334,7 @@ class Recorder(TorchFunctionMode):
             line.target = self._define(out, tainted)
             line.fresh = storage_id(out) not in {storage_id(t) for t in tensors_in}
             self.lines.append(line)
-            if traced or self._dynamic or self._moving:
+            if traced or self._moving:
                 self._follow_place(name, out, tensors_in, traced, args)
             return
         if out is None:
@@ -332,18 +351,19 @@ class Recorder(TorchFunctionMode):
                 part.tainted = tainted
                 part.target = self._define(o, tainted)
                 self.lines.append(part)
-                if traced or self._dynamic or self._moving:
+                if traced or self._moving:
                     self._follow_place(name, o, tensors_in, traced, args)
 
     def _follow_place(self, name: str, out: torch.Tensor, tensors_in: list, traced: list, args: tuple) -> None:
-        """Which results have a shape (`_dynamic`) or an offset (`_moving`) that depends on data: made with
-        values read from data as sizes (a window's extents are guarded, so only its offset moves), or from such
-        tensors. Values read from data as operands or contents (`x * s`, `torch.tensor(s)`, `torch.full(size, s)`)
-        leave the shape alone."""
+        """Shapes stay static: traced values a call takes as sizes (`torch.zeros(s, 8)`, a reshape) are pinned, so
+        the replay makes the recorded shape or misses (a value from computed data cannot be checked in time: its pin
+        refuses the recording). Values taken as operands or contents (`x * s`, `torch.tensor(s)`,
+        `torch.full(size, s)`) leave the shape alone, and a window's extents are guarded, so only its offset moves:
+        which results have such an offset (`_moving`), views of moving windows included."""
         sized = traced and name not in _WINDOWS and name not in _SCALAR_OPERANDS and name not in _CONTENTS and not (
             name == "full" and args and not _traced((args[0],), []))
-        if sized or any(id(t) in self._dynamic for t in tensors_in):
-            self._dynamic.add(id(out))
+        if sized:
+            self._pin(traced)
         elif (traced and name in _WINDOWS) or any(
                 id(t) in self._moving and storage_id(t) == storage_id(out) for t in tensors_in):
             self._moving.add(id(out))
@@ -430,6 +450,7 @@ class Recorder(TorchFunctionMode):
                 keep.append(line)
                 needed.update(line.reads)
         body = [f"{line.target} = {line.call}" if line.target else line.call for line in reversed(keep)]
+        self.calls = len(body)
         folded = [f"{n} {list(self.made[n].shape)} {self.made[n].dtype}" for n in sorted(needed & self.made.keys())
                   if n in self.constants]
         if folded:
@@ -439,7 +460,8 @@ class Recorder(TorchFunctionMode):
         used = sorted((n for n in self._literals.values() if n in named), key=lambda n: int(n[1:]))
         body[:0] = [f"# {n} = {self.constants[n]!r}" for n in used]
         body.append(f"return ({', '.join(results)}{',' if results else ''})")
-        return f"def {fn_name}({', '.join(self.params)}):\n" + "\n".join("    " + line for line in body) + "\n"
+        return _hoist_common(f"def {fn_name}({', '.join(self.params)}):\n" + "\n".join("    " + line for line in body)
+                             + "\n")
 
     def _fold(self, lines: list[_Line], results: set[str]) -> list[_Line]:
         """Constants: a call computed from literals and constants alone (nothing from an entry tensor, an outside
@@ -555,6 +577,71 @@ def _tensors(value, out: list | None = None) -> list:
         for v in value.values():
             _tensors(v, out)
     return out
+
+
+_HOISTABLE_OPS = (ast.Add, ast.Sub, ast.Mult)   # integer arithmetic that cannot raise: safe before a guard
+
+
+def _hoist_common(source: str) -> str:
+    """Arithmetic on numbers (`(s1 + 1) * 8`: offsets computed from a value read from data, guarded and used in
+    windows) computed more than once is computed once, into `c<n>`, just before the first statement that uses it.
+    Only +, - and * of names and constants (no call, no division: nothing that could raise before a guard); a
+    name assigned more than once in the function keeps its expressions where they are. Comments are kept."""
+    tree = ast.parse(source)
+    fn = tree.body[0]
+    assigned: dict[str, int] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            assigned[node.id] = assigned.get(node.id, 0) + 1
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for index, stmt in enumerate(fn.body):
+        for node in ast.walk(stmt):
+            if _pure_arithmetic(node, assigned):
+                code = ast.unparse(node)
+                counts[code] = counts.get(code, 0) + 1
+                first.setdefault(code, index)
+    common = sorted((c for c, n in counts.items() if n > 1), key=len, reverse=True)   # outermost first
+    if not common:
+        return source
+    names = {code: f"c{i}" for i, code in enumerate(common)}
+
+    class Replace(ast.NodeTransformer):
+        def __init__(self, skip: str | None = None):
+            self.skip = skip
+
+        def visit_BinOp(self, node):
+            code = ast.unparse(node)
+            if code in names and code != self.skip:
+                return ast.Name(names[code], ast.Load())
+            return self.generic_visit(node)
+
+    body = [Replace().visit(stmt) for stmt in fn.body]
+    hoisted: dict[int, list] = {}
+    for code in sorted(common, key=len):   # an inner expression (a part of an outer one) first
+        value = Replace(skip=code).visit(ast.parse(code, mode="eval").body)
+        hoisted.setdefault(first[code], []).append(ast.Assign([ast.Name(names[code], ast.Store())], value))
+    out = []
+    for index, stmt in enumerate(body):
+        out.extend(hoisted.get(index, ()))
+        out.append(stmt)
+    fn.body = out
+    comments = [line for line in source.splitlines()[1:] if line.lstrip().startswith("#")]
+    text = ast.unparse(ast.fix_missing_locations(tree)).splitlines()
+    return _GUARD_SPLIT.sub(r"\1 return _MISS", "\n".join(text[:1] + comments + text[1:]) + "\n")
+
+
+_GUARD_SPLIT = re.compile(r"^(\s*if not .*:)\n\s*return _MISS$", re.M)   # a guard stays on one line
+
+
+def _pure_arithmetic(node, assigned: dict) -> bool:
+    """+, -, * of names assigned at most once (or parameters) and numeric constants."""
+    if isinstance(node, ast.BinOp):
+        return isinstance(node.op, _HOISTABLE_OPS) and all(
+            isinstance(n, (ast.Name, ast.Constant)) and (
+                assigned.get(n.id, 0) <= 1 if isinstance(n, ast.Name) else type(n.value) in (int, float))
+            or _pure_arithmetic(n, assigned) for n in (node.left, node.right))
+    return False
 
 
 def compile_trace(source: str, constants: dict, file: str = "<pypto-rt replay>"):

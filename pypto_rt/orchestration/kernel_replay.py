@@ -1,0 +1,240 @@
+"""Replaying a kernel's blocks: a task runs its kernel's recorded torch calls instead of the op library's Python.
+
+A compiled kernel calls the op library, whose checks and dispatch cost more than the torch calls they make on a
+small tile (an 8x8 add: ~13 µs through the op library against ~7 µs of torch). So, as for entry calls
+(orchestration.replay), one block of a kernel is recorded (torch_trace.Recorder, on the thread that runs it) and
+later blocks run the recorded calls as one generated function. What differs:
+- the kernel's number inputs (a loop index, the block index, a scalar argument) are that function's parameters:
+  offsets and operands computed from them stay code, and whatever the block's course depended on (an `if`, a
+  loop bound, a window's place inside its tensor) is a guard checked at its start. A block whose numbers take
+  another course runs the kernel; after `MISSES` such blocks a replay that misses more often than it runs is
+  dropped;
+- a specialisation is what a block's course can depend on besides those numbers and tensor data: each tensor
+  input's shape, strides, dtypes, valid box, and which inputs share memory; the number of blocks; the value of
+  every other input. Where a tensor lies in its memory is not part of it (a kernel run on each tile of a tensor
+  the host sliced is one specialisation), unless the recorded block asked: then the replay first checks that
+  each tensor input lies where it lay (storage offset, memory size);
+- blocks are many and short, so the choice is cheap: `NORMAL_RUNS` blocks run the kernel, timed by CPU time;
+  the next is recorded; after `TRIAL_REPLAYS` more, the replay is kept unless it took longer than the kernel.
+Results are bit-identical to the kernel's: the same torch calls in the same order on the same thread.
+
+Not replayed: communication tasks and PYPTO_CHECK runs (they run through task_runner's own paths), blocks run
+while an entry call is being recorded on the same thread (that recording must see the op library's course),
+kernels whose recording is refused (torch_trace says why: PYPTO_STATS=1 prints it), and specialisations beyond
+`MAX_SPECIALISATIONS` per kernel. PYPTO_KERNEL_REPLAY=0 turns it off. PYPTO_DUMP_DIR gets each recorded block
+as `<file>.<kernel>.block_replay.py`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from time import thread_time_ns
+
+from pypto_rt import config
+from pypto_rt.frontend.python_calls import plain_python_calls_in
+from pypto_rt.incore_compiler.compiler import BACKENDS
+from pypto_rt.ops import replay_guard
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.orchestration.block import run_block
+from pypto_rt.orchestration.replay import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
+from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
+
+NORMAL_RUNS = 2            # blocks per specialisation run by the kernel before one is recorded
+TRIAL_REPLAYS = 3          # replays timed (after one to warm up) before the replay is kept or dropped
+MAX_SPECIALISATIONS = 16   # per kernel; blocks of later ones run the kernel
+SLOWER = 1.15              # a replay this much slower than the kernel's fastest block is dropped (beyond noise)
+MISSES = 8                 # guard misses after which a replay that misses more often than it runs is dropped
+_NO_RESULT = ("value", None)
+_NUMBERS = frozenset((int, float))   # inputs a replay takes as parameters (any value of the kind)
+
+
+class _Specialisation:
+    __slots__ = ("kernel_ns", "replay_ns", "replay", "steady", "results", "off", "why_not", "claimed", "hits",
+                 "misses")
+
+    def __init__(self):
+        self.kernel_ns: list[int] = []   # CPU time of the blocks the kernel ran before the recording
+        self.replay_ns: list[int] = []   # ... of the first replays
+        self.replay = None               # the generated function, once recorded
+        self.steady = None               # ... once its trial is over and it is kept
+        self.results = None              # how to rebuild the block's results from the function's outputs
+        self.off = False                 # blocks of this specialisation always run the kernel
+        self.why_not: str | None = None
+        self.claimed = False             # a thread is recording (or has recorded) a block
+        self.hits = 0
+        self.misses = 0
+
+
+class KernelReplays:
+    """The block replays of one compiled kernel, one per specialisation; `run` is what a task runs per block."""
+
+    def __init__(self, artifact):
+        self.artifact = artifact
+        self.table: dict[tuple, _Specialisation] = {}
+        # (inputs, nblocks, specialisation) of a recent block: a block whose tensor inputs are the very same
+        # TensorValues (immutable; the host passes the same ones to every task of a loop) and whose other inputs are
+        # numbers of the same kinds, or equal, has the same specialisation
+        self._last: tuple = ((), 0, None)
+        self._traced_run = None   # the kernel's code variant a recorded block executes (incore_compiler.traced_code)
+
+    def run(self, binding, inputs: tuple, block: int, nblocks: int):
+        """Block `block` of `nblocks` on this thread: its replay when its specialisation has one that holds, else
+        the kernel (and in time a recording)."""
+        last_inputs, last_nblocks, spec = self._last
+        if nblocks == last_nblocks and len(inputs) == len(last_inputs):
+            for v, w in zip(inputs, last_inputs):   # the same specialisation as a recent block (see `_last`)?
+                if v is not w and (type(v) is not type(w) or type(v) not in _NUMBERS):
+                    spec = self._specialisation(inputs, nblocks)
+                    break
+        else:
+            spec = self._specialisation(inputs, nblocks)
+        if spec is None:
+            return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+        steady = spec.steady
+        if steady is not None and not replay_guard.recording():   # the common case, kept short
+            outputs = steady(block, *inputs)
+            if outputs is not GUARD_MISS:
+                spec.hits += 1
+                return None if spec.results is _NO_RESULT else rebuild(spec.results, outputs)
+            self._missed(spec)
+        elif spec.replay is not None and not replay_guard.recording():
+            outputs = self._trial(spec, inputs, block)
+            if outputs is not GUARD_MISS:
+                return outputs
+        elif not (spec.off or spec.claimed or replay_guard.recording()):
+            if len(spec.kernel_ns) >= NORMAL_RUNS:
+                spec.claimed = True
+                return self._record(spec, binding, inputs, block, nblocks)
+            start = thread_time_ns()
+            out = run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+            spec.kernel_ns.append(thread_time_ns() - start)
+            return out
+        return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+
+    def _specialisation(self, inputs: tuple, nblocks: int) -> _Specialisation | None:
+        """The block's specialisation (made on first sight); None when it has none (see `_key`) or the kernel has
+        too many. Remembered with `inputs` as `_last`."""
+        key = _key(inputs, nblocks)
+        spec = self.table.get(key) if key is not None else None
+        if spec is None and key is not None and len(self.table) < MAX_SPECIALISATIONS:
+            spec = self.table.setdefault(key, _Specialisation())
+        self._last = (inputs, nblocks, spec)
+        return spec
+
+    def _trial(self, spec: _Specialisation, inputs: tuple, block: int):
+        """A replay during the trial, timed; after `TRIAL_REPLAYS` (the first warms up: not counted) the replay
+        becomes steady, or is dropped when the kernel ran faster. The block's results, or GUARD_MISS."""
+        start = thread_time_ns()
+        outputs = spec.replay(block, *inputs)
+        if outputs is GUARD_MISS:
+            self._missed(spec)
+            return GUARD_MISS
+        spec.hits += 1
+        spec.replay_ns.append(thread_time_ns() - start)
+        if len(spec.replay_ns) > TRIAL_REPLAYS:
+            if spec.kernel_ns and min(spec.replay_ns[1:]) > SLOWER * min(spec.kernel_ns):
+                self._drop(spec, "the kernel ran its blocks faster")
+            else:
+                spec.steady = spec.replay
+        return None if spec.results is _NO_RESULT else rebuild(spec.results, outputs)
+
+    def _missed(self, spec: _Specialisation) -> None:
+        spec.misses += 1
+        if spec.misses >= MISSES and spec.misses > spec.hits:
+            self._drop(spec, f"its inputs took another course than recorded in {spec.misses} of "
+                             f"{spec.misses + spec.hits} blocks")
+
+    def _record(self, spec: _Specialisation, binding, inputs: tuple, block: int, nblocks: int):
+        """Run the block under a recorder (its number inputs traced), keep the replay unless the recording was
+        refused; the block's results, as the kernel gave them."""
+        t0 = time.perf_counter_ns()
+        ir = self.artifact.ir
+        calls = plain_python_calls_in(ir.body, ir.env, ir.file)
+        if calls:
+            spec.off, spec.why_not = True, f"the kernel calls plain Python ({calls[0]}), which only the kernel runs"
+            self._stats(f"blocks run the kernel: {spec.why_not}")
+            return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+        recorder = Recorder([None] + [v.data if type(v) is TensorValue else None for v in inputs])
+        traced_inputs = tuple(recorder.scalar_input(i + 1, v) if type(v) in _NUMBERS else v
+                              for i, v in enumerate(inputs))
+        with recorder:
+            result = run_block(binding, self._traced(), traced_inputs, recorder.scalar_input(0, block), nblocks)
+        plan = None
+        try:
+            plan = result_plan(result, recorder, "the kernel") if recorder.refused is None else None
+        except Unreplayable as e:
+            recorder.refuse(str(e))
+        if recorder.refused is not None:
+            spec.off, spec.why_not = True, recorder.refused
+            self._stats(f"blocks run the kernel: {recorder.refused}")
+            return plain_scalars(result)
+        if recorder.place_read:
+            recorder.pin_places()
+        recorder.prologue[:0] = [f"a{i + 1} = a{i + 1}.data" for i, v in enumerate(inputs)
+                                 if type(v) is TensorValue]   # (the replay takes the TensorValues themselves)
+        outputs: list[str] = []
+        spec.results = number_outputs(plan, outputs)
+        if spec.results == _NO_RESULT:
+            spec.results = _NO_RESULT   # the very object, which `run` checks by identity
+        source = recorder.source(outputs, fn_name=f"{ir.name}_block")
+        spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt block replay of {ir.display}>")
+        self._dump(source)
+        guards = f", {recorder.guards} guards" if recorder.guards else ""
+        self._stats(f"block recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: later blocks replay "
+                    f"{recorder.calls} torch calls{guards}")
+        return plain_scalars(result)
+
+    def _traced(self):
+        if self._traced_run is None:
+            variant = self.artifact.traced_variant
+            if variant is None:   # (an artifact compiled by hand, as tests do)
+                ir = self.artifact.ir
+                self._traced_run = BACKENDS[self.artifact.kernel.backend].compile(ir, ir.env.globals, traced=True).run
+            else:
+                self._traced_run = variant().kernel.run
+        return self._traced_run
+
+    def _drop(self, spec: _Specialisation, why: str) -> None:
+        spec.off, spec.replay, spec.steady, spec.why_not = True, None, None, why
+        self._stats(f"block replay dropped: {why}")
+
+    def mode(self) -> str:
+        """How the blocks of each specialisation run now (tests and PYPTO_STATS read it)."""
+        return "; ".join("replay" if s.replay is not None else f"kernel ({s.why_not or 'not recorded yet'})"
+                         for s in self.table.values())
+
+    def _stats(self, text: str) -> None:
+        if config.STATS.get() == "1":
+            print(f"pypto-rt stats [kernel '{self.artifact.ir.display}']: {text}", file=sys.stderr)
+
+    def _dump(self, source: str) -> None:
+        directory = config.DUMP_DIR.get()
+        if directory:
+            ir = self.artifact.ir
+            os.makedirs(directory, exist_ok=True)
+            stem = os.path.splitext(os.path.basename(ir.file))[0]
+            with open(os.path.join(directory, f"{stem}.{ir.name}.block_replay.py"), "w") as f:
+                f.write(f"# pypto-rt replay of one block of kernel '{ir.display}' ({ir.span}): its recorded torch "
+                        "calls; a0 is the block index, a1... the kernel's inputs\n" + source)
+
+
+def _key(inputs: tuple, nblocks: int) -> tuple | None:
+    """A block's specialisation (see the module text); None when an input cannot be keyed (unhashable)."""
+    parts: list = [nblocks]
+    storages: dict[int, int] = {}
+    for v in inputs:
+        kind = type(v)
+        if kind is TensorValue:
+            t = v.data
+            parts.append((t.shape, t.stride(), t.dtype, v.dtype, v.valid, v.is_tile, v.pad,
+                          storages.setdefault(storage_id(t), len(storages))))
+        elif kind in _NUMBERS:
+            parts.append(kind)
+        else:
+            try:
+                hash(v)
+            except TypeError:
+                return None
+            parts.append((kind, v))
+    return tuple(parts)

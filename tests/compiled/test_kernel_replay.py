@@ -1,0 +1,298 @@
+"""Kernel replay: the engine's tasks run their kernel's recorded torch calls instead of the op library's Python.
+
+What users depend on: every task still gives bit for bit what its kernel gives (the same torch calls, in the same
+order), for any loop index, block index or scalar input and on new data; a block whose inputs take another course
+than the recorded one (an `if` on the loop index, a value read from data) runs the kernel; a kernel that calls
+plain Python keeps running it, block after block; recordings on worker threads do not disturb each other; new
+shapes get their own recording; PYPTO_KERNEL_REPLAY=0 turns it off.
+"""
+from __future__ import annotations
+
+import glob
+import inspect
+import os
+
+import pytest
+import torch
+
+import pypto.language as pl
+from pypto_rt import config
+from pypto_rt.golden.files import kernel_entry, load_kernel_file
+from pypto_rt.orchestration import kernel_replay
+from pypto_rt.orchestration.program import host_program
+
+CONFORMANCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
+KERNELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFORMANCE, "c0[1-7]*.py")))
+TILE, TILES = 8, 12
+ENGINE = {"REPLAY": "0", "COALESCE": "0"}   # every call on the engine, one task per tile
+
+
+@pytest.fixture(autouse=True)
+def replay_at_once(monkeypatch):
+    """Record the first block of each specialisation and keep its replay, whatever the timing says."""
+    monkeypatch.setattr(kernel_replay, "NORMAL_RUNS", 0)
+    monkeypatch.setattr(kernel_replay, "SLOWER", float("inf"))
+
+
+def replays(kernel) -> list:
+    """The kernel replays of each region of an entry, in region order."""
+    return [a.__dict__.get("kernel_replays") for a in host_program(kernel).kernels]
+
+
+def specialisations(kernel, region: int = 0) -> list:
+    found = replays(kernel)[region]
+    return list(found.table.values()) if found is not None else []
+
+
+@pl.jit
+def scale_tiles(x: pl.Tensor[[TILE * TILES, TILE], pl.FP32], y: pl.Out[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    for i in pl.range(TILES):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale_tile"):
+            y[i * TILE : (i + 1) * TILE, :] = pl.mul(pl.add(x[i * TILE : (i + 1) * TILE, :], 1.0), 0.5)
+    return y
+
+
+def test_tasks_replay_their_kernel_bit_for_bit_at_every_loop_index_and_on_new_data():
+    hits = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x = torch.randn(TILE * TILES, TILE)
+        got, want = torch.zeros_like(x), torch.zeros_like(x)
+        with config.scope(**ENGINE):
+            scale_tiles(x, got)
+            with config.scope(KERNEL_REPLAY="0"):
+                scale_tiles(x, want)
+        assert torch.equal(got, want), f"call {seed}"
+        assert torch.equal(got, (x + 1.0) * 0.5)
+        hits += [s.hits for s in specialisations(scale_tiles)]
+    (spec,) = specialisations(scale_tiles)
+    assert spec.replay is not None and spec.misses == 0
+    # (while the first call records one block, the others may run the kernel on other workers)
+    assert hits[2] - hits[1] == TILES   # later calls: every task replays
+
+
+@pl.jit
+def last_tiles_differ(x: pl.Tensor[[TILE * TILES, TILE], pl.FP32],
+                     y: pl.Out[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    for i in pl.range(TILES):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="by_index"):
+            if i < TILES - 2:
+                y[i * TILE : (i + 1) * TILE, :] = pl.add(x[i * TILE : (i + 1) * TILE, :], 1.0)
+            else:
+                y[i * TILE : (i + 1) * TILE, :] = pl.sub(x[i * TILE : (i + 1) * TILE, :], 1.0)
+    return y
+
+
+def test_a_block_whose_loop_index_takes_another_branch_runs_the_kernel():
+    x = torch.randn(TILE * TILES, TILE)
+    y = torch.zeros_like(x)
+    with config.scope(**ENGINE):
+        last_tiles_differ(x, y)
+        (spec,) = specialisations(last_tiles_differ)
+        hits, misses = spec.hits, spec.misses
+        last_tiles_differ(x, y)
+    want = x.clone()
+    want[: (TILES - 2) * TILE] += 1.0
+    want[(TILES - 2) * TILE :] -= 1.0
+    assert torch.equal(y, want)
+    # the recorded (first) tile took the `if`: the tiles that do replay, the last two miss and run the kernel
+    assert (spec.hits - hits, spec.misses - misses) == (TILES - 2, 2)
+
+
+@pl.jit
+def offsets_from_data(src: pl.Tensor[[TILE * TILES, TILE], pl.FP32], slots: pl.Tensor[[TILES], pl.INT32],
+                      dst: pl.InOut[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    for i in pl.range(TILES):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scatter_row_tile"):
+            slot = pl.read(slots, [i])
+            dst[slot * TILE : (slot + 1) * TILE, :] = pl.add(src[i * TILE : (i + 1) * TILE, :], 0.0)
+    return dst
+
+
+def test_values_a_kernel_reads_from_data_are_read_again_by_each_replayed_task():
+    src = torch.randn(TILE * TILES, TILE)
+    hits = []
+    for seed in range(3):
+        slots = torch.randperm(TILES, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+        dst = torch.zeros_like(src)
+        with config.scope(**ENGINE):
+            offsets_from_data(src, slots, dst)
+        want = torch.zeros_like(src)
+        want.view(TILES, TILE, TILE)[slots.long()] = src.view(TILES, TILE, TILE)
+        assert torch.equal(dst, want), f"permutation {seed}"
+        hits += [s.hits for s in specialisations(offsets_from_data)]
+    assert hits[2] - hits[1] == TILES
+
+
+CALLED = []
+
+
+def count_block(i):
+    CALLED.append(int(i))
+
+
+@pl.jit
+def calls_python(x: pl.Tensor[[TILE * TILES, TILE], pl.FP32], y: pl.Out[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    for i in pl.range(TILES):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="counted"):
+            count_block(i)
+            y[i * TILE : (i + 1) * TILE, :] = pl.add(x[i * TILE : (i + 1) * TILE, :], 1.0)
+    return y
+
+
+def test_a_kernel_calling_plain_python_runs_it_in_every_task():
+    CALLED.clear()
+    x = torch.randn(TILE * TILES, TILE)
+    y = torch.zeros_like(x)
+    with config.scope(**ENGINE):
+        calls_python(x, y)
+        calls_python(x, y)
+    assert CALLED == list(range(TILES)) * 2
+    assert torch.equal(y, x + 1.0)
+    (spec,) = specialisations(calls_python)
+    assert spec.replay is None and "plain Python" in spec.why_not and "count_block" in spec.why_not
+
+
+@pl.jit
+def two_regions(x: pl.Tensor[[TILE * TILES, TILE], pl.FP32], y: pl.Out[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    for i in pl.range(TILES):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="make"):
+            t = pl.exp(x[i * TILE : (i + 1) * TILE, :])
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="use"):
+            y[i * TILE : (i + 1) * TILE, :] = pl.add(t, x[i * TILE : (i + 1) * TILE, :])
+    return y
+
+
+def test_a_replayed_region_hands_its_result_tensor_to_the_next_region():
+    x = torch.randn(TILE * TILES, TILE)
+    got, want = torch.zeros_like(x), torch.zeros_like(x)
+    with config.scope(**ENGINE):
+        two_regions(x, got)
+    with config.scope(EXECUTOR="reference"):
+        two_regions(x, want)
+    assert torch.equal(got, want)
+    assert all(s.replay is not None and s.hits > 0 for r in range(2) for s in specialisations(two_regions, r))
+
+
+BLOCKS = 4
+
+
+@pl.jit
+def spmd_offsets(x: pl.Tensor[[TILE * BLOCKS, TILE], pl.FP32], y: pl.Out[pl.Tensor[[TILE * BLOCKS, TILE], pl.FP32]]):
+    for b in pl.spmd(BLOCKS, name_hint="rows"):
+        r0 = b * TILE
+        y[r0 : r0 + TILE, :] = pl.sub(x[r0 : r0 + TILE, :], pl.row_max(x[r0 : r0 + TILE, :]))
+    return y
+
+
+def test_spmd_blocks_replay_at_their_own_block_index():
+    x = torch.randn(TILE * BLOCKS, TILE)
+    got, want = torch.zeros_like(x), torch.zeros_like(x)
+    with config.scope(**ENGINE):
+        spmd_offsets(x, got)
+        (spec,) = specialisations(spmd_offsets)
+        hits = spec.hits
+        spmd_offsets(x, got)
+    with config.scope(EXECUTOR="reference"):
+        spmd_offsets(x, want)
+    assert torch.equal(got, want)
+    assert spec.replay is not None and spec.hits - hits == BLOCKS
+
+
+def test_blocks_recorded_and_replayed_on_worker_threads_match_the_kernel():
+    x = torch.randn(TILE * TILES, TILE)
+    got, want = torch.zeros_like(x), torch.zeros_like(x)
+    with config.scope(**ENGINE, HOST_INLINE_US="0", NUM_WORKERS="2"):   # every task on a worker
+        for _ in range(3):
+            two_regions(x, got)
+            with config.scope(KERNEL_REPLAY="0"):
+                two_regions(x, want)
+            assert torch.equal(got, want)
+
+
+def test_a_new_shape_gets_its_own_recording_and_the_knob_turns_replay_off():
+    @pl.jit
+    def add_rows(x: pl.Tensor[[pl.dynamic("N"), TILE], pl.FP32], y: pl.Out[pl.Tensor[[pl.dynamic("N"), TILE], pl.FP32]]):
+        for i in pl.range(x.shape[0] // TILE):
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_rows"):
+                y[i * TILE : (i + 1) * TILE, :] = pl.add(x[i * TILE : (i + 1) * TILE, :], 2.0)
+        return y
+
+    for rows in (2 * TILE, 5 * TILE):
+        x = torch.randn(rows, TILE)
+        y = torch.zeros_like(x)
+        with config.scope(**ENGINE):
+            add_rows(x, y)
+        assert torch.equal(y, x + 2.0)
+    assert len(specialisations(add_rows)) == 2
+    before = [s.hits for s in specialisations(add_rows)]
+    with config.scope(**ENGINE, KERNEL_REPLAY="0"):
+        add_rows(x, y)
+    assert [s.hits for s in specialisations(add_rows)] == before
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_conformance_kernels_on_the_engine_match_with_and_without_kernel_replay(name):
+    module = load_kernel_file(os.path.join(CONFORMANCE, name), f"kernel_replay_{name[:-3]}")
+    entry = kernel_entry(module)
+    required = [p for p in inspect.signature(module.build_specs).parameters.values()
+                if p.default is inspect.Parameter.empty]
+    specs = module.build_specs(*([64] * len(required)))
+    outputs = [s.name for s in specs if getattr(s, "is_output", False)]
+    for seed in range(3):
+        torch.manual_seed(seed)
+        values = {s.name: s.create_tensor() if hasattr(s, "create_tensor") else s.to_python() for s in specs}
+        results = []
+        for knob in ("1", "0"):
+            copies = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+            with config.scope(REPLAY="0", KERNEL_REPLAY=knob):
+                entry(*[copies[s.name] for s in specs])
+            results.append(copies)
+        for out in outputs:
+            assert torch.equal(results[0][out], results[1][out]), f"{name}: call {seed}: output {out} differs"
+
+
+@pl.jit
+def slot_per_view(src: pl.Tensor[[TILE * TILES, TILE], pl.FP32], slots: pl.Tensor[[TILES], pl.INT32],
+                  dst: pl.InOut[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    for i in pl.range(TILES):
+        mine = slots[i : i + 1]   # a view at another place in the same memory for each task
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scatter_by_view"):
+            slot = pl.read(mine, [0])
+            dst[slot * TILE : (slot + 1) * TILE, :] = pl.add(src[i * TILE : (i + 1) * TILE, :], 0.0)
+    return dst
+
+
+def test_a_block_that_read_data_at_its_place_in_memory_replays_only_at_that_place():
+    src = torch.randn(TILE * TILES, TILE)
+    slots = torch.randperm(TILES, generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    for _ in range(2):
+        dst = torch.zeros_like(src)
+        with config.scope(**ENGINE):
+            slot_per_view(src, slots, dst)
+        want = torch.zeros_like(src)
+        want.view(TILES, TILE, TILE)[slots.long()] = src.view(TILES, TILE, TILE)
+        assert torch.equal(dst, want)
+    (spec,) = specialisations(slot_per_view)
+    assert spec.misses > 0   # the views elsewhere in memory miss (and ran the kernel)
+
+
+@pl.jit
+def sized_by_argument(x: pl.Tensor[[TILE * TILES, TILE], pl.FP32], rows: pl.Scalar[pl.INDEX],
+                      y: pl.Out[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    for i in pl.range(TILES * TILE // rows):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="sized"):
+            ones = pl.full([rows, TILE], dtype=pl.FP32, value=1.0)
+            y[i * rows : (i + 1) * rows, :] = pl.add(x[i * rows : (i + 1) * rows, :], ones)
+    return y
+
+
+def test_a_number_input_used_as_a_size_is_pinned_so_other_sizes_run_the_kernel():
+    x = torch.randn(TILE * TILES, TILE)
+    for rows in (TILE, TILE, 2 * TILE):
+        y = torch.zeros_like(x)
+        with config.scope(**ENGINE):
+            sized_by_argument(x, rows, y)
+        assert torch.equal(y, x + 1.0), f"rows={rows}"
+    (spec,) = specialisations(sized_by_argument)
+    assert spec.replay is not None and spec.misses == TILES // 2   # the 16-row tiles miss: made in the kernel
