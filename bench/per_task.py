@@ -1,7 +1,9 @@
 """Benchmark 1 - per-task cost: 1024 tasks of one 8x8 add each, against a plain Python loop of the same torch ops.
 
 Contenders (interleaved, median of repeats): the @pl.jit kernel `add_tiles` with coalescing off on the engine
-(PYPTO_REPLAY=0: what every call whose course depends on data pays) and by default (the program depends only on
+(PYPTO_REPLAY=0: what every call whose course depends on data pays; each task runs its kernel's recorded torch
+calls, see orchestration.kernel_replay; also with that off, PYPTO_KERNEL_REPLAY=0: every task through the op
+library's Python) and by default (the program depends only on
 shapes, so after its recorded call it replays as straight-line torch calls), `add_tiles` as written (coalesced)
 and on the reference executor, and `y[s] = torch.add(x[s], 1.0)` over the same 1024 row slices in a Python loop.
 Also splits one compiled run with the engine's own counters (host submit time, time inside task bodies).
@@ -57,19 +59,23 @@ def per_tile_kernel():
 
 
 def bodies_alone(kernel, x, y, repeats: int = 5) -> float | None:
-    """Seconds per task body (the compiled region, through the op library) run back to back on this thread, with
-    no engine and no other Python thread; None when the runtime's internals have moved."""
+    """Seconds per task body, as the engine runs it (its kernel replay, once recorded: see
+    orchestration.kernel_replay), back to back on this thread with no engine and no other Python thread; None
+    when the runtime's internals have moved."""
     try:
         from pypto_rt.binding import bind_call
-        from pypto_rt.orchestration.program import host_program
         from pypto_rt.orchestration.block import run_block
-        body = host_program(kernel).kernels[0].kernel.run
+        from pypto_rt.orchestration.program import host_program
+        artifact = host_program(kernel).kernels[0]
+        replays = artifact.__dict__.get("kernel_replays")
+        body = replays.run if replays is not None else (
+            lambda binding, inputs, block, n: run_block(binding, artifact.kernel.run, inputs, block, n))
         binding = bind_call(kernel, (x, y), {})
         xv, yv = binding.values
 
         def all_bodies():
             for i in range(k.N_TILES):
-                run_block(binding, body, (i, xv, yv), 0, 1)
+                body(binding, (i, xv, yv), 0, 1)
 
         return interleaved({"bodies": all_bodies}, repeats)["bodies"] / k.N_TILES
     except Exception:  # noqa: BLE001 - a diagnostic only
@@ -80,12 +86,16 @@ def run(repeats: int = 11) -> str:
     from pypto_rt import config
 
     x = torch.randn(k.TILE * k.N_TILES, k.TILE)
-    y_t, y_c, y_r, y_p, y_rp = (torch.empty_like(x) for _ in range(5))
+    y_t, y_c, y_r, y_p, y_rp, y_k = (torch.empty_like(x) for _ in range(6))
     per_tile = per_tile_kernel()
 
     def tasks():
         with config.scope(REPLAY="0"):
             per_tile(x, y_t)
+
+    def tasks_through_op_library():
+        with config.scope(REPLAY="0", KERNEL_REPLAY="0"):
+            per_tile(x, y_k)
 
     def replayed():
         per_tile(x, y_rp)
@@ -98,15 +108,17 @@ def run(repeats: int = 11) -> str:
         with config.scope(EXECUTOR="reference"):
             k.add_tiles(x, y_r)
 
-    t = interleaved({"tasks": tasks, "replayed": replayed, "compiled": compiled, "reference": reference,
-                     "plain": lambda: plain_loop(x, y_p)}, repeats)
-    for y in (y_t, y_rp, y_c, y_r, y_p):
+    t = interleaved({"tasks": tasks, "op library": tasks_through_op_library, "replayed": replayed,
+                     "compiled": compiled, "reference": reference, "plain": lambda: plain_loop(x, y_p)}, repeats)
+    for y in (y_t, y_k, y_rp, y_c, y_r, y_p):
         assert torch.equal(y, x + 1)
     mode = next(iter(per_tile.cache.get("replay", {}).values())).mode()
     n = k.N_TILES
     rows = [
         ["engine, one task per tile (PYPTO_COALESCE=0, PYPTO_REPLAY=0) / plain torch loop",
          ratio(t["tasks"] / t["plain"]), f"≤ {TARGET:g}x (aim {AIM:g}x): {verdict(t['tasks'] / t['plain'], TARGET)}"],
+        ["the same, tasks through the op library's Python (PYPTO_KERNEL_REPLAY=0) / plain torch loop",
+         ratio(t["op library"] / t["plain"]), "-"],
         [f"the same program by default: its recorded torch calls replayed ({mode}) / plain torch loop",
          ratio(t["replayed"] / t["plain"]),
          f"≤ {TARGET:g}x (aim {AIM:g}x): {verdict(t['replayed'] / t['plain'], TARGET)}"],
@@ -131,7 +143,8 @@ def run(repeats: int = 11) -> str:
                         f"{stats['orchestration_ns'] / stats['wall_ns']:.0%}"],
                        ["workers: inside task bodies (summed over lanes)", us(stats["kernel_ns"] / 1e9 / tasks),
                         f"{stats['kernel_ns'] / stats['wall_ns']:.0%}"],
-                       ["the same task bodies run back to back on one thread (no engine, no other threads)",
+                       ["the same task bodies (kernel replays) back to back on one thread (no engine, no other "
+                        "threads)",
                         us(alone) if alone else "n/a", "-"],
                        ["plain torch: the same op on the same tile", us(t["plain"] / n), "-"],
                        [f"wall ({stats['workers']} workers, {stats['tasks']} tasks)", us(stats["wall_ns"] / 1e9 / tasks),

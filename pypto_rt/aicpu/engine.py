@@ -65,12 +65,20 @@ class _Scope:
             scopes.pop()
         else:
             scopes.remove(self)
-        if not self.tasks:
+        tasks = self.tasks
+        if not tasks:
             return
         if engine._live:
             with _lock:
                 engine._close_scope(self)
-        else:   # nothing in flight: no worker touches the ring (see `_settle`)
+        elif len(tasks) == 1:   # nothing in flight, so no worker touches the ring (see `_settle`); one task: inline
+            task = tasks[0]
+            task.refs -= 1
+            if task.refs == 0:
+                engine._ring_used -= 1
+            engine._scope_held -= 1
+            self.tasks = []
+        else:
             engine._close_scope(self)
 
 

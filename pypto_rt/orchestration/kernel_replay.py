@@ -15,11 +15,12 @@ later blocks run the recorded calls as one generated function. What differs:
   the host sliced is one specialisation), unless the recorded block asked: then the replay first checks that
   each tensor input lies where it lay (storage offset, memory size);
 - blocks are many and short, so the choice is cheap: `NORMAL_RUNS` blocks run the kernel, timed by CPU time;
-  the next is recorded; after `TRIAL_REPLAYS` more, the replay is kept unless it took longer than the kernel.
+  the next is recorded; after `WARM_REPLAYS` + `TRIAL_REPLAYS` more, the replay is kept unless its fastest
+  block took `SLOWER` times the kernel's.
 Results are bit-identical to the kernel's: the same torch calls in the same order on the same thread.
 
-Not replayed: communication tasks and PYPTO_CHECK runs (they run through task_runner's own paths), blocks run
-while an entry call is being recorded on the same thread (that recording must see the op library's course),
+Not replayed: communication tasks, PYPTO_CHECK runs and runs recorded for replay (orchestration.replay: that
+recording must see the op library's course), which task_runner runs through its own paths;
 kernels whose recording is refused (torch_trace says why: PYPTO_STATS=1 prints it), and specialisations beyond
 `MAX_SPECIALISATIONS` per kernel. PYPTO_KERNEL_REPLAY=0 turns it off. PYPTO_DUMP_DIR gets each recorded block
 as `<file>.<kernel>.block_replay.py`.
@@ -41,9 +42,11 @@ from pypto_rt.orchestration.replay import Unreplayable, number_outputs, plain_sc
 from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
 
 NORMAL_RUNS = 2            # blocks per specialisation run by the kernel before one is recorded
-TRIAL_REPLAYS = 3          # replays timed (after one to warm up) before the replay is kept or dropped
+TRIAL_REPLAYS = 8          # replays timed (after WARM_REPLAYS) before the replay is kept or dropped
+WARM_REPLAYS = 2           # the first replays run cold code (and may share the CPU with the recording's end)
 MAX_SPECIALISATIONS = 16   # per kernel; blocks of later ones run the kernel
-SLOWER = 1.15              # a replay this much slower than the kernel's fastest block is dropped (beyond noise)
+SLOWER = 1.5               # a replay this much slower than the kernel's fastest block is dropped (it only leaves
+                           # Python out, so only a guard-heavy replay can be slower: beyond noise, not a close call)
 MISSES = 8                 # guard misses after which a replay that misses more often than it runs is dropped
 _NO_RESULT = ("value", None)
 _NUMBERS = frozenset((int, float))   # inputs a replay takes as parameters (any value of the kind)
@@ -92,17 +95,17 @@ class KernelReplays:
         if spec is None:
             return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
         steady = spec.steady
-        if steady is not None and not replay_guard.recording():   # the common case, kept short
+        if steady is not None:   # the common case, kept short
             outputs = steady(block, *inputs)
             if outputs is not GUARD_MISS:
                 spec.hits += 1
                 return None if spec.results is _NO_RESULT else rebuild(spec.results, outputs)
             self._missed(spec)
-        elif spec.replay is not None and not replay_guard.recording():
+        elif spec.replay is not None:
             outputs = self._trial(spec, inputs, block)
             if outputs is not GUARD_MISS:
                 return outputs
-        elif not (spec.off or spec.claimed or replay_guard.recording()):
+        elif not (spec.off or spec.claimed):
             if len(spec.kernel_ns) >= NORMAL_RUNS:
                 spec.claimed = True
                 return self._record(spec, binding, inputs, block, nblocks)
@@ -123,8 +126,8 @@ class KernelReplays:
         return spec
 
     def _trial(self, spec: _Specialisation, inputs: tuple, block: int):
-        """A replay during the trial, timed; after `TRIAL_REPLAYS` (the first warms up: not counted) the replay
-        becomes steady, or is dropped when the kernel ran faster. The block's results, or GUARD_MISS."""
+        """A replay during the trial, timed; after `TRIAL_REPLAYS` (and `WARM_REPLAYS` before them, not counted) the
+        replay becomes steady, or is dropped when the kernel ran faster. The block's results, or GUARD_MISS."""
         start = thread_time_ns()
         outputs = spec.replay(block, *inputs)
         if outputs is GUARD_MISS:
@@ -132,9 +135,11 @@ class KernelReplays:
             return GUARD_MISS
         spec.hits += 1
         spec.replay_ns.append(thread_time_ns() - start)
-        if len(spec.replay_ns) > TRIAL_REPLAYS:
-            if spec.kernel_ns and min(spec.replay_ns[1:]) > SLOWER * min(spec.kernel_ns):
-                self._drop(spec, "the kernel ran its blocks faster")
+        if len(spec.replay_ns) >= WARM_REPLAYS + TRIAL_REPLAYS:
+            fastest = min(spec.replay_ns[WARM_REPLAYS:])
+            if spec.kernel_ns and fastest > SLOWER * min(spec.kernel_ns):
+                self._drop(spec, f"the kernel ran its blocks faster ({min(spec.kernel_ns) / 1e3:.1f} µs against "
+                                 f"{fastest / 1e3:.1f} µs of CPU time)")
             else:
                 spec.steady = spec.replay
         return None if spec.results is _NO_RESULT else rebuild(spec.results, outputs)

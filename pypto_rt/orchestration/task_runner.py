@@ -20,10 +20,12 @@ from pypto_rt import config
 from pypto_rt.collective import process
 from pypto_rt.errors import PyptoError
 from pypto_rt.incore_compiler.compiler import BACKENDS
+from pypto_rt.ops import replay_guard
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.block import run_block
 from pypto_rt.orchestration.kernel_replay import KernelReplays
 
+OUTLIER = 10   # a block this many times the average is left out of a kernel's RunHistory unless the next one is too
 CHECK_TOL = config.Knob("PYPTO_CHECK_TOL", "1e-5", None, "rtol = atol of PYPTO_CHECK=reference comparisons")
 
 
@@ -37,7 +39,8 @@ class TaskRunner:
         self.check = check
         self.tolerance = float(CHECK_TOL.get()) if check else 0.0
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
-        self.kernel_replay = config.KERNEL_REPLAY.get() == "1"
+        # (a run recorded for replay must see every op's course: its blocks run their kernels)
+        self.kernel_replay = config.KERNEL_REPLAY.get() == "1" and not replay_guard.recording()
 
     def at_once(self, artifact) -> "_AtOnce | None":
         """How the host runs a task of `artifact` by itself (`Engine.run_now`), when the engine lets it; None when
@@ -96,17 +99,24 @@ class _AtOnce:
 
 class RunHistory:
     """How much CPU a kernel's blocks take (a moving average, so a cold first run fades): the engine lets the
-    host run kernels that are short, which saves two thread hand-offs per task."""
-    __slots__ = ("runs", "average_ns")
+    host run kernels that are short, which saves two thread hand-offs per task. A lone block far longer than the
+    average (the one that records the kernel's replay, a garbage-collector pause) is left out; two in a row count:
+    the kernel has become slow."""
+    __slots__ = ("runs", "average_ns", "outlier")
 
     def __init__(self):
         self.runs = 0
         self.average_ns = 0.0
+        self.outlier = False
 
     def short(self, limit_ns: int) -> bool:
         return self.runs > 0 and self.average_ns < limit_ns
 
     def note(self, ns: int) -> None:
+        if self.runs and ns > OUTLIER * self.average_ns and not self.outlier:
+            self.outlier = True
+            return
+        self.outlier = False
         self.average_ns = ns if self.runs == 0 else 0.5 * (self.average_ns + ns)
         self.runs += 1
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+import random
 import re
 import sys
 import types
@@ -66,6 +67,7 @@ MAX_HELD_BYTES = 2 << 30
 _IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
                      "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
 _SIMPLE = (int, bool, str, type(None))
+_KEY_BOUNDS = (int, TracedInt, type(None))   # slice bounds written in subscript syntax
 _READABLE = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float16, torch.bfloat16,
              torch.float32, torch.float64}   # what read_scalar reads again (Python's .item() of them is exact)
 # a storage of at most this many elements is read whole (`.tolist()`) by a replay that reads scalars from it
@@ -85,6 +87,7 @@ _SCALAR_OPERANDS |= {n + "_" for n in _SCALAR_OPERANDS} | {
     "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__"}
 
 
+_GETITEM, _SETITEM, _COPY = torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.copy_
 _NEGATED = {"==": "!=", "!=": "==", "<": ">=", ">=": "<", ">": "<=", "<=": ">"}
 _MIRRORED = {"==": "==", "!=": "!=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
 _LITERAL = re.compile(r"-?[0-9.]+(e[-+]?[0-9]+)?")
@@ -135,6 +138,7 @@ class Recorder(TorchFunctionMode):
         self._moving: set[int] = set()                       # ids of views whose offset depends on data
         self._muted = False
         self.place_read = False                              # the run asked where a tensor lies in its memory
+        self._int_names: set[str] = set()                    # traced numbers' names whose values are ints
         self.calls = 0                                       # torch calls in the replay (once `source` made it)
         for i, t in enumerate(inputs):
             name = f"a{i}"
@@ -162,6 +166,8 @@ class Recorder(TorchFunctionMode):
         code is that parameter: offsets computed from it stay code, and what the course depends on is guarded at
         the replay's start."""
         self._symbols += 1   # (traced values exist now: calls are searched for them)
+        if type(value) is int:
+            self._int_names.add(self.params[index])
         return traced(value, self.params[index], self)
 
     def pin_places(self) -> None:
@@ -188,6 +194,8 @@ class Recorder(TorchFunctionMode):
             return
         if not outcome:
             symbol = _NEGATED[symbol]
+        if _holds_always(left, symbol, right, self._int_names):   # `(s1 + 1) * 8 - s1 * 8 == 8`: nothing to check
+            return
         if _LITERAL.fullmatch(left) and not _LITERAL.fullmatch(right):
             left, symbol, right = right, _MIRRORED[symbol], left
         line = f"if not ({left} {symbol} {right}): return _MISS"
@@ -211,6 +219,8 @@ class Recorder(TorchFunctionMode):
             self._muted = False
         symbol = f"s{self._symbols}"
         self._symbols += 1
+        if type(value) is int:
+            self._int_names.add(symbol)
         storage = storage_id(t)
         entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
         if entry is None or storage in self._written or id(t) in self._moving:
@@ -313,7 +323,12 @@ class Recorder(TorchFunctionMode):
         if traced and name in _WINDOWS and tensors_in and args and args[0] is tensors_in[0]:
             self._guard_window(tensors_in[0], args[1] if name != "narrow" else
                                (slice(None),) * untraced(args[1]) + (slice(args[2], args[2] + args[3]),), traced)
-        call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
+        if func is _GETITEM and len(args) == 2 and not kwargs:   # subscripts as subscripts: Python's fast path
+            call = f"{self._render(args[0])}[{self._render_key(args[1])}]"
+        elif func is _SETITEM and len(args) == 3 and not kwargs:
+            call = f"{self._render(args[0])}[{self._render_key(args[1])}] = {self._render(args[2])}"
+        else:
+            call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
         reads = [self.names[id(t)] for t in tensors_in]
         tainted = bool(traced) or name in _RANDOM or any(storage_id(t) in self._tainted for t in tensors_in)
         mutates = (not name.startswith("__") and name.endswith("_")) or name in _IN_PLACE_DUNDERS or (
@@ -326,6 +341,10 @@ class Recorder(TorchFunctionMode):
         effect = mutates or name in _RANDOM
         line = _Line(call, reads, effect, [self.names[id(t)] for t in written], [storage_id(t) for t in written])
         line.tainted = tainted
+        if func is _GETITEM and len(args) == 2 and not kwargs and isinstance(out, torch.Tensor) and out._is_view():
+            line.kind = "window"
+        elif func is _COPY and len(args) == 2 and not kwargs and len(tensors_in) == 2:
+            line.kind = "copy"
         if isinstance(out, torch.Tensor):
             if id(out) in self.names:   # an in-place method returning its own tensor, or a no-op `.to()`
                 if effect:
@@ -426,6 +445,15 @@ class Recorder(TorchFunctionMode):
             return self._const(value, "k")
         raise Refused(f"an argument of type {type(value).__name__} cannot be written into the trace")
 
+    def _render_key(self, key) -> str:
+        """A subscript's key in subscript syntax (`v3[s1:s1 + 1, :]`; no slice objects built by calls)."""
+        if type(key) is slice and all(type(b) in _KEY_BOUNDS for b in (key.start, key.stop, key.step)):
+            bounds = ["" if b is None else self._render(b) for b in (key.start, key.stop, key.step)]
+            return ":".join(bounds if key.step is not None else bounds[:2])
+        if type(key) is tuple and key:
+            return ", ".join(self._render_key(k) for k in key) + ("," if len(key) == 1 else "")
+        return self._render(key)
+
     def _literal(self, value, code: str) -> str:
         """An immutable argument with no tensor in it (an index tuple, a slice) is built once, not per call."""
         if _NAME.search(code):
@@ -449,7 +477,8 @@ class Recorder(TorchFunctionMode):
             if line.effect or line.target in needed:
                 keep.append(line)
                 needed.update(line.reads)
-        body = [f"{line.target} = {line.call}" if line.target else line.call for line in reversed(keep)]
+        keep = _assign_windows(keep[::-1], set(results))
+        body = [f"{line.target} = {line.call}" if line.target else line.call for line in keep]
         self.calls = len(body)
         folded = [f"{n} {list(self.made[n].shape)} {self.made[n].dtype}" for n in sorted(needed & self.made.keys())
                   if n in self.constants]
@@ -486,10 +515,11 @@ class Recorder(TorchFunctionMode):
 
 class _Line:
     """One recorded call: `target = call`, or `call` alone for an effect with no new tensor."""
-    __slots__ = ("call", "reads", "effect", "written", "written_storages", "target", "fresh", "tainted")
+    __slots__ = ("call", "reads", "effect", "written", "written_storages", "target", "fresh", "tainted", "kind")
 
     def __init__(self, call: str, reads: list[str], effect: bool, written: list[str], written_storages: list[int]):
         self.call, self.reads, self.effect = call, reads, effect
+        self.kind = ""       # "window": `call` is `t[key]` (a view); "copy": `copy_(dst, src)` (see _assign_windows)
         self.written, self.written_storages = written, written_storages   # what a mutating call writes
         self.target: str | None = None
         self.fresh = False   # the result has memory of its own (not a view of an argument)
@@ -497,6 +527,25 @@ class _Line:
 
 
 _NAME = re.compile(r"\b[avts]\d+\b")
+
+
+def _assign_windows(lines: list[_Line], results: set) -> list[_Line]:
+    """`v4 = a3[k]` then `copy_(v4, v3)`, with v4 used nowhere else, becomes `a3[k] = v3`: torch's subscript
+    assignment copies into the same view (one call instead of two; the same bits)."""
+    readers: dict[str, int] = {}
+    for line in lines:
+        for name in line.reads:
+            readers[name] = readers.get(name, 0) + 1
+    windows = {line.target: line for line in lines if line.kind == "window" and line.target not in results
+               and readers.get(line.target) == 1}
+    merged = set()
+    for line in lines:
+        if line.kind == "copy" and line.reads[0] in windows and line.reads[1] != line.reads[0]:
+            window = windows[line.reads[0]]
+            line.call = f"{window.call} = {line.reads[1]}"
+            line.reads = window.reads + line.reads[1:]
+            merged.add(id(window))
+    return [line for line in lines if id(line) not in merged]
 
 
 def _dedupe(lines: list[_Line], storage_of: dict[str, int]) -> list[_Line]:
@@ -579,7 +628,36 @@ def _tensors(value, out: list | None = None) -> list:
     return out
 
 
-_HOISTABLE_OPS = (ast.Add, ast.Sub, ast.Mult)   # integer arithmetic that cannot raise: safe before a guard
+_HOISTABLE_OPS = (ast.Add, ast.Sub, ast.Mult)
+_COMPARE = {"==": lambda d: d == 0, "!=": lambda d: d != 0, "<": lambda d: d < 0, "<=": lambda d: d <= 0,
+            ">": lambda d: d > 0, ">=": lambda d: d >= 0}
+
+
+def _holds_always(left: str, symbol: str, right: str, int_names: set) -> bool:
+    """Whether `left symbol right` holds for any values of its names: both sides are +, -, * of integer names and
+    integer constants (polynomials with integer values, exact), and their difference is the same constant at
+    several random points (a nonzero polynomial is zero at random points with negligible chance)."""
+    try:
+        diff = ast.parse(f"({left}) - ({right})", mode="eval").body
+    except SyntaxError:
+        return False
+    names = set()
+    for node in ast.walk(diff):
+        if isinstance(node, ast.Name):
+            if node.id not in int_names:
+                return False
+            names.add(node.id)
+        elif isinstance(node, ast.Constant):
+            if type(node.value) is not int:
+                return False
+        elif not isinstance(node, (ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.expr_context)) or (
+                isinstance(node, ast.operator) and not isinstance(node, _HOISTABLE_OPS)) or (
+                isinstance(node, ast.unaryop) and not isinstance(node, ast.USub)):
+            return False
+    code = compile(ast.Expression(diff), "<guard>", "eval")
+    rng = random.Random(len(left) + len(right))
+    values = {eval(code, {"__builtins__": {}}, {n: rng.randint(-10**9, 10**9) for n in names}) for _ in range(4)}
+    return len(values) == 1 and _COMPARE[symbol](values.pop())   # integer arithmetic that cannot raise: safe before a guard
 
 
 def _hoist_common(source: str) -> str:

@@ -296,3 +296,18 @@ def test_a_number_input_used_as_a_size_is_pinned_so_other_sizes_run_the_kernel()
         assert torch.equal(y, x + 1.0), f"rows={rows}"
     (spec,) = specialisations(sized_by_argument)
     assert spec.replay is not None and spec.misses == TILES // 2   # the 16-row tiles miss: made in the kernel
+
+
+def test_a_replay_slower_than_its_kernel_is_dropped_after_its_trial(monkeypatch):
+    monkeypatch.setattr(kernel_replay, "SLOWER", 0.0)   # any replay counts as slower than the kernel's blocks
+    monkeypatch.setattr(kernel_replay, "NORMAL_RUNS", 2)
+    kernel = pl.jit(scale_tiles.fn)   # its own compiled program and replays
+    x = torch.randn(TILE * TILES, TILE)
+    for _ in range(2):
+        y = torch.zeros_like(x)
+        with config.scope(**ENGINE):
+            kernel(x, y)
+        assert torch.equal(y, (x + 1.0) * 0.5)
+    (spec,) = specialisations(kernel)
+    assert spec.replay is None and spec.why_not.startswith("the kernel ran its blocks faster"), spec.why_not
+    assert spec.hits == kernel_replay.WARM_REPLAYS + kernel_replay.TRIAL_REPLAYS
