@@ -311,3 +311,31 @@ def test_a_replay_slower_than_its_kernel_is_dropped_after_its_trial(monkeypatch)
     (spec,) = specialisations(kernel)
     assert spec.replay is None and spec.why_not.startswith("the kernel ran its blocks faster"), spec.why_not
     assert spec.hits == kernel_replay.WARM_REPLAYS + kernel_replay.TRIAL_REPLAYS
+
+
+@pl.jit
+def window_at(x: pl.Tensor[[TILE * TILES, TILE], pl.FP32], start: pl.Scalar[pl.INDEX],
+              y: pl.Out[pl.Tensor[[TILE, TILE], pl.FP32]]):
+    for i in pl.range(2):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="window_at"):
+            y[:, :] = pl.add(x[start + i : start + i + TILE, :], 1.0)
+    return y
+
+
+def test_a_window_a_replay_would_place_past_its_tensor_runs_the_kernel():
+    x = torch.randn(TILE * TILES, TILE)
+    for start in range(0, 5):
+        y = torch.zeros(TILE, TILE)
+        with config.scope(**ENGINE):
+            window_at(x, start, y)
+        assert torch.equal(y, x[start + 1 : start + 1 + TILE] + 1.0)
+    (spec,) = specialisations(window_at)
+    assert spec.replay is not None
+    misses = spec.misses
+    got, want = torch.zeros(TILE, TILE), torch.zeros(TILE, TILE)
+    with config.scope(**ENGINE):   # the second window runs one row past the end: a partial tile, which torch
+        window_at(x, TILE * TILES - TILE, got)   # slicing would clip differently; the guard sends it to the kernel
+        with config.scope(KERNEL_REPLAY="0"):
+            window_at(x, TILE * TILES - TILE, want)
+    assert torch.equal(got, want)
+    assert spec.misses == misses + 1
