@@ -78,8 +78,8 @@ def _kernel_body(fn):
 
 class _AtOnce:
     """A kernel's tasks as `Engine.run_now` runs them: `host_ok` when its blocks are short (`Engine.runs_at_once`
-    asks), `blocks(inputs, n)` what runs per block, `ran(task)` notes the task's time (nothing else ran meanwhile:
-    its wall time is CPU time)."""
+    asks), `blocks(inputs, n)` what runs per block, `ran(task)` notes the task's time when it was long (nothing else
+    ran meanwhile: its wall time is CPU time)."""
     __slots__ = ("binding", "body", "history", "limit_ns")
 
     def __init__(self, binding, body, history: "RunHistory", limit_ns: int):
@@ -94,7 +94,9 @@ class _AtOnce:
         return lambda block: body(binding, inputs, block, nblocks)
 
     def ran(self, task) -> None:
-        self.history.note(task.t_end - task.t_start)
+        ns = task.t_end - task.t_start
+        if ns >= self.limit_ns:   # (a short block would keep the short average short: no need to note it)
+            self.history.note(ns)
 
 
 class RunHistory:
