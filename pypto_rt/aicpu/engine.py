@@ -21,7 +21,7 @@ from collections import deque
 from pypto_rt import config
 from pypto_rt.errors import PyptoError
 
-from . import host_watch
+from . import heap, host_watch
 from .failures import TaskFailedError, TaskPoisoned, ring_overflow_error, stall_error
 from .regions import Region
 from .stats import format_stats
@@ -89,6 +89,7 @@ class Engine:
     def __init__(self, *, num_workers: int | None = None, timeout_s: float | None = None,
                  ring_size: int | None = None, trace_path: str | None = None, stats: bool | None = None,
                  name: str = "run", inline: bool = False):
+        heap.keep_heap_top()
         self.name = name
         self.inline = inline   # every block runs on the host thread, in submission order, when it next waits
         if num_workers is None:

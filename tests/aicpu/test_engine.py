@@ -177,3 +177,18 @@ def test_the_host_leaves_queued_blocks_to_busy_workers_beyond_their_number():
                 e.finish()
         finally:
             e.close()
+
+
+def test_the_heap_padding_knob_is_applied_once_and_a_bad_value_says_which_knob(monkeypatch):
+    from pypto_rt.aicpu import heap
+    from pypto_rt.errors import PyptoError
+    monkeypatch.setattr(heap, "_applied", False)
+    with config.scope(HEAP_PAD_MB="lots"):
+        with pytest.raises(PyptoError, match="PYPTO_HEAP_PAD_MB='lots' must be an integer"):
+            Engine(num_workers=1).close()
+    monkeypatch.setattr(heap, "_applied", False)
+    with config.scope(HEAP_PAD_MB="64"):
+        Engine(num_workers=1).close()
+    assert heap._applied
+    with config.scope(HEAP_PAD_MB="lots"):   # read once per process: later engines do not ask again
+        Engine(num_workers=1).close()
