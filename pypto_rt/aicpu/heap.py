@@ -12,7 +12,6 @@ is reused, not leaked). Applied once per process, by the first engine; a no-op w
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 from pypto_rt import config
 
@@ -28,9 +27,8 @@ def keep_heap_top() -> None:
     _applied = True
     if not pad_mb:
         return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        mallopt = libc.mallopt
+    try:   # the process's own symbols (libc among them); not ctypes.util.find_library, which forks `ldconfig`
+        mallopt = ctypes.CDLL(None).mallopt   # (and a fork makes the parent's next writes page-fault: ~70 ms)
     except (OSError, AttributeError):   # not glibc (macOS, musl without mallopt): nothing to tune
         return
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

@@ -5,6 +5,7 @@ and are written to PYPTO_DUMP_DIR when it is set.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -48,12 +49,13 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
         return program
     program = kernel.cache.get("host_program")
     if program is None:
-        start = time.perf_counter()
-        program = disk_cache.load(kernel, lambda kernels, factory, source: _from_factory(
-            kernel, kernels, factory, source, start))
-        if program is None:
-            program = _compile_host(kernel)
-            disk_cache.store(kernel, program)
+        with _gc_paused():
+            start = time.perf_counter()
+            program = disk_cache.load(kernel, lambda kernels, factory, source: _from_factory(
+                kernel, kernels, factory, source, start))
+            if program is None:
+                program = _compile_host_now(kernel)
+                disk_cache.store(kernel, program)
         for index, artifact in enumerate(program.kernels):
             artifact.traced_variant = functools.partial(_traced_kernel, kernel, index)
         kernel.cache["host_program"] = program
@@ -71,12 +73,19 @@ def _from_factory(kernel, kernels, factory, source, start) -> HostProgram:
 
 
 def _compile_host(kernel, traced: bool = False) -> HostProgram:
-    """Compile with the cyclic garbage collector paused: compiling allocates thousands of short-lived AST
-    nodes, which would otherwise trigger full collections over torch's ~10^5 objects (~80 ms each here)."""
+    with _gc_paused():
+        return _compile_host_now(kernel, traced)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Load, compile and store with the cyclic garbage collector paused: compiling allocates thousands of
+    short-lived AST nodes, which would otherwise trigger full collections over torch's ~10^5 objects (~80 ms each
+    here)."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _compile_host_now(kernel, traced)
+        yield
     finally:
         if paused:
             gc.enable()
