@@ -103,13 +103,18 @@ def run(repeats: int = 5, rounds: int = 3) -> str:
     speedup_fastest = fastest[LABELS[0]] / fastest[LABELS[1]]
     best_label = min((LABELS[2], LABELS[1]), key=t.get)
     default_vs_best = t[default] / t[best_label]
+    same_as_best = results[default]["seen"] == results[best_label]["seen"]
+    default_verdict = verdict(default_vs_best, DEFAULT_SLACK)
+    if same_as_best:   # the default runs the best configuration itself: its ratio is process-to-process noise
+        default_verdict = f"meets (the default runs {best_label} itself: {default_verdict} by timing alone)" \
+            if default_verdict != "meets" else default_verdict
     out = [table(["configuration", "workers x threads (read inside a task)", "time / run",
                   "vs torch a@b, 1 thread"], rows), "",
            table(["ratio", "value", "target"],
                  [["speed-up: (1 worker x 1 thread) / (2 workers x 1 thread)", ratio(speedup),
                    f"≥ {SPEEDUP_TARGET:g}x: {verdict(speedup, SPEEDUP_TARGET, higher_is_better=True)}"],
                   [f"default / best of the two 2-core configurations ({best_label})", ratio(default_vs_best),
-                   f"≤ {DEFAULT_SLACK:g}x: {verdict(default_vs_best, DEFAULT_SLACK)}"],
+                   f"≤ {DEFAULT_SLACK:g}x: {default_verdict}"],
                   ["the same speed-up from the fastest run of each (less sensitive to other jobs)",
                    ratio(speedup_fastest), "-"],
                   ["control: torch a@b 1 thread / 2 threads, same processes (the machine's free parallelism now)",
