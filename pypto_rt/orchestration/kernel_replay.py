@@ -11,7 +11,8 @@ later blocks run the recorded calls as one generated function. What differs:
   dropped;
 - a specialisation is what a block's course can depend on besides those numbers and tensor data: each tensor
   input's shape, strides, dtypes, valid box, and which inputs share memory; the number of blocks; the value of
-  every other input. Where a tensor lies in its memory is not part of it (a kernel run on each tile of a tensor
+  every other input (None, a bool, a string, a dtype, an enum; a block with a container or another object among
+  its inputs runs the kernel: tensors inside it would be recorded by reference). Where a tensor lies in its memory is not part of it (a kernel run on each tile of a tensor
   the host sliced is one specialisation), unless the recorded block asked: then the replay first checks that
   each tensor input lies where it lay (storage offset, memory size);
 - blocks are many and short, so the choice is cheap: `NORMAL_RUNS` blocks run the kernel, timed by CPU time;
@@ -27,6 +28,7 @@ as `<file>.<kernel>.block_replay.py`.
 """
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import time
@@ -35,6 +37,8 @@ from time import thread_time_ns
 from pypto_rt import config
 from pypto_rt.frontend.python_calls import plain_python_calls_in
 from pypto_rt.incore_compiler.compiler import BACKENDS
+from pypto_rt.incore_compiler.kernel_ir import Unbound
+from pypto_rt.language.dtypes import DataType
 from pypto_rt.ops import replay_guard
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.block import run_block
@@ -50,6 +54,8 @@ SLOWER = 1.5               # a replay this much slower than the kernel's fastest
 MISSES = 8                 # guard misses after which a replay that misses more often than it runs is dropped
 _NO_RESULT = ("value", None)
 _NUMBERS = frozenset((int, float))   # inputs a replay takes as parameters (any value of the kind)
+_VALUES = frozenset((bool, str, bytes, Unbound, DataType))   # other inputs keyed by value (immutable, hashable)
+_VALUE_KINDS = (enum.Enum,)
 
 
 class _Specialisation:
@@ -128,8 +134,11 @@ class KernelReplays:
     def _trial(self, spec: _Specialisation, inputs: tuple, block: int):
         """A replay during the trial, timed; after `TRIAL_REPLAYS` (and `WARM_REPLAYS` before them, not counted) the
         replay becomes steady, or is dropped when the kernel ran faster. The block's results, or GUARD_MISS."""
+        replay = spec.replay   # (read once: another worker's trial may drop it meanwhile)
+        if replay is None:
+            return GUARD_MISS
         start = thread_time_ns()
-        outputs = spec.replay(block, *inputs)
+        outputs = replay(block, *inputs)
         if outputs is GUARD_MISS:
             self._missed(spec)
             return GUARD_MISS
@@ -236,10 +245,8 @@ def _key(inputs: tuple, nblocks: int) -> tuple | None:
                           storages.setdefault(storage_id(t), len(storages))))
         elif kind in _NUMBERS:
             parts.append(kind)
-        else:
-            try:
-                hash(v)
-            except TypeError:
-                return None
+        elif v is None or kind in _VALUES or isinstance(v, _VALUE_KINDS):
             parts.append((kind, v))
+        else:   # a container or an object: tensors inside it would be recorded as outside tensors, by reference
+            return None
     return tuple(parts)

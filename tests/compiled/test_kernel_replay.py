@@ -339,3 +339,22 @@ def test_a_window_a_replay_would_place_past_its_tensor_runs_the_kernel():
             window_at(x, TILE * TILES - TILE, want)
     assert torch.equal(got, want)
     assert spec.misses == misses + 1
+
+
+@pl.jit
+def rows_from_a_list(x: pl.Tensor[[TILE * TILES, TILE], pl.FP32], y: pl.Out[pl.Tensor[[TILE * TILES, TILE], pl.FP32]]):
+    starts = [TILE * (TILES - 1 - i) for i in range(TILES)]   # a Python list the region reads
+    for i in pl.range(TILES):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="from_list"):
+            y[i * TILE : (i + 1) * TILE, :] = pl.add(x[starts[i] : starts[i] + TILE, :], 0.0)
+    return y
+
+
+def test_a_kernel_given_a_container_runs_it_in_every_task():
+    x = torch.randn(TILE * TILES, TILE)
+    for _ in range(2):
+        y = torch.zeros_like(x)
+        with config.scope(**ENGINE):
+            rows_from_a_list(x, y)
+        assert torch.equal(y, x.view(TILES, TILE, TILE).flip(0).reshape(TILE * TILES, TILE))
+    assert specialisations(rows_from_a_list) == []
