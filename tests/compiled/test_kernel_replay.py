@@ -8,21 +8,17 @@ shapes get their own recording; PYPTO_KERNEL_REPLAY=0 turns it off.
 """
 from __future__ import annotations
 
-import glob
-import inspect
-import os
 
 import pytest
 import torch
 
 import pypto.language as pl
 from pypto_rt import config
-from pypto_rt.golden.files import kernel_entry, load_kernel_file
 from pypto_rt.orchestration import kernel_replay
 from pypto_rt.orchestration.program import host_program
+from tests.compiled import conformance_cases
 
-CONFORMANCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
-KERNELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFORMANCE, "c0[1-7]*.py")))
+KERNELS = conformance_cases.KERNELS
 TILE, TILES = 8, 12
 ENGINE = {"REPLAY": "0", "COALESCE": "0"}   # every call on the engine, one task per tile
 
@@ -233,15 +229,9 @@ def test_a_new_shape_gets_its_own_recording_and_the_knob_turns_replay_off():
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_conformance_kernels_on_the_engine_match_with_and_without_kernel_replay(name):
-    module = load_kernel_file(os.path.join(CONFORMANCE, name), f"kernel_replay_{name[:-3]}")
-    entry = kernel_entry(module)
-    required = [p for p in inspect.signature(module.build_specs).parameters.values()
-                if p.default is inspect.Parameter.empty]
-    specs = module.build_specs(*([64] * len(required)))
-    outputs = [s.name for s in specs if getattr(s, "is_output", False)]
+    entry, specs, outputs = conformance_cases.load(name, "kernel_replay")
     for seed in range(3):
-        torch.manual_seed(seed)
-        values = {s.name: s.create_tensor() if hasattr(s, "create_tensor") else s.to_python() for s in specs}
+        values = conformance_cases.fresh_inputs(specs, seed)
         results = []
         for knob in ("1", "0"):
             copies = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()}

@@ -8,8 +8,6 @@ value gets its own recording; PYPTO_REPLAY=0 turns it off.
 """
 from __future__ import annotations
 
-import glob
-import inspect
 import math
 import os
 import re
@@ -20,12 +18,11 @@ import torch
 import pypto.language as pl
 from pypto_rt import config
 from pypto_rt.errors import InWriteWarning
-from pypto_rt.golden.files import kernel_entry, load_kernel_file
 from pypto_rt.orchestration import replay
 from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
+from tests.compiled import conformance_cases
 
-CONFORMANCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
-KERNELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(CONFORMANCE, "c0[1-7]*.py")))
+KERNELS = conformance_cases.KERNELS
 # engine runs, recording, warm-up replay, the trial (replays alternating with engine runs), a few more
 CALLS = replay.NORMAL_RUNS + 1 + 1 + 2 * replay.TRIAL_REPLAYS + 2
 REPLAYED = CALLS - replay.NORMAL_RUNS - 1 - replay.TRIAL_REPLAYS   # how many of them replay
@@ -33,11 +30,6 @@ REPLAYED = CALLS - replay.NORMAL_RUNS - 1 - replay.TRIAL_REPLAYS   # how many of
 
 def modes(kernel) -> list[str]:
     return [s.mode() for s in kernel.cache.get("replay", {}).values()]
-
-
-def fresh_inputs(specs, seed):
-    torch.manual_seed(seed)
-    return {s.name: s.create_tensor() if hasattr(s, "create_tensor") else s.to_python() for s in specs}
 
 
 def call(entry, specs, values, **knobs):
@@ -52,14 +44,9 @@ def test_replayed_calls_match_the_engine_bit_for_bit_on_new_data(name, monkeypat
     # keep every recording, whatever the timing says, so each replayable kernel is compared as a replay
     monkeypatch.setattr(replay, "SLOWER", float("inf"))
     monkeypatch.setattr(replay, "PARALLEL", float("inf"))
-    module = load_kernel_file(os.path.join(CONFORMANCE, name), f"replay_{name[:-3]}")
-    entry = kernel_entry(module)
-    required = [p for p in inspect.signature(module.build_specs).parameters.values()
-                if p.default is inspect.Parameter.empty]
-    specs = module.build_specs(*([64] * len(required)))
-    outputs = [s.name for s in specs if getattr(s, "is_output", False)]
+    entry, specs, outputs = conformance_cases.load(name, "replay")
     for seed in range(CALLS):
-        inputs = fresh_inputs(specs, seed)
+        inputs = conformance_cases.fresh_inputs(specs, seed)
         got = call(entry, specs, inputs)
         want = call(entry, specs, inputs, REPLAY="0")
         for out in outputs:
