@@ -628,7 +628,7 @@ def _tensors(value, out: list | None = None) -> list:
     return out
 
 
-_HOISTABLE_OPS = (ast.Add, ast.Sub, ast.Mult)
+_HOISTABLE_OPS = (ast.Add, ast.Sub, ast.Mult)   # integer arithmetic that cannot raise: safe before a guard
 _COMPARE = {"==": lambda d: d == 0, "!=": lambda d: d != 0, "<": lambda d: d < 0, "<=": lambda d: d <= 0,
             ">": lambda d: d > 0, ">=": lambda d: d >= 0}
 
@@ -657,7 +657,7 @@ def _holds_always(left: str, symbol: str, right: str, int_names: set) -> bool:
     code = compile(ast.Expression(diff), "<guard>", "eval")
     rng = random.Random(len(left) + len(right))
     values = {eval(code, {"__builtins__": {}}, {n: rng.randint(-10**9, 10**9) for n in names}) for _ in range(4)}
-    return len(values) == 1 and _COMPARE[symbol](values.pop())   # integer arithmetic that cannot raise: safe before a guard
+    return len(values) == 1 and _COMPARE[symbol](values.pop())
 
 
 def _hoist_common(source: str) -> str:
