@@ -45,7 +45,9 @@ from pypto_rt.orchestration.block import run_block
 from pypto_rt.orchestration.replay import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
 from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
 
-NORMAL_RUNS = 2            # blocks per specialisation run by the kernel before one is recorded
+NORMAL_RUNS = 32           # blocks per specialisation (over all calls) run by the kernel before one is recorded: a
+                           # recording costs 10-70 blocks' time (library kernels: 3 ms to 0.4 s), so a kernel run a
+                           # few times only (a one-off `pypto-run`) does not pay it, and a repeated one soon does
 TRIAL_REPLAYS = 8          # replays timed (after WARM_REPLAYS) before the replay is kept or dropped
 WARM_REPLAYS = 2           # the first replays run cold code (and may share the CPU with the recording's end)
 MAX_SPECIALISATIONS = 16   # per kernel; blocks of later ones run the kernel
@@ -195,7 +197,8 @@ class KernelReplays:
         spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt block replay of {ir.display}>")
         self._dump(source)
         guards = f", {recorder.guards} guards" if recorder.guards else ""
-        self._stats(f"block recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: later blocks replay "
+        block = f" (a block took {min(spec.kernel_ns) / 1e6:.2f} ms)" if spec.kernel_ns else ""
+        self._stats(f"block recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms{block}: later blocks replay "
                     f"{recorder.calls} torch calls{guards}")
         return plain_scalars(result)
 

@@ -194,16 +194,17 @@ class Recorder(TorchFunctionMode):
             return
         if not outcome:
             symbol = _NEGATED[symbol]
-        if _holds_always(left, symbol, right, self._int_names):   # `(s1 + 1) * 8 - s1 * 8 == 8`: nothing to check
-            return
         if _LITERAL.fullmatch(left) and not _LITERAL.fullmatch(right):
             left, symbol, right = right, _MIRRORED[symbol], left
         line = f"if not ({left} {symbol} {right}): return _MISS"
-        if line not in self._guard_lines:
-            self._guard_lines.add(line)
-            self.prologue.append(line)
-            self.guards += 1
-            self.constants["_MISS"] = GUARD_MISS
+        if line in self._guard_lines:
+            return
+        self._guard_lines.add(line)
+        if _holds_always(left, symbol, right, self._int_names):   # `(s1 + 1) * 8 - s1 * 8 == 8`: nothing to check
+            return
+        self.prologue.append(line)
+        self.guards += 1
+        self.constants["_MISS"] = GUARD_MISS
 
     def read_scalar(self, t: torch.Tensor, index: tuple):
         """`t[index]` as a traced number the replay reads again; None when it cannot. From an entry tensor the run
@@ -628,6 +629,8 @@ def _tensors(value, out: list | None = None) -> list:
     return out
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+HOIST_LINES = 400   # replays longer than this keep their arithmetic in place (see _hoist_common)
 _HOISTABLE_OPS = (ast.Add, ast.Sub, ast.Mult)   # integer arithmetic that cannot raise: safe before a guard
 _COMPARE = {"==": lambda d: d == 0, "!=": lambda d: d != 0, "<": lambda d: d < 0, "<=": lambda d: d <= 0,
             ">": lambda d: d > 0, ">=": lambda d: d >= 0}
@@ -637,6 +640,9 @@ def _holds_always(left: str, symbol: str, right: str, int_names: set) -> bool:
     """Whether `left symbol right` holds for any values of its names: both sides are +, -, * of integer names and
     integer constants (polynomials with integer values, exact), and their difference is the same constant at
     several random points (a nonzero polynomial is zero at random points with negligible chance)."""
+    occurrences = _IDENTIFIER.findall(f"{left} {right}")
+    if any(occurrences.count(n) == 1 for n in set(occurrences)):
+        return False   # (quick: a name used once cannot cancel out; most guards are like `s3 >= 0`)
     try:
         diff = ast.parse(f"({left}) - ({right})", mode="eval").body
     except SyntaxError:
@@ -664,41 +670,48 @@ def _hoist_common(source: str) -> str:
     """Arithmetic on numbers (`(s1 + 1) * 8`: offsets computed from a value read from data, guarded and used in
     windows) computed more than once is computed once, into `c<n>`, just before the first statement that uses it.
     Only +, - and * of names and constants (no call, no division: nothing that could raise before a guard); a
-    name assigned more than once in the function keeps its expressions where they are. Comments are kept."""
+    name assigned more than once in the function keeps its expressions where they are. Comments are kept. Linear
+    in the function's size, but Python's ast is slow: a function beyond `HOIST_LINES` lines (a block making
+    thousands of calls, whose own run dwarfs the arithmetic) is left as it is."""
+    if source.count("\n") > HOIST_LINES:
+        return source
     tree = ast.parse(source)
     fn = tree.body[0]
     assigned: dict[str, int] = {}
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             assigned[node.id] = assigned.get(node.id, 0) + 1
+    codes: dict[int, str] = {}     # id(BinOp node) -> its canonical text, for the pure-arithmetic ones
     counts: dict[str, int] = {}
-    first: dict[str, int] = {}
+    first: dict[str, tuple] = {}   # canonical text -> (index of the first statement using it, a node of it)
     for index, stmt in enumerate(fn.body):
         for node in ast.walk(stmt):
-            if _pure_arithmetic(node, assigned):
-                code = ast.unparse(node)
-                counts[code] = counts.get(code, 0) + 1
-                first.setdefault(code, index)
-    common = sorted((c for c, n in counts.items() if n > 1), key=len, reverse=True)   # outermost first
+            if isinstance(node, ast.BinOp):
+                code = _arithmetic_code(node, assigned, codes)
+                if code is not None:
+                    counts[code] = counts.get(code, 0) + 1
+                    first.setdefault(code, (index, node))
+    common = [c for c, n in counts.items() if n > 1]
     if not common:
         return source
-    names = {code: f"c{i}" for i, code in enumerate(common)}
+    names = {code: f"c{i}" for i, code in enumerate(sorted(common, key=len, reverse=True))}   # outermost first
 
     class Replace(ast.NodeTransformer):
         def __init__(self, skip: str | None = None):
             self.skip = skip
 
         def visit_BinOp(self, node):
-            code = ast.unparse(node)
+            code = codes.get(id(node))
             if code in names and code != self.skip:
                 return ast.Name(names[code], ast.Load())
             return self.generic_visit(node)
 
-    body = [Replace().visit(stmt) for stmt in fn.body]
     hoisted: dict[int, list] = {}
     for code in sorted(common, key=len):   # an inner expression (a part of an outer one) first
-        value = Replace(skip=code).visit(ast.parse(code, mode="eval").body)
-        hoisted.setdefault(first[code], []).append(ast.Assign([ast.Name(names[code], ast.Store())], value))
+        index, node = first[code]
+        value = Replace(skip=code).visit(ast.BinOp(node.left, node.op, node.right))
+        hoisted.setdefault(index, []).append(ast.Assign([ast.Name(names[code], ast.Store())], value))
+    body = [Replace().visit(stmt) for stmt in fn.body]
     out = []
     for index, stmt in enumerate(body):
         out.extend(hoisted.get(index, ()))
@@ -710,16 +723,27 @@ def _hoist_common(source: str) -> str:
 
 
 _GUARD_SPLIT = re.compile(r"^(\s*if not .*:)\n\s*return _MISS$", re.M)   # a guard stays on one line
+_OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
 
 
-def _pure_arithmetic(node, assigned: dict) -> bool:
-    """+, -, * of names assigned at most once (or parameters) and numeric constants."""
-    if isinstance(node, ast.BinOp):
-        return isinstance(node.op, _HOISTABLE_OPS) and all(
-            isinstance(n, (ast.Name, ast.Constant)) and (
-                assigned.get(n.id, 0) <= 1 if isinstance(n, ast.Name) else type(n.value) in (int, float))
-            or _pure_arithmetic(n, assigned) for n in (node.left, node.right))
-    return False
+def _arithmetic_code(node, assigned: dict, codes: dict) -> str | None:
+    """The canonical text of a +, -, * expression of names assigned at most once (or parameters) and numeric
+    constants, memoised in `codes` by node; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id if assigned.get(node.id, 0) <= 1 else None
+    if isinstance(node, ast.Constant):
+        return repr(node.value) if type(node.value) in (int, float) else None
+    if not isinstance(node, ast.BinOp) or type(node.op) not in _OPERATORS:
+        return None
+    known = codes.get(id(node))
+    if known is not None:
+        return known
+    left = _arithmetic_code(node.left, assigned, codes)
+    right = _arithmetic_code(node.right, assigned, codes) if left is not None else None
+    if right is None:
+        return None
+    code = codes[id(node)] = f"({left} {_OPERATORS[type(node.op)]} {right})"
+    return code
 
 
 def compile_trace(source: str, constants: dict, file: str = "<pypto-rt replay>"):
