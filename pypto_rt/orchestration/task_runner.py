@@ -1,5 +1,9 @@
 """What a worker runs for a task: one block of a compiled kernel, with errors placed at the user's line.
 
+A block runs its kernel's recorded torch calls once the kernel has a replay for the block's specialisation
+(orchestration.kernel_replay; PYPTO_KERNEL_REPLAY=0: always the kernel itself). A short kernel's tasks may run on
+the host thread itself when nothing else is in flight (`_AtOnce`, `Engine.run_now`).
+
 With `PYPTO_CHECK=reference` a task also runs its region eagerly on the op library (every `pl` call
 through the reference executor), on copies of its inputs taken when it starts, and fails at the
 first region whose outputs differ beyond the tolerance — naming the region, the tensor and the
