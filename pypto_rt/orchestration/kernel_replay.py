@@ -123,6 +123,10 @@ class KernelReplays:
             return out
         return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
 
+    def forget(self) -> None:
+        """Drop the inputs remembered in `_last` (at a run's end: the caller's tensors are theirs to free)."""
+        self._last = ((), 0, None)
+
     def _specialisation(self, inputs: tuple, nblocks: int) -> _Specialisation | None:
         """The block's specialisation (made on first sight); None when it has none (see `_key`) or the kernel has
         too many. Remembered with `inputs` as `_last`."""

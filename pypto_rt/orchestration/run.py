@@ -38,6 +38,7 @@ def _run_on_engine(kernel, binding, inline: bool):
             replay_guard.refuse("the run communicates with other ranks")
     finally:
         engine.close()
+        executor.runner.forget_inputs()
     return result, engine.stats
 
 

@@ -45,6 +45,7 @@ class TaskRunner:
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
         # (a run recorded for replay must see every op's course: its blocks run their kernels)
         self.kernel_replay = config.KERNEL_REPLAY.get() == "1" and not replay_guard.recording()
+        self.replays_used: dict[int, KernelReplays] = {}
 
     def at_once(self, artifact) -> "_AtOnce | None":
         """How the host runs a task of `artifact` by itself (`Engine.run_now`), when the engine lets it; None when
@@ -73,7 +74,13 @@ class TaskRunner:
         replays = artifact.__dict__.get("kernel_replays")
         if replays is None:
             replays = artifact.__dict__.setdefault("kernel_replays", KernelReplays(artifact))
+        self.replays_used[id(replays)] = replays
         return replays.run
+
+    def forget_inputs(self) -> None:
+        """The run is over: the kernel replays it used let go of its tensors (see `KernelReplays.forget`)."""
+        for replays in self.replays_used.values():
+            replays.forget()
 
 
 def _kernel_body(fn):

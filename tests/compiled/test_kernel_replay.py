@@ -348,3 +348,16 @@ def test_a_kernel_given_a_container_runs_it_in_every_task():
             rows_from_a_list(x, y)
         assert torch.equal(y, x.view(TILES, TILE, TILE).flip(0).reshape(TILE * TILES, TILE))
     assert specialisations(rows_from_a_list) == []
+
+
+def test_a_run_does_not_keep_the_callers_tensors_alive_after_it_returns():
+    import gc
+    import weakref
+    x = torch.randn(TILE * TILES, TILE)
+    y = torch.zeros_like(x)
+    with config.scope(**ENGINE):
+        scale_tiles(x, y)
+    gone = weakref.ref(x)
+    del x
+    gc.collect()
+    assert gone() is None
