@@ -71,14 +71,7 @@ class _Scope:
         if engine._live:
             with _lock:
                 engine._close_scope(self)
-        elif len(tasks) == 1:   # nothing in flight, so no worker touches the ring (see `_settle`); one task: inline
-            task = tasks[0]
-            task.refs -= 1
-            if task.refs == 0:
-                engine._ring_used -= 1
-            engine._scope_held -= 1
-            self.tasks = []
-        else:
+        else:   # nothing in flight, so no worker touches the ring (see `_settle`)
             engine._close_scope(self)
 
 

@@ -36,10 +36,8 @@ from time import thread_time_ns
 
 from pypto_rt import config
 from pypto_rt.frontend.python_calls import plain_python_calls_in
-from pypto_rt.incore_compiler.compiler import BACKENDS
 from pypto_rt.incore_compiler.kernel_ir import Unbound
 from pypto_rt.language.dtypes import DataType
-from pypto_rt.ops import replay_guard
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.block import run_block
 from pypto_rt.orchestration.replay import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
@@ -207,23 +205,15 @@ class KernelReplays:
         return plain_scalars(result)
 
     def _traced(self):
+        """The kernel's traced code variant (incore_compiler.traced_code), compiled on the first recording: every
+        artifact a task runs comes from `host_program` or `incore_kernel`, which say how to get it."""
         if self._traced_run is None:
-            variant = self.artifact.traced_variant
-            if variant is None:   # (an artifact compiled by hand, as tests do)
-                ir = self.artifact.ir
-                self._traced_run = BACKENDS[self.artifact.kernel.backend].compile(ir, ir.env.globals, traced=True).run
-            else:
-                self._traced_run = variant().kernel.run
+            self._traced_run = self.artifact.traced_variant().kernel.run
         return self._traced_run
 
     def _drop(self, spec: _Specialisation, why: str) -> None:
         spec.off, spec.replay, spec.steady, spec.why_not = True, None, None, why
         self._stats(f"block replay dropped: {why}")
-
-    def mode(self) -> str:
-        """How the blocks of each specialisation run now (tests and PYPTO_STATS read it)."""
-        return "; ".join("replay" if s.replay is not None else f"kernel ({s.why_not or 'not recorded yet'})"
-                         for s in self.table.values())
 
     def _stats(self, text: str) -> None:
         if config.STATS.get() == "1":
