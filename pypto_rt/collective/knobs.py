@@ -16,8 +16,9 @@ COMM_CHECK = Knob("PYPTO_COMM_CHECK", "0", ("0", "1"),
                   "before each collective, ranks compare (sequence number, op, shape, dtype) through the store: a "
                   "mismatch is an error naming both ranks instead of a hang")
 SHM_PREFIX = Knob("PYPTO_SHM_PREFIX", "", None,
-                  "name prefix of this job's /dev/shm segments, set by the launcher (which then removes "
-                  "/dev/shm/<prefix>* at job end); unset: the communicator picks one and unlinks its own segments")
+                  "name prefix of this job's /dev/shm segments (no '+': segments are <prefix>+...), set by the "
+                  "launcher (which then removes /dev/shm/<prefix>+* at job end); unset: the communicator picks one "
+                  "and unlinks its own segments")
 
 # the launcher's contract (torchrun's variable names)
 RANK = Knob("RANK", "", None, "this process's rank")

@@ -1,10 +1,14 @@
 """POSIX shared-memory segments: files under /dev/shm, mapped with mmap, seen as uint8 tensors.
 
+Names: `<prefix>+<rest>`. The job prefix ends at the first `+`, which no prefix may contain (job ids are
+letters, digits, `_`, `.`, `-`), so `/dev/shm/<prefix>+*` is exactly one job's segments: job `ab` never matches
+job `abc`'s (`pypto-ab+*` against `pypto-abc+...`), whatever ids, pids or random tags the prefixes hold.
+
 Deliberately not `multiprocessing.shared_memory`: on Python 3.11 every attach registers the segment with the
 resource_tracker, which unlinks it when the *attaching* process exits, under its peers' feet. Here nothing is
 unlinked behind anyone's back; the ownership rule is:
   * a segment is created (O_EXCL, so it starts zeroed) by exactly one rank, whose name it carries (`-r<rank>`);
-  * it is unlinked by its owner: the launcher, which removes every /dev/shm/<prefix>* at job end (also on
+  * it is unlinked by its owner: the launcher, which removes every /dev/shm/<prefix>+* at job end (also on
     failure, with `remove_segments`), or, for a communicator that owns its segments, the creating rank at close;
   * unlinking or dropping a mapping never invalidates a peer's mapping (the pages live while any map does).
 Mappings are never closed explicitly: tensors handed out keep the mmap alive, so a window tensor kept past close
@@ -32,10 +36,25 @@ from pypto_rt.errors import PyptoError
 
 SHM_DIR = "/dev/shm"
 PAGE = 4096
+SEPARATOR = "+"   # ends the prefix in every name; launch/shm.py matches on the same character
 
 
 def path_of(name: str) -> str:
     return os.path.join(SHM_DIR, name)
+
+
+def check_prefix(prefix: str) -> str:
+    """`prefix` if it can name one job's segments: a non-empty file name without the separator."""
+    if not prefix or os.sep in prefix or SEPARATOR in prefix or prefix in (".", ".."):
+        raise PyptoError(f"bad shared-memory prefix {prefix!r}: it must be a non-empty file name without "
+                         f"'{os.sep}' or '{SEPARATOR}'",
+                         hint="set PYPTO_SHM_PREFIX (or prefix=) to e.g. pypto-<job id>")
+    return prefix
+
+
+def segment_name(prefix: str, rest: str) -> str:
+    """The name of a segment of the job whose prefix is `prefix`."""
+    return f"{check_prefix(prefix)}{SEPARATOR}{rest}"
 
 
 def _space_error(name: str, nbytes: int, err: OSError) -> PyptoError:
@@ -48,11 +67,22 @@ class SegmentMissing(PyptoError):
     """A peer's segment is not (or no longer) under /dev/shm."""
 
 
-class Segment:
-    """One mapped segment. `tensor` covers the whole mapping; `cells32`/`cells64` index it as int32/int64."""
+def removed_error(name: str, rank: int | None, what: str) -> SegmentMissing:
+    """A segment of a running job vanished: someone outside the job unlinked it."""
+    who = f"rank {rank}: " if rank is not None else ""
+    return SegmentMissing(
+        f"{who}shared-memory segment {path_of(name)} was removed while the job still uses it, so {what}",
+        hint=f"something outside this job unlinked it (a clean-up of /dev/shm, or `rm /dev/shm/...`); segments "
+             f"live until the job's launcher (or its communicator) removes /dev/shm/<prefix>{SEPARATOR}* at the end")
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, owned: bool):
+
+class Segment:
+    """One mapped segment. `tensor` covers the whole mapping; `cells32`/`cells64` index it as int32/int64.
+    `rank`: the rank using this mapping (for errors)."""
+
+    def __init__(self, name: str, mm: mmap.mmap, size: int, owned: bool, rank: int | None = None):
         self.name = name
+        self.rank = rank
         self.size = size
         self.owned = owned
         self.mm = mm
@@ -63,7 +93,7 @@ class Segment:
         self._lock_fd: int | None = None
 
     @classmethod
-    def create(cls, name: str, nbytes: int) -> "Segment":
+    def create(cls, name: str, nbytes: int, rank: int | None = None) -> "Segment":
         """A new zero-filled segment of at least `nbytes` (rounded up to whole pages); fails if it exists."""
         size = max(PAGE, -(-nbytes // PAGE) * PAGE)
         try:
@@ -78,12 +108,12 @@ class Segment:
             except OSError as e:
                 os.unlink(path_of(name))
                 raise _space_error(name, size, e) from None
-            return cls(name, mmap.mmap(fd, size), size, owned=True)
+            return cls(name, mmap.mmap(fd, size), size, owned=True, rank=rank)
         finally:
             os.close(fd)
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
+    def attach(cls, name: str, rank: int | None = None) -> "Segment":
         """Map a peer's existing segment (never registers it anywhere; never unlinks it)."""
         try:
             fd = os.open(path_of(name), os.O_RDWR)
@@ -93,16 +123,24 @@ class Segment:
                                   "closed, or the launcher cleaned up after a failure)") from None
         try:
             size = os.fstat(fd).st_size
-            return cls(name, mmap.mmap(fd, size), size, owned=False)
+            return cls(name, mmap.mmap(fd, size), size, owned=False, rank=rank)
         finally:
             os.close(fd)
 
-    @contextlib.contextmanager
     def locked(self):
-        """Exclusive access for a read-modify-write (see the module's atomicity invariant)."""
+        """Exclusive access for a read-modify-write (see the module's atomicity invariant). The lock descriptor
+        is opened here, outside the context manager, so a vanished segment fails at the caller's line."""
         with self._thread_lock:
             if self._lock_fd is None:
-                self._lock_fd = os.open(path_of(self.name), os.O_RDWR)
+                try:
+                    self._lock_fd = os.open(path_of(self.name), os.O_RDWR)
+                except FileNotFoundError:
+                    raise removed_error(self.name, self.rank, "its atomic updates cannot be locked") from None
+        return self._held()
+
+    @contextlib.contextmanager
+    def _held(self):
+        with self._thread_lock:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 yield
@@ -129,14 +167,12 @@ def unlink_segment(name: str) -> bool:
 
 
 def list_segments(prefix: str) -> list[str]:
-    """Names of the segments under /dev/shm that start with `prefix`."""
-    if not prefix or os.sep in prefix:
-        raise PyptoError(f"bad shared-memory prefix {prefix!r}: it must be a non-empty file name")
-    return sorted(os.path.basename(p) for p in glob.glob(path_of(glob.escape(prefix)) + "*"))
+    """Names of the segments of the job whose prefix is `prefix` (/dev/shm/<prefix>+*)."""
+    return sorted(os.path.basename(p) for p in glob.glob(path_of(glob.escape(segment_name(prefix, ""))) + "*"))
 
 
 def remove_segments(prefix: str) -> list[str]:
-    """The launcher's cleanup: unlink every /dev/shm/<prefix>* (also after a failed job); returns the names."""
+    """The launcher's cleanup: unlink every /dev/shm/<prefix>+* (also after a failed job); returns the names."""
     removed = []
     for name in list_segments(prefix):
         try:

@@ -1,10 +1,10 @@
 """The `shm` communicator: ranks on one host sharing POSIX shared-memory windows (see segments.py for ownership
 and atomicity), with a shared-memory barrier and staged collectives (shm_collectives.py).
 
-Segment names: `<prefix>-c<k>-<kind>-r<rank>` where prefix is PYPTO_SHM_PREFIX (set by the launcher, which then
+Segment names: `<prefix>+c<k>-<kind>-r<rank>` where prefix is PYPTO_SHM_PREFIX (set by the launcher, which then
 owns cleanup) or `pypto-<pid>-<random>` chosen by rank 0 (then the communicator owns and unlinks its segments at
 close), k counts this rank's communicators, kind is `ctl` (control cells), `w<i>` (window i) or `s<h>g<gen>`
-(collective staging, half h, generation gen).
+(collective staging, half h, generation gen). `+` ends the prefix (segments.py).
 
 The per-rank control cells (barrier epochs, state, staging generations) are laid out in control.py.
 Store order (data before signal): a rank writes data, then its cells; x86-64 (TSO) keeps that order, and other
@@ -25,10 +25,10 @@ from . import knobs, rendezvous
 from .base import (CollectiveMismatchError, Communicator, PeerAbortedError, Window, check_peer, notify_op,
                    signature, wait_cmp)
 from .check import CollectiveCheck
-from .control import (ABORTED, CLOSED, EPOCH, OP_CODES, OP_NAMES, OPS, PID, RUNNING, SIZES, STATE, alive,
-                      reason, set_reason)
+from .control import (ABORTED, CALLS, CLOSED, EPOCH, OP_CODES, OPS, PID, RUNNING, SIZES, STATE, alive, call_text,
+                      post_call, reason, set_reason)
 from .control import SIZE as CONTROL_SIZE
-from .segments import Segment, SegmentMissing
+from .segments import Segment, SegmentMissing, check_prefix, removed_error, segment_name
 from .shm_collectives import StagedCollectives
 from .waits import SPIN_POLLS, backoff_wait, describe, timeout_error, wait_record
 
@@ -75,12 +75,11 @@ class ShmCommunicator(StagedCollectives, Communicator):
         base = rendezvous.open_store(rank, world_size, store, start_s, host_store)
         self.instance, self.store = rendezvous.instance_store(base, rank)
         prefix = prefix or knobs.SHM_PREFIX.get() or None
-        if prefix is not None and (os.sep in prefix or prefix in (".", "..")):
-            raise PyptoError(f"shared-memory prefix {prefix!r} must be a plain file name (no '/')",
-                             hint="set PYPTO_SHM_PREFIX (or prefix=) to e.g. pypto-<job id>")
+        if prefix is not None:
+            check_prefix(prefix)
         self.owner_unlinks = prefix is None if owner_unlinks is None else bool(owner_unlinks)
         self.prefix = prefix or self._agree_prefix(start_s)
-        self.base_name = f"{self.prefix}-c{self.instance}"
+        self.base_name = segment_name(self.prefix, f"c{self.instance}")
         self._windows: list[ShmWindow] = []
         self._epoch = 0
         self._closed = False
@@ -88,12 +87,12 @@ class ShmCommunicator(StagedCollectives, Communicator):
         # busy polls pay only while every rank has a core; oversubscribed, a spinner delays the rank it awaits
         self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
         self._init_staging()
-        self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE)
+        self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
         self._ctl.cells64[STATE] = RUNNING
         try:
             rendezvous.start(self.store, rank, world_size, start_s)
-            self._peer_ctl = [self._ctl if r == rank else Segment.attach(f"{self.base_name}-ctl-r{r}")
+            self._peer_ctl = [self._ctl if r == rank else Segment.attach(f"{self.base_name}-ctl-r{r}", rank)
                               for r in range(world_size)]
             self._pids = [c.cells64[PID] for c in self._peer_ctl]
             # no rank unlinks its control segment (leaving early) before every rank has mapped it
@@ -135,13 +134,14 @@ class ShmCommunicator(StagedCollectives, Communicator):
         return None
 
     def _attach(self, name: str, r: int) -> Segment:
-        """Map rank r's segment; if r already left (and unlinked it), say so instead."""
+        """Map rank r's segment, which r created before a barrier this rank passed; if it is gone, say whether
+        r left (and unlinked it) or someone outside the job removed it."""
         try:
-            return Segment.attach(name)
+            return Segment.attach(name, self.rank)
         except SegmentMissing:
             trouble = self._peer_trouble(r, barrier=True)
             if trouble is None:
-                raise
+                raise removed_error(name, self.rank, f"this rank cannot map rank {r}'s segment") from None
             raise PeerAbortedError(f"{trouble}, so rank {self.rank} cannot map its segment {name}",
                                    hint="that rank's own error (or exit) is the root cause") from None
 
@@ -162,12 +162,14 @@ class ShmCommunicator(StagedCollectives, Communicator):
         return watch
 
     # ------------------------------------------------------------------------------------------ barrier
-    def _barrier(self, op: str, label, nbytes: int = -1) -> None:
-        """Arrive at the next epoch and wait until every peer has; then check that they called the same op."""
+    def _barrier(self, op: str, label, nbytes: int = -1, call: str | None = None) -> None:
+        """Arrive at the next epoch and wait until every peer has; then check that they made the same call
+        (`call`: base.signature of it, so op, shape, dtype and scalar arguments; before anyone reads staged data,
+        so a mismatch is an error on every rank, never bytes read as another dtype or shape)."""
         self._epoch = e = self._epoch + 1
+        call = call or f"{op}()"
         cells = self._ctl.cells64
-        cells[OPS + e % 2] = OP_CODES[op]
-        cells[SIZES + e % 2] = nbytes
+        post_call(cells, self._ctl.mm, e % 2, op, nbytes, call)
         self._publish(cells, EPOCH, e, self._ctl)
         pending = [r for r in range(self.world_size) if r != self.rank]
         peer_cells = {r: self._peer_ctl[r].cells64 for r in pending}
@@ -186,15 +188,14 @@ class ShmCommunicator(StagedCollectives, Communicator):
             raise timeout_error(record(time.monotonic() - start), hint=(
                 f"the listed ranks never reached this rank's barrier #{e} (in {op}): they are stuck elsewhere "
                 "(see their own reports) or skipped a collective; PYPTO_TIMEOUT_S bounds the wait"))
+        mine = cells[CALLS + e % 2]
         for r, c in peer_cells.items():
-            code, size = c[OPS + e % 2], c[SIZES + e % 2]
-            if code != OP_CODES[op] or size != nbytes:
-                theirs = OP_NAMES.get(code, f"op #{code}") + (f" of {size} bytes" if size >= 0 else "")
-                mine = op + (f" of {nbytes} bytes" if nbytes >= 0 else "")
+            if c[CALLS + e % 2] != mine or c[OPS + e % 2] != OP_CODES[op] or c[SIZES + e % 2] != nbytes:
+                theirs = call_text(c, self._peer_ctl[r].mm, e % 2)
                 raise CollectiveMismatchError(
-                    f"rank {self.rank} calls {mine} but rank {r} calls {theirs} at the same point (barrier #{e})",
-                    hint="every rank must call the same collectives in the same order with the same sizes; "
-                         "PYPTO_COMM_CHECK=1 compares shapes and dtypes too")
+                    f"rank {self.rank} calls {call} but rank {r} calls {theirs} at the same point (barrier #{e})",
+                    hint="every rank must call the same collectives in the same order with the same shapes and "
+                         "dtypes")
 
     def barrier(self, *, label: str | None = None) -> None:
         self._precheck("barrier", "barrier()", label)
@@ -211,11 +212,12 @@ class ShmCommunicator(StagedCollectives, Communicator):
         nbytes = int(nbytes)
         if nbytes <= 0:
             raise PyptoError(f"rank {self.rank}: alloc_window of {nbytes} bytes; a window needs at least 1")
-        self._precheck("alloc_window", signature("alloc_window", nbytes=nbytes), label)
+        call = signature("alloc_window", nbytes=nbytes)
+        self._precheck("alloc_window", call, label)
         index = len(self._windows)
-        own = Segment.create(f"{self.base_name}-w{index}-r{self.rank}", nbytes)   # new file: all zeros
+        own = Segment.create(f"{self.base_name}-w{index}-r{self.rank}", nbytes, self.rank)   # new: all zeros
         # zeroed before any peer can signal into it: peers map it only after this barrier
-        self._barrier("alloc_window", label, nbytes)
+        self._barrier("alloc_window", label, nbytes, call)
         segments = [own if r == self.rank else self._attach(f"{self.base_name}-w{index}-r{r}", r)
                     for r in range(self.world_size)]
         window = ShmWindow(name or f"w{index}", index, nbytes, segments, self.rank, self)

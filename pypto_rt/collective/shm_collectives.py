@@ -92,7 +92,7 @@ class StagedCollectives:
         if seg is None or seg.size < need:
             gen = self._stage_gen[h] + 1
             new = Segment.create(f"{self.base_name}-s{h}g{gen}-r{self.rank}",
-                                 max(need, 2 * seg.size if seg else 0, 1 << 16))
+                                 max(need, 2 * seg.size if seg else 0, 1 << 16), self.rank)
             if seg is not None:
                 seg.release(unlink=True)   # safe: see the module docstring
             self._stages[h], self._stage_gen[h] = new, gen
@@ -124,12 +124,13 @@ class StagedCollectives:
     # -------------------------------------------------------------------------------------- collectives
     def allreduce(self, tensor: torch.Tensor, op="sum", *, label: str | None = None) -> torch.Tensor:
         op = reduce_op(op)
-        self._precheck("allreduce", signature("allreduce", tensor, op=op), label)
+        call = signature("allreduce", tensor, op=op)
+        self._precheck("allreduce", call, label)
         n, nbytes, w, me = tensor.numel(), _nbytes(tensor), self.world_size, self.rank
         h, seg = self._stage(nbytes)
         staged = self._data(seg, tensor)
         staged.copy_(_flat(tensor))
-        self._barrier("allreduce", label, nbytes)
+        self._barrier("allreduce", label, nbytes, call)
         result = tensor.view(-1) if tensor.is_contiguous() else torch.empty(n, dtype=tensor.dtype)
         if nbytes < SPLIT_BYTES or w <= 2:   # every rank reduces everything (one barrier)
             _reduce_into(result, self._peers_data(h, tensor), op)
@@ -138,7 +139,7 @@ class StagedCollectives:
             a, b = bounds[me], bounds[me + 1]
             _reduce_into(result[a:b], [self._data(self._peer_stage(r, h), tensor)[a:b] for r in range(w)], op)
             staged[a:b].copy_(result[a:b])   # peers read only their own chunks of this staging meanwhile
-            self._barrier("allreduce", label, nbytes)
+            self._barrier("allreduce", label, nbytes, call)
             for r in range(w):
                 if r != me:
                     lo, hi = bounds[r], bounds[r + 1]
@@ -149,17 +150,19 @@ class StagedCollectives:
 
     def allgather(self, out: torch.Tensor, inp: torch.Tensor, *, label: str | None = None) -> torch.Tensor:
         check_allgather(self, out, inp)
-        self._precheck("allgather", signature("allgather", inp), label)
+        call = signature("allgather", inp)
+        self._precheck("allgather", call, label)
         h, seg = self._stage(_nbytes(inp))
         self._data(seg, inp).copy_(_flat(inp))
         out[self.rank].copy_(inp)   # while peers may still be staging
-        self._barrier("allgather", label, _nbytes(inp))
+        self._barrier("allgather", label, _nbytes(inp), call)
         for r in range(self.world_size):
             if r != self.rank:
                 out[r].copy_(self._data(self._peer_stage(r, h), inp).view(inp.shape))
         return out
 
-    def _exchange(self, op: str, label, check_bytes: int, pieces: list, item_bytes: int, local=None) -> int:
+    def _exchange(self, op: str, call: str, label, check_bytes: int, pieces: list, item_bytes: int,
+                  local=None) -> int:
         """Stage pieces[p] (flat tensors) for every peer p != this rank, with a table of where each starts;
         run `local()` (this rank's own piece, which never goes through staging) while peers may still be
         staging; one barrier; returns the staging half."""
@@ -176,7 +179,7 @@ class StagedCollectives:
             offset += n
         if local is not None:
             local()
-        self._barrier(op, label, check_bytes)
+        self._barrier(op, label, check_bytes, call)
         return h
 
     def _piece(self, h: int, r: int, dtype) -> tuple[torch.Tensor, int, int]:
@@ -190,10 +193,11 @@ class StagedCollectives:
                        label: str | None = None) -> torch.Tensor:
         op = reduce_op(op)
         check_reduce_scatter(self, out, inp)
-        self._precheck("reduce_scatter", signature("reduce_scatter", inp, op=op), label)
+        call = signature("reduce_scatter", inp, op=op)
+        self._precheck("reduce_scatter", call, label)
         m, flat = out.numel(), _flat(inp)
         mine = [flat[p * m:(p + 1) * m] for p in range(self.world_size)]
-        h = self._exchange("reduce_scatter", label, _nbytes(inp), mine, out.element_size())
+        h = self._exchange("reduce_scatter", call, label, _nbytes(inp), mine, out.element_size())
         parts = [mine[r] if r == self.rank else self._piece(h, r, out.dtype)[0] for r in range(self.world_size)]
         tmp = out.view(-1) if out.is_contiguous() else torch.empty(m, dtype=out.dtype)
         _reduce_into(tmp, parts, op)
@@ -203,11 +207,12 @@ class StagedCollectives:
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, *, label: str | None = None) -> torch.Tensor:
         check_all_to_all(self, out, inp)
-        self._precheck("all_to_all", signature("all_to_all", inp), label)
+        call = signature("all_to_all", inp)
+        self._precheck("all_to_all", call, label)
         rows = inp.shape[0] // self.world_size
         chunks = [inp[p * rows:(p + 1) * rows] for p in range(self.world_size)]
         me = self.rank
-        h = self._exchange("all_to_all", label, _nbytes(inp), [_flat(c) for c in chunks], out.element_size(),
+        h = self._exchange("all_to_all", call, label, _nbytes(inp), [_flat(c) for c in chunks], out.element_size(),
                            lambda: out[me * rows:(me + 1) * rows].copy_(chunks[me]))
         for r in range(self.world_size):
             if r != me:
@@ -218,12 +223,13 @@ class StagedCollectives:
                      label: str | None = None) -> torch.Tensor:
         send, recv = check_all_to_all_v(self, out, inp, send_counts, recv_counts)
         row_shape = tuple(inp.shape[1:])
-        self._precheck("all_to_all_v", signature("all_to_all_v", inp, shape=("*", *row_shape)), label)
+        call = signature("all_to_all_v", inp, shape=("*", *row_shape))
+        self._precheck("all_to_all_v", call, label)
         row_bytes = _nbytes(inp[:1]) if inp.shape[0] else 0
         starts = [sum(send[:p]) for p in range(self.world_size)]
         pieces = [inp[s:s + n] for s, n in zip(starts, send)]             # only the live rows
         me, mine_at = self.rank, sum(recv[:self.rank])
-        h = self._exchange("all_to_all_v", label, -1, [_flat(p) for p in pieces], row_bytes,
+        h = self._exchange("all_to_all_v", call, label, -1, [_flat(p) for p in pieces], row_bytes,
                            lambda: out[mine_at:mine_at + send[me]].copy_(pieces[me]))
         at = 0
         for r in range(self.world_size):
@@ -243,13 +249,14 @@ class StagedCollectives:
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, label: str | None = None) -> torch.Tensor:
         src = check_src(self, src, "broadcast")
-        self._precheck("broadcast", signature("broadcast", tensor, src=src), label)
+        call = signature("broadcast", tensor, src=src)
+        self._precheck("broadcast", call, label)
         if self.rank == src:
             h, seg = self._stage(_nbytes(tensor))
             self._data(seg, tensor).copy_(_flat(tensor))
         else:
             h = self._next_half()   # only the source stages
-        self._barrier("broadcast", label, _nbytes(tensor))
+        self._barrier("broadcast", label, _nbytes(tensor), call)
         if self.rank != src:
             tensor.copy_(self._data(self._peer_stage(src, h), tensor).view(tensor.shape))
         return tensor

@@ -9,7 +9,7 @@ import torch
 from pypto_rt.collective import (BackendUnavailableError, available_backends, create_communicator, list_segments,
                                  remove_segments)
 from pypto_rt.collective.base import check_all_to_all_v, check_allgather, notify_op, reduce_op, wait_cmp
-from pypto_rt.collective.segments import Segment, SegmentMissing
+from pypto_rt.collective.segments import Segment, SegmentMissing, segment_name
 from pypto_rt.errors import PlatformError, PyptoError
 from pypto_rt.language.enums import NotifyOp, ReduceOp, WaitCmp
 from tests.collective.harness import new_prefix
@@ -41,19 +41,20 @@ def test_argument_checks_say_what_is_wrong():
 
 def test_segments_are_zeroed_page_sized_exclusive_and_removed_by_prefix():
     prefix = new_prefix()
+    a = segment_name(prefix, "a")
     try:
-        seg = Segment.create(f"{prefix}-a", 10)
+        seg = Segment.create(a, 10)
         assert seg.size == 4096 and int(seg.tensor.sum()) == 0
         seg.tensor[0] = 9
-        peer = Segment.attach(f"{prefix}-a")
+        peer = Segment.attach(a)
         assert int(peer.tensor[0]) == 9                       # the same memory
         with pytest.raises(PyptoError, match="already exists"):
-            Segment.create(f"{prefix}-a", 10)
+            Segment.create(a, 10)
         with pytest.raises(SegmentMissing, match="does not exist"):
-            Segment.attach(f"{prefix}-b")
+            Segment.attach(segment_name(prefix, "b"))
     finally:
         removed = remove_segments(prefix)
-    assert removed == [f"{prefix}-a"] and list_segments(prefix) == []
+    assert removed == [a] and list_segments(prefix) == []
     with pytest.raises(PyptoError, match="bad shared-memory prefix"):
         list_segments("")
 
@@ -61,8 +62,8 @@ def test_segments_are_zeroed_page_sized_exclusive_and_removed_by_prefix():
 def test_the_lock_excludes_another_mapping_in_the_same_process():
     prefix = new_prefix()
     try:
-        a = Segment.create(f"{prefix}-x", 8)
-        b = Segment.attach(f"{prefix}-x")   # e.g. another rank's communicator in the host form's threads
+        a = Segment.create(segment_name(prefix, "x"), 8)
+        b = Segment.attach(segment_name(prefix, "x"))   # e.g. another rank's communicator in the host form's threads
         entered = threading.Event()
 
         def take():

@@ -1,6 +1,7 @@
 """What a hang or a failure looks like on the shm backend: deadlines, wait records, aborts, deaths, mismatches."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -103,8 +104,31 @@ def mismatched_rank(ctx):
 def test_different_collectives_at_the_same_point_name_both_ranks():
     outcome = run_ranks(mismatched_rank, 2)
     texts = {r: e["text"] for r, e in outcome.errors.items()}
-    assert "rank 0 calls allreduce of 16 bytes but rank 1 calls allgather of 16 bytes" in texts[0]
-    assert "rank 1 calls allgather of 16 bytes but rank 0 calls allreduce of 16 bytes" in texts[1]
+    assert "rank 0 calls allreduce((4,) float32, op=sum) but rank 1 calls allgather((4,) float32)" in texts[0]
+    assert "rank 1 calls allgather((4,) float32) but rank 0 calls allreduce((4,) float32, op=sum)" in texts[1]
+
+
+def same_bytes_rank(ctx, dtypes, shapes):
+    with ctx.comm() as comm:
+        comm.allreduce(torch.ones(shapes[ctx.rank], dtype=dtypes[ctx.rank]), label="grad")
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtypes, shapes, calls", [
+    ((torch.int32, torch.float32), ((4, 2), (4, 2)),
+     ("allreduce((4, 2) int32, op=sum)", "allreduce((4, 2) float32, op=sum)")),
+    ((torch.float32, torch.float32), ((4, 2), (2, 4)),
+     ("allreduce((4, 2) float32, op=sum)", "allreduce((2, 4) float32, op=sum)")),
+], ids=["dtype", "shape"])
+def test_a_collective_of_equal_bytes_but_another_dtype_or_shape_names_both_ranks(dtypes, shapes, calls):
+    # without PYPTO_COMM_CHECK: the shm barrier compares the calls themselves, not only their byte counts
+    outcome = run_ranks(functools.partial(same_bytes_rank, dtypes=dtypes, shapes=shapes), 2)
+    assert set(outcome.errors) == {0, 1}, f"no error, results {outcome.results}"
+    for r in (0, 1):
+        assert outcome.errors[r]["type"] == "CollectiveMismatchError", outcome.errors[r]
+        assert (f"rank {r} calls {calls[r]} but rank {1 - r} calls {calls[1 - r]} at the same point"
+                in outcome.errors[r]["text"])
 
 
 def dtype_mismatch_rank(ctx):
@@ -183,5 +207,5 @@ def test_ranks_started_with_the_launcher_environment_leave_cleanup_to_the_launch
     assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
     assert [o[0].split() for o in outs] == [[prefix, "False", "[3.0,", "3.0,", "3.0]"]] * 2
     left = list_segments(prefix)
-    assert left and all(name.startswith(prefix + "-c1-") for name in left)   # the launcher's to remove
+    assert left and all(name.startswith(prefix + "+c1-") for name in left)   # the launcher's to remove
     assert remove_segments(prefix) == left and list_segments(prefix) == []

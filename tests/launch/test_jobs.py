@@ -150,7 +150,7 @@ def test_the_jobs_shared_memory_is_removed_when_it_ends(program, launch, fail):
     open(bystander, "w").close()
     prog = program(f"""
     import os
-    with open("/dev/shm/" + os.environ["PYPTO_SHM_PREFIX"] + "x" + os.environ["RANK"], "w") as f:
+    with open("/dev/shm/" + os.environ["PYPTO_SHM_PREFIX"] + "+x" + os.environ["RANK"], "w") as f:
         f.write("segment")
     if {fail} and os.environ["RANK"] == "1":
         raise RuntimeError("failing after creating a segment")
