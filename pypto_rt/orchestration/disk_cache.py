@@ -5,16 +5,26 @@ included), its file and qualified name, the knobs that change generated code, th
 the compiler's own sources (sizes and modification times). An entry holds the marshalled code object
 of every generated factory and the plain data the runtime reads (names, spans, parameters, access
 modes). Anything unreadable or stale is a miss, never an error. PYPTO_CACHE_DIR=off disables it.
+
+Entries are code this process executes, so whoever can write them can run code as the user. Trust rule (as
+OpenSSH's StrictModes): the folder is used only if, opened, it is owned by the user and not writable by group or
+others (else one warning, and the run goes on without the cache); every access goes through that open
+descriptor, so a path swapped afterwards cannot redirect it. Folders the cache creates are 0700, entries 0600,
+written to a new temporary file (O_CREAT|O_EXCL|O_NOFOLLOW) then renamed into place; an entry is read without
+following a symlink and only if it is a regular file owned by the user and not writable by others.
 """
 from __future__ import annotations
 
 import hashlib
 import marshal
 import os
+import secrets
+import stat
 import sys
+import warnings
 
 from pypto_rt import config
-from pypto_rt.errors import Span
+from pypto_rt.errors import Span, user_span
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.incore_compiler.accesses import Access
 from pypto_rt.incore_compiler.compiler import KernelArtifact
@@ -27,6 +37,11 @@ from pypto_rt.ops import OPS
 _FORMAT = 4   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired
 _COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration")
 _compiler_stamp: str | None = None
+_warned: set[str] = set()   # folders this process has warned about (once each)
+
+
+class CacheWarning(UserWarning):
+    """The disk cache of compiled programs is not used (an unsafe folder) or an entry was ignored."""
 
 
 def folder() -> str | None:
@@ -39,13 +54,13 @@ def folder() -> str | None:
 
 def load(kernel, make_program):
     """The cached program of `kernel`, rebuilt with `make_program(kernels, host_factory, host_source)`."""
-    path = _path(kernel)
-    if path is None or not os.path.exists(path):
+    where, name = _place(kernel)
+    folder_fd = _open_folder(where, create=False)
+    if folder_fd is None:
         return None
     try:
-        with open(path, "rb") as f:
-            entry = marshal.load(f)
-        if entry.get("format") != _FORMAT:
+        entry = _read_entry(where, folder_fd, name)
+        if entry is None or entry.get("format") != _FORMAT:
             return None
         env = Env(kernel.fn)
         module_globals = kernel.fn.__globals__
@@ -54,34 +69,135 @@ def load(kernel, make_program):
         return make_program(kernels, host, entry["source"])
     except Exception:  # noqa: BLE001 - a damaged or foreign entry is a miss
         return None
+    finally:
+        os.close(folder_fd)
 
 
 def store(kernel, program) -> None:
-    path = _path(kernel)
-    if path is None:
-        return
+    where, name = _place(kernel)
     entry = {"format": _FORMAT, "host": program.factory.code, "host_names": list(program.factory.names),
              "source": program.source, "kernels": [_describe(a) for a in program.kernels]}
+    folder_fd = _open_folder(where, create=True)
+    if folder_fd is None:
+        return
+    partial = _temp_name(name)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"
-        with open(partial, "wb") as f:
-            marshal.dump(entry, f)
-        os.replace(partial, path)   # atomic: concurrent ranks or runs never read half an entry
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=folder_fd)
+    except FileExistsError:
+        _warn(where, f"not writing an entry: something is already at {os.path.join(where, partial)}")
+        os.close(folder_fd)
+        return
     except OSError:
-        pass
+        os.close(folder_fd)
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            marshal.dump(entry, f)
+        # atomic: concurrent ranks or runs never read half an entry; replaces a symlink, never follows it
+        os.replace(partial, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except (OSError, ValueError):
+        _unlink_quietly(partial, folder_fd)
+    finally:
+        os.close(folder_fd)
 
 
-def _path(kernel) -> str | None:
-    where = folder()
-    if where is None:
-        return None
+def _place(kernel) -> tuple[str | None, str]:
+    """(the cache folder or None when off, the entry's file name in it)."""
     fn = kernel.fn
     key = hashlib.sha256()
     for part in (marshal.dumps(fn.__code__), fn.__code__.co_filename, kernel.name, sys.version,
                  config.COALESCE.get(), _stamp()):
         key.update(part if isinstance(part, bytes) else str(part).encode())
-    return os.path.join(where, key.hexdigest()[:32] + ".bin")
+    return folder(), key.hexdigest()[:32] + ".bin"
+
+
+def _temp_name(name: str) -> str:
+    return f"{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def _open_folder(where: str | None, create: bool) -> int | None:
+    """A descriptor of the cache folder if it may be trusted (see the module docstring), else None."""
+    if where is None:
+        return None
+    try:
+        if create:
+            _make_private_folders(where)
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    problem = _untrusted(st, "folder")
+    if problem is None:
+        return fd
+    os.close(fd)
+    _warn(where, f"the folder {problem}, so the disk cache is not used (another user could plant code the next "
+                 f"run executes); make it yours and private (chown, chmod 700) or set PYPTO_CACHE_DIR to a folder "
+                 f"of your own ('off' disables the cache)")
+    return None
+
+
+def _make_private_folders(where: str) -> None:
+    """Create `where` and its missing parents, each 0700 (as XDG asks of a cache home)."""
+    missing = []
+    path = os.path.abspath(where)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+
+
+def _read_entry(where: str, folder_fd: int, name: str) -> dict | None:
+    """The unmarshalled entry, or None: missing, a symlink, not a regular file, not the user's, or writable by
+    others (O_NONBLOCK: a FIFO planted there is refused instead of blocking the open)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _warn(where, f"ignoring entry {name}: {e.strerror} (a symlink is never followed)")
+        return None
+    with os.fdopen(fd, "rb") as f:
+        problem = _untrusted(os.fstat(f.fileno()), "entry")
+        if problem is not None:
+            _warn(where, f"ignoring entry {name}: it {problem}; the program is compiled again")
+            return None
+        return marshal.load(f)
+
+
+def _untrusted(st: os.stat_result, what: str) -> str | None:
+    """Why a folder or entry with this status must not be trusted, or None."""
+    kind = stat.S_ISDIR if what == "folder" else stat.S_ISREG
+    if not kind(st.st_mode):
+        return "is not a regular file" if what == "entry" else "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _warn(where: str, why: str) -> None:
+    """One warning per folder and process, at the user's line that led here."""
+    if where in _warned:
+        return
+    _warned.add(where)
+    message, span = f"pypto-rt disk cache {where}: {why}", user_span()
+    if span is None:
+        warnings.warn(message, CacheWarning, stacklevel=2)
+    else:
+        warnings.warn_explicit(message, CacheWarning, span.file, span.line)
+
+
+def _unlink_quietly(name: str, folder_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=folder_fd)
+    except OSError:
+        pass
 
 
 def _stamp() -> str:
