@@ -12,6 +12,7 @@ int64 cells, each written only by the owning rank:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -56,17 +57,21 @@ def set_reason(cells64, mm, text: str) -> None:
     cells64[REASON_LEN] = len(data)
 
 
+@functools.lru_cache(maxsize=1024)   # a loop repeats its calls: ~0.2 µs instead of ~2
 def digest(call: str) -> int:
     return int.from_bytes(hashlib.blake2b(call.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def post_call(cells64, mm, slot: int, op: str, nbytes: int, call: str) -> None:
-    """Record this rank's call for barrier slot `slot` (before the epoch that publishes it)."""
-    data = call.encode()[:CALL_MAX]
-    at = CALL_AT + slot * CALL_MAX
-    mm[at:at + len(data)] = data
-    cells64[CALL_LENS + slot] = len(data)
-    cells64[CALLS + slot] = digest(call)
+    """Record this rank's call for barrier slot `slot` (before the epoch that publishes it). The slot's text
+    always matches its digest cell, so an unchanged digest means the text is there already."""
+    d = digest(call)
+    if cells64[CALLS + slot] != d:
+        data = call.encode()[:CALL_MAX]
+        at = CALL_AT + slot * CALL_MAX
+        mm[at:at + len(data)] = data
+        cells64[CALL_LENS + slot] = len(data)
+        cells64[CALLS + slot] = d
     cells64[OPS + slot] = OP_CODES[op]
     cells64[SIZES + slot] = nbytes
 
