@@ -101,7 +101,7 @@ class Segment:
         except FileExistsError:
             raise PyptoError(f"shared-memory segment {path_of(name)} already exists",
                              hint="a job with the same PYPTO_SHM_PREFIX is running or died without cleanup: "
-                                  "remove its /dev/shm/<prefix>* files or use another prefix") from None
+                                  "remove its /dev/shm/<prefix>+* files or use another prefix") from None
         try:
             try:
                 os.posix_fallocate(fd, 0, size)   # reserve now: a full /dev/shm is this error, not a later SIGBUS

@@ -5,7 +5,7 @@ Fork, not spawn: a forked rank starts in ~0.05 s, a spawned one re-imports torch
 The children are forked *before* the parent starts the store's server thread (fork with live threads is
 fragile), then receive its port (the OS picked it: no free-port race). Each rank returns a small picklable value
 or its error (type, text, `.wait`). The parent waits up to one deadline, kills ranks still alive, lists the
-job's /dev/shm/<prefix>* segments left behind, then removes them as the launcher does. Timeouts are layered:
+job's /dev/shm/<prefix>+* segments left behind, then removes them as the launcher does. Timeouts are layered:
 PYPTO_TIMEOUT_S in the ranks (default 5 s here) < the harness deadline < the test's pytest timeout.
 """
 from __future__ import annotations

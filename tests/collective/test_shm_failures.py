@@ -87,7 +87,7 @@ def test_a_rank_that_dies_is_noticed_and_the_launcher_cleanup_removes_its_segmen
     assert err["type"] == "PeerAbortedError" and "rank 1 died" in err["text"]
     assert outcome.elapsed_s < 10
     # the launcher owns the segments: the dead rank's (and the survivor's) were left for it; the harness removed
-    # them and checked /dev/shm/<prefix>* is empty
+    # them and checked /dev/shm/<prefix>+* is empty
     assert any(name.endswith("-r1") for name in outcome.leftovers)
     assert list_segments(prefix) == []
 

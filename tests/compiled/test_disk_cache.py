@@ -146,10 +146,10 @@ def test_an_unsafe_cache_folder_is_not_used_and_warns_once(tmp_path, poison, cac
     assert torch.equal(run_in(folder, times3), X * 3)
     assert torch.equal(run_in(folder, times2), X * 2)
     assert os.listdir(folder) == [name]                  # nothing written there either
+    why = f"owned by uid {FOREIGN_UID}, not by you" if unsafe == "foreign_owner" else "writable by group or others"
     (warning,) = cache_warnings()
-    assert (f"pypto-rt disk cache {folder}: the folder is " + (
-        f"owned by uid {FOREIGN_UID}, not by you" if unsafe == "foreign_owner" else "writable by group or others"))\
-        in warning and "the disk cache is not used" in warning
+    assert f"pypto-rt disk cache {folder}: the folder is {why}" in warning
+    assert "so the disk cache is not used" in warning
 
 
 @pytest.mark.parametrize("planted", ["symlink", "foreign_owner", "world_writable"])
