@@ -56,6 +56,9 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
+_WAIT_HINT = "check that every rank notifies the cells its peers wait for"
+
+
 def _run(tmp_path, expected="1", fail_here="pass", env=None, timeout=120, program=PROGRAM):
     path = tmp_path / "ring.py"
     path.write_text(program.replace("EXPECTED", expected).replace("FAIL_HERE", fail_here))
@@ -93,7 +96,23 @@ def test_a_wait_that_can_never_be_satisfied_ends_with_a_wait_report(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert "ring_step" in out, out[-3000:]   # the region the wait was in
     assert "expected" in out and "seen 1" in out, out[-3000:]
+    assert _WAIT_HINT in out, out[-3000:]   # the root cause is the wait itself
     assert elapsed < 60
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_raises_gets_no_wait_hint_though_its_peers_then_fail_their_waits(tmp_path):
+    # rank 1 raises before it notifies rank 2, whose wait then fails (rank 1 aborted): a wait report, but the
+    # root cause is the raise, so a hint about notifies would mislead
+    program = PROGRAM.replace("        nxt = (me + 1) % N",
+                              "        assert me != 1, 'rank one gives up'\n        nxt = (me + 1) % N", 1)
+    assert "rank one gives up" in program
+    proc, _, _ = _run(tmp_path, program=program, env={"PYPTO_TIMEOUT_S": "30"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "rank 1 failed first" in out and "rank one gives up" in out, out[-3000:]
+    assert "rank 2 waits in `wait`" in out, out[-3000:]   # the peer's failed wait is reported
+    assert _WAIT_HINT not in out, out[-3000:]
 
 
 @pytest.mark.timeout(120)
