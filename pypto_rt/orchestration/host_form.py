@@ -15,7 +15,8 @@ programs with `device=r` to one rank process per device id, which this runtime s
 Dispatches are asynchronous; the function's end joins all ranks (DESIGN.md "Host form"). Tensors reach the
 ranks as views of the entry's tensors, whose storage was moved to shared memory in place before the fork, so
 the ranks' writes land in the caller's tensors. A rank that fails aborts its communicator (peers waiting on it
-fail at once); the host reports the first failure, with every rank's wait report merged.
+fail at once); the host reports the first failure, with every rank's wait report merged. If this process dies
+without ending the job (SIGKILL), its ranks end at once and the last one out removes the segments (host_lifeline).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from pypto_rt.collective.segments import remove_segments
 from pypto_rt.errors import NotSupportedError, PyptoError, find_wait, user_span
 from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
+from pypto_rt.orchestration.host_lifeline import Lifeline
 from pypto_rt.reference.executor import ReferenceExecutor
 
 _EXIT_GRACE_S = 10.0     # a rank's exit barrier and process end, after the last dispatch finished
@@ -114,11 +116,12 @@ class _Job:
         self.failures: list[dict] = []
         self.sequence = 0
         ctx = multiprocessing.get_context("fork")
+        self.lifeline = Lifeline(self.prefix)   # the ranks end, and clean up, when this process ends in any way
         self.conns, self.procs = [], []
         for r in range(world_size):
             mine, theirs = ctx.Pipe()
-            inherited = self.conns + [mine]   # host ends a fork copies into the child; it closes them at once
-            proc = ctx.Process(target=_rank_main, args=(r, world_size, self.prefix, theirs, binding, inherited),
+            inherited = self.conns + [mine, self.lifeline.host_end]   # host ends a fork copies into the child
+            proc = ctx.Process(target=_rank_main, args=(r, world_size, theirs, binding, inherited, self.lifeline),
                                name=f"pypto-rt rank {r}", daemon=True)
             proc.start()
             theirs.close()
@@ -279,6 +282,7 @@ class _Job:
         for conn in self.conns:
             conn.close()
         remove_segments(self.prefix)
+        self.lifeline.close()
         del self.store
 
 
@@ -291,10 +295,12 @@ def _kernel_ref(kernel, span):
 
 # ------------------------------------------------------------------------------------- the rank processes
 
-def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited) -> None:
-    """A rank process (forked): serve the host's requests until it says exit."""
-    for host_end in inherited:   # else this process itself keeps its pipe open, and a dead host is never seen
+def _rank_main(rank: int, world_size: int, conn, binding, inherited, lifeline) -> None:
+    """A rank process (forked): serve the host's requests until it says exit, or until the host is gone."""
+    for host_end in inherited:   # else this process itself keeps its pipes open, and a dead host is never seen
         host_end.close()
+    watch = lifeline.watch()   # before this rank creates any segment
+    prefix = lifeline.prefix
     _one_torch_thread()
     code, send = 0, None
     try:
@@ -319,7 +325,7 @@ def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited
         process.close()
     except BaseException as e:   # noqa: BLE001 - a rank reports any failure and ends
         if isinstance(e, (EOFError, BrokenPipeError, ConnectionResetError)):
-            remove_segments(prefix)   # the host process is gone without ending the job: nobody else cleans up
+            watch.leave()   # the host process is gone without ending the job
         failed_at = time.time()
         process.abort(f"{type(e).__name__}: {e}")
         try:
