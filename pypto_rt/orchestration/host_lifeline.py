@@ -18,6 +18,8 @@ remove the segments, which the dead host no longer can.
 Lock invariant: every rank takes its shared lock before it creates any segment, and keeps it until its process
 ends (the kernel drops it then). The cleaner's exclusive lock is on a description of its own, so it is granted
 only once every rank process, its own included, has ended: no rank thread can create a segment after the removal.
+Limit: the pipe's ends are close-on-exec, but a process the host forks later without exec (user code) holds the
+write end too, and the ranks outlive the host until it ends. Imports only collective.segments from pypto_rt.
 """
 from __future__ import annotations
 
