@@ -94,15 +94,28 @@ class _LazyGolden(types.ModuleType):
         return getattr(golden, name)
 
 
+class _Terminated(SystemExit):
+    """SIGTERM or SIGHUP (a closed terminal or ssh session) ends the program like an exit: cleanup (e.g. a
+    host-form job's ranks and segments) still runs, and pypto-run exits with 128 + the signal number."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 def _terminated(signum, frame):
-    """SIGTERM ends the program like an exit: cleanup (e.g. a host-form job's ranks and segments) still runs."""
-    raise SystemExit(128 + signum)
+    raise _Terminated(signum)
 
 
 def _run(path: str) -> int:
-    signal.signal(signal.SIGTERM, _terminated)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:   # under nohup, SIGHUP stays ignored
+            signal.signal(signum, _terminated)
     try:
         runpy.run_path(path, run_name="__main__")
+    except _Terminated as e:
+        _say(f"pypto-run: ended by {signal.Signals(e.signum).name}")
+        return e.code
     except SystemExit as e:
         code = e.code
         if code is None:
@@ -118,6 +131,14 @@ def _run(path: str) -> int:
         print(format_user_error(e), file=sys.stderr)
         return 1
     return 0
+
+
+def _say(line: str) -> None:
+    """One line on stderr, which may be gone (a hung-up terminal)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def format_user_error(err: BaseException) -> str:

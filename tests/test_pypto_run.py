@@ -1,7 +1,11 @@
 """`pypto-run`: runs kernel-library style files unmodified; errors point at the user's line."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 
@@ -152,3 +156,20 @@ def test_refuses_to_share_an_environment_with_the_real_compiler(tmp_path):
     assert proc.returncode == 2
     assert "finds the real PyPTO compiler" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_sighup_stays_ignored_under_nohup(tmp_path):
+    # nohup ignores SIGHUP before exec; pypto-run must not put its SIGTERM-like handler in place of that
+    started = tmp_path / "started"
+    prog = tmp_path / "prog.py"
+    prog.write_text(f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(1.5)\nprint('done')\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(prog)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "done" in out, out

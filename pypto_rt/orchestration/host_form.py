@@ -15,7 +15,8 @@ programs with `device=r` to one rank process per device id, which this runtime s
 Dispatches are asynchronous; the function's end joins all ranks (DESIGN.md "Host form"). Tensors reach the
 ranks as views of the entry's tensors, whose storage was moved to shared memory in place before the fork, so
 the ranks' writes land in the caller's tensors. A rank that fails aborts its communicator (peers waiting on it
-fail at once); the host reports the first failure, with every rank's wait report merged.
+fail at once); the host reports the first failure, with every rank's wait report merged. If this process dies
+without ending the job (SIGKILL), its ranks end at once and the last one out removes the segments (host_lifeline).
 """
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ import traceback
 from multiprocessing.connection import wait as wait_for_messages
 
 from pypto_rt import config
+from pypto_rt.aicpu.failures import StallError
 from pypto_rt.collective import merge_reports, process
+from pypto_rt.collective.base import CommTimeoutError
 from pypto_rt.collective.segments import remove_segments
 from pypto_rt.errors import NotSupportedError, PyptoError, find_wait, user_span
 from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
+from pypto_rt.orchestration.host_lifeline import Lifeline
 from pypto_rt.reference.executor import ReferenceExecutor
 
 _EXIT_GRACE_S = 10.0     # a rank's exit barrier and process end, after the last dispatch finished
@@ -112,11 +116,12 @@ class _Job:
         self.failures: list[dict] = []
         self.sequence = 0
         ctx = multiprocessing.get_context("fork")
+        self.lifeline = Lifeline(self.prefix)   # the ranks end, and clean up, when this process ends in any way
         self.conns, self.procs = [], []
         for r in range(world_size):
             mine, theirs = ctx.Pipe()
-            inherited = self.conns + [mine]   # host ends a fork copies into the child; it closes them at once
-            proc = ctx.Process(target=_rank_main, args=(r, world_size, self.prefix, theirs, binding, inherited),
+            inherited = self.conns + [mine, self.lifeline.host_end]   # host ends a fork copies into the child
+            proc = ctx.Process(target=_rank_main, args=(r, world_size, theirs, binding, inherited, self.lifeline),
                                name=f"pypto-rt rank {r}", daemon=True)
             proc.start()
             theirs.close()
@@ -211,7 +216,7 @@ class _Job:
             self.pending[rank] -= 1
         elif kind == "error":
             self.pending[rank] -= 1
-            self.failures.append(dict(message[1], rank=rank, time=time.time()))
+            self.failures.append(dict(message[1], rank=rank))
         return True
 
     def _lost(self, rank: int) -> None:
@@ -250,8 +255,9 @@ class _Job:
         waits = [f["wait"] for f in self.failures if f.get("wait")]
         if waits:
             lines += ["", merge_reports(waits, self.world_size)]
+        # the hint is about waits only when one is the root cause: peers of a rank that raised fail their waits too
         hint = ("a wait nobody satisfies: check that every rank notifies the cells its peers wait for, with the "
-                "values they expect" if waits else None)
+                "values they expect" if first.get("stalled") else None)
         raise PyptoError("\n".join(lines), None, hint)
 
     # -- teardown ----------------------------------------------------------------------------------------------
@@ -276,6 +282,7 @@ class _Job:
         for conn in self.conns:
             conn.close()
         remove_segments(self.prefix)
+        self.lifeline.close()
         del self.store
 
 
@@ -288,10 +295,12 @@ def _kernel_ref(kernel, span):
 
 # ------------------------------------------------------------------------------------- the rank processes
 
-def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited) -> None:
-    """A rank process (forked): serve the host's requests until it says exit."""
-    for host_end in inherited:   # else this process itself keeps its pipe open, and a dead host is never seen
+def _rank_main(rank: int, world_size: int, conn, binding, inherited, lifeline) -> None:
+    """A rank process (forked): serve the host's requests until it says exit, or until the host is gone."""
+    for host_end in inherited:   # else this process itself keeps its pipes open, and a dead host is never seen
         host_end.close()
+    watch = lifeline.watch()   # before this rank creates any segment
+    prefix = lifeline.prefix
     _one_torch_thread()
     code, send = 0, None
     try:
@@ -316,10 +325,11 @@ def _rank_main(rank: int, world_size: int, prefix: str, conn, binding, inherited
         process.close()
     except BaseException as e:   # noqa: BLE001 - a rank reports any failure and ends
         if isinstance(e, (EOFError, BrokenPipeError, ConnectionResetError)):
-            remove_segments(prefix)   # the host process is gone without ending the job: nobody else cleans up
+            watch.leave()   # the host process is gone without ending the job
+        failed_at = time.time()
         process.abort(f"{type(e).__name__}: {e}")
         try:
-            (send or conn.send)(("error", _report(e)))
+            (send or conn.send)(("error", _report(e, failed_at)))
         except (BrokenPipeError, OSError):
             pass
         code = 1
@@ -369,8 +379,9 @@ def _run_dispatch(message, binding):
             target = getattr(target, part)
         target(*[_rebuild(a, binding) for a in args], **{k: _rebuild(v, binding) for k, v in kwargs.items()})
     except BaseException as e:   # noqa: BLE001 - reported to the host, which ends the job
+        failed_at = time.time()   # before the abort, so every peer that fails because of it fails later
         process.abort(f"{type(e).__name__}: {e}")
-        return ("error", _report(e))
+        return ("error", _report(e, failed_at))
     return ("done", sequence)
 
 
@@ -386,12 +397,28 @@ def _rebuild(described, binding):
     return window(process.local_buffers()[index], shape, dtype)
 
 
-def _report(error: BaseException) -> dict:
-    """The rendered error (user frames only) and the first wait report found in its chain."""
+def _report(error: BaseException, failed_at: float) -> dict:
+    """The rendered error (user frames only), when it happened (the host orders failures by it, not by arrival),
+    the first wait report found in its chain, and whether the error is a stall (a wait past its deadline, an
+    engine without progress) rather than an exception user code raised."""
     from pypto_rt.errors import strip_internal_frames
     render = getattr(error, "render", None)
     if render is not None:
         text = render()
     else:
         text = "".join(traceback.format_exception(type(error), error, strip_internal_frames(error.__traceback__)))
-    return {"message": text.rstrip(), "wait": find_wait(error)}
+    return {"message": text.rstrip(), "time": failed_at, "wait": find_wait(error), "stalled": _stalled(error)}
+
+
+def _stalled(error: BaseException) -> bool:
+    """Whether `error`'s chain (as find_wait walks it) holds a timed-out wait or an engine stall."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        if isinstance(e, (CommTimeoutError, StallError)):
+            return True
+        seen.add(id(e))
+        todo += [getattr(e, "error", None), e.__cause__, e.__context__]
+    return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -56,6 +57,9 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
+_WAIT_HINT = "check that every rank notifies the cells its peers wait for"
+
+
 def _run(tmp_path, expected="1", fail_here="pass", env=None, timeout=120, program=PROGRAM):
     path = tmp_path / "ring.py"
     path.write_text(program.replace("EXPECTED", expected).replace("FAIL_HERE", fail_here))
@@ -93,23 +97,92 @@ def test_a_wait_that_can_never_be_satisfied_ends_with_a_wait_report(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert "ring_step" in out, out[-3000:]   # the region the wait was in
     assert "expected" in out and "seen 1" in out, out[-3000:]
+    assert _WAIT_HINT in out, out[-3000:]   # the root cause is the wait itself
     assert elapsed < 60
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_to_the_host_process_ends_the_ranks_and_removes_the_segments(tmp_path):
+def test_a_rank_that_raises_gets_no_wait_hint_though_its_peers_then_fail_their_waits(tmp_path):
+    # rank 1 raises before it notifies rank 2, whose wait then fails (rank 1 aborted): a wait report, but the
+    # root cause is the raise, so a hint about notifies would mislead
+    program = PROGRAM.replace("        nxt = (me + 1) % N",
+                              "        assert me != 1, 'rank one gives up'\n        nxt = (me + 1) % N", 1)
+    assert "rank one gives up" in program
+    proc, _, _ = _run(tmp_path, program=program, env={"PYPTO_TIMEOUT_S": "30"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "rank 1 failed first" in out and "rank one gives up" in out, out[-3000:]
+    assert "rank 2 waits in `wait`" in out, out[-3000:]   # the peer's failed wait is reported
+    assert _WAIT_HINT not in out, out[-3000:]
+
+
+def _start_waiting_ring(tmp_path, **popen_args):
+    """pypto-run on a ring whose ranks wait (60 s) inside their kernel; returns once they hold their windows.
+    Its output goes to tmp_path/out.log (not a pipe, which orphaned ranks would keep open)."""
     path = tmp_path / "ring.py"
-    path.write_text(PROGRAM.replace("EXPECTED", "2").replace("FAIL_HERE", "pass"))   # waits forever (60 s)
-    proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYPTO_TIMEOUT_S": "60"})
+    path.write_text(PROGRAM.replace("EXPECTED", "2").replace("FAIL_HERE", "pass"))
+    with open(tmp_path / "out.log", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path)], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYPTO_TIMEOUT_S": "60"}, **popen_args)
     deadline = time.monotonic() + 60
     while not glob.glob(f"/dev/shm/pypto-{proc.pid}-*-w1-*") and time.monotonic() < deadline:
         time.sleep(0.2)   # until the ranks hold their windows
-    assert glob.glob(f"/dev/shm/pypto-{proc.pid}-*"), "the job never started"
+    if not glob.glob(f"/dev/shm/pypto-{proc.pid}-*-w1-*"):
+        proc.kill()
+        pytest.fail("the job never started: " + (tmp_path / "out.log").read_text()[-3000:])
+    return proc
+
+
+def _live_processes(session: int) -> list[int]:
+    """The processes of a session that still run (a zombie has ended: it only waits to be reaped)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _ppid, _pgrp, sid = f.read().rsplit(")", 1)[1].split()[:4]
+        except OSError:
+            continue
+        if int(sid) == session and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_host_process_ends_the_ranks_and_removes_the_segments(tmp_path):
+    proc = _start_waiting_ring(tmp_path)
     proc.terminate()
-    proc.communicate(timeout=30)
+    proc.wait(timeout=30)
     assert proc.returncode == 143
+    out = (tmp_path / "out.log").read_text()
+    assert "pypto-run: ended by SIGTERM" in out, out[-3000:]
     assert not glob.glob(f"/dev/shm/pypto-{proc.pid}-*")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
+def test_the_ranks_end_and_remove_the_segments_when_pypto_run_is_killed_or_hung_up(tmp_path, signum):
+    # SIGKILL leaves the host no cleanup: its ranks see it die (mid-kernel, in a wait) and the last one out
+    # removes the segments; SIGHUP (a closed terminal) ends pypto-run like SIGTERM
+    proc = _start_waiting_ring(tmp_path, start_new_session=True)   # its session holds the ranks and nothing else
+    try:
+        assert len(_live_processes(proc.pid)) == 1 + 3, "pypto-run and its three ranks"
+        proc.send_signal(signum)
+        ended = time.monotonic()
+        proc.wait(timeout=30)
+        while (_live_processes(proc.pid) or glob.glob(f"/dev/shm/pypto-{proc.pid}-*")) and \
+                time.monotonic() < ended + 3:
+            time.sleep(0.05)
+        assert not _live_processes(proc.pid), "rank processes outlived pypto-run"
+        assert not glob.glob(f"/dev/shm/pypto-{proc.pid}-*"), "segments outlived the job"
+        if signum == signal.SIGHUP:
+            out = (tmp_path / "out.log").read_text()
+            assert proc.returncode == 128 + signal.SIGHUP, out[-3000:]
+            assert "pypto-run: ended by SIGHUP" in out, out[-3000:]
+    finally:
+        for pid in _live_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        for leftover in glob.glob(f"/dev/shm/pypto-{proc.pid}-*"):
+            os.unlink(leftover)
 
 
 @pytest.mark.timeout(120)
