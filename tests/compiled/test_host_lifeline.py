@@ -49,7 +49,8 @@ def test_a_busy_rank_ends_with_its_host_and_the_last_rank_out_removes_the_segmen
     rank = _FORK.Process(target=_busy_rank, args=(lifeline,), daemon=True)
     rank.start()
     try:
-        assert _until(lambda: os.path.exists(path_of(segment_name(lifeline.prefix, "w0-r0"))), 10), "the rank never started"
+        made_by_rank = path_of(segment_name(lifeline.prefix, "w0-r0"))
+        assert _until(lambda: os.path.exists(made_by_rank), 10), "the rank never started"
         still_running = os.open(lifeline.lock_path, os.O_RDONLY)   # this process: a rank that has not ended yet
         fcntl.flock(still_running, fcntl.LOCK_SH)
         lifeline.close()   # the host ends
