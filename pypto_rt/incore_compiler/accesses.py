@@ -27,7 +27,7 @@ class Access:
     offsets: list | None = None     # per-dim expressions (None entry: whole dim / from 0)
     sizes: list | None = None       # per-dim expressions (None entry: to the end)
     line: int = 0                   # the line of a definite write (0: the write is only assumed)
-    atomic: bool = False            # an atomic add (`atomic=` other than None_): mode "rw", the target is read too
+    atomic: bool = False            # an atomic add (`atomic=` other than None_), or maybe one (a helper's): mode "rw"
 
 
 _VIEW_OPS = {"slice", "reshape", "transpose_view", "reinterpret_view", "view", "bits_as"}
@@ -156,11 +156,11 @@ class _Planner(ast.NodeVisitor):
             base = self._target(node.args[0])
             if base is not None:
                 self._record(base, "r", *self._read_box(node, op), node.lineno, node.args[0])
-        elif qual is None:   # a helper or kernel: it may write what it is given
+        elif qual is None:   # a helper or kernel: it may write what it is given (atomic adds too)
             for a in list(node.args) + [k.value for k in node.keywords]:
                 base = self._target(a)
                 if base is not None:
-                    self._record(base, "rw", node=a)
+                    self._record(base, "rw", node=a, atomic=True)
         self.generic_visit(node)
 
     def _read_box(self, node, op):

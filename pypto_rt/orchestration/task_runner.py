@@ -9,7 +9,7 @@ through the reference executor), on copies of its inputs taken when it starts, a
 first region whose outputs differ beyond the tolerance — naming the region, the tensor and the
 worst element. Blocks of a checked task run one after another, so the copies stay consistent.
 
-With PYPTO_DETERMINISTIC=1 a task of several blocks whose kernel adds atomically (`pl.assemble(..., atomic=Add)`)
+With PYPTO_DETERMINISTIC=1 a task of several blocks (its kernel may add atomically: `pl.assemble(..., atomic=Add)`)
 runs as an `_OrderedRun`: each block's atomic adds are kept (ops.accumulate.collecting) and the block that finishes
 last applies all of them in block order, so the sums come out as a one-worker run's whatever order the blocks
 finish in; no block waits for another. (Tasks are put in program order by the host: host.py `_atomic_adds`.) A run
@@ -72,7 +72,7 @@ class TaskRunner:
         history = artifact.__dict__.setdefault("history", RunHistory())
         if label is not None:
             return _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
-        kind = _OrderedRun if self.ordered_adds and blocks > 1 and artifact.atomic_entries else _Run
+        kind = _OrderedRun if self.ordered_adds and blocks > 1 else _Run   # (a helper it calls may add, too)
         return kind(self.binding, self._body(artifact), inputs, blocks, history, history.short(self.inline_ns))
 
     def _body(self, artifact):

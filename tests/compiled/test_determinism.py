@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+import pytest
 import torch
 
 import pypto.language as pl
@@ -69,6 +70,28 @@ def blocks_in_reverse(v: pl.Tensor[[3, N], pl.FP32], c: pl.InOut[pl.Tensor[[1, N
     return c
 
 
+@pl.jit.inline
+def add_row(c, v, i):
+    finish_in_reverse(i)
+    return pl.assemble(c, v[i : i + 1, :], [0, 0], atomic=pl.AtomicType.Add)
+
+
+@pl.jit
+def helper_blocks_in_reverse(v: pl.Tensor[[3, N], pl.FP32], c: pl.InOut[pl.Tensor[[1, N], pl.FP32]]):
+    with pl.spmd(3, name_hint="add_block"):
+        add_row(c, v, pl.get_block_idx())   # the atomic add is the helper's
+    return c
+
+
+@pl.jit
+def helper_tasks_in_reverse(v: pl.Tensor[[3, N], pl.FP32], c: pl.InOut[pl.Tensor[[1, N], pl.FP32]]):
+    with pl.manual_scope():
+        for i in pl.range(3):
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_task"):
+                add_row(c, v, i)
+    return c
+
+
 @pl.jit
 def tasks_in_reverse(v: pl.Tensor[[3, N], pl.FP32], c: pl.InOut[pl.Tensor[[1, N], pl.FP32]]):
     with pl.manual_scope():   # no edges from the tensor map: the three tasks run at once
@@ -99,6 +122,14 @@ def test_blocks_finishing_in_reverse_add_in_block_order():
     with config.scope(NUM_WORKERS="1"):
         blocks_in_reverse(_values(), one)
     assert torch.equal(c, one)
+
+
+@pytest.mark.parametrize("kernel", [helper_blocks_in_reverse, helper_tasks_in_reverse])
+def test_atomic_adds_made_by_a_helper_kernel_are_ordered_too(kernel):
+    c = torch.zeros(1, N)
+    with config.scope(NUM_WORKERS="3", DETERMINISTIC="1"):
+        kernel(_values(), c)
+    assert torch.equal(c, _in_program_order())
 
 
 def test_manual_scope_tasks_get_atomic_order_edges_and_add_in_program_order(capfd):
