@@ -143,6 +143,21 @@ def test_manual_scope_tasks_get_atomic_order_edges_and_add_in_program_order(capf
     assert torch.equal(c, _in_program_order())
 
 
+@pl.jit
+def plain_writes(v: pl.Tensor[[3, N], pl.FP32], c: pl.InOut[pl.Tensor[[1, N], pl.FP32]]):
+    with pl.manual_scope():
+        for i in pl.range(3):
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="write_task"):
+                c = pl.assemble(c, v[i : i + 1, :], [0, 0], atomic=pl.AtomicType.None_)
+    return c
+
+
+def test_atomic_none_is_a_plain_write_and_gets_no_atomic_order(capfd):
+    with config.scope(NUM_WORKERS="3", STATS="1", DETERMINISTIC="1"):
+        plain_writes(_values(), torch.zeros(1, N))
+    assert "atomic order" not in capfd.readouterr().err
+
+
 def test_a_recording_takes_an_atomic_add_as_one_call():
     # a replayed block (or run) must add through atomic_add_ too: atomically, or kept for ordering
     target, tile = torch.zeros(2, 4), torch.ones(2, 4)
