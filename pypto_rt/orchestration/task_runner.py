@@ -10,10 +10,11 @@ first region whose outputs differ beyond the tolerance — naming the region, th
 worst element. Blocks of a checked task run one after another, so the copies stay consistent.
 
 With PYPTO_DETERMINISTIC=1 a task of several blocks (its kernel may add atomically: `pl.assemble(..., atomic=Add)`)
-runs as an `_OrderedRun`: each block's atomic adds are kept (ops.accumulate.collecting) and the block that finishes
-last applies all of them in block order, so the sums come out as a one-worker run's whatever order the blocks
-finish in; no block waits for another. (Tasks are put in program order by the host: host.py `_atomic_adds`.) A run
-recorded for replay runs its blocks one after another on one thread, in block order: it needs none of this.
+runs as an `_OrderedRun` (communication tasks too): each block's atomic adds are kept (ops.accumulate.collecting)
+and the block that finishes last applies all of them in block order, so the sums come out as a one-worker run's
+whatever order the blocks finish in; no block waits for another. (The host puts tasks in program order: host.py
+`_atomic_adds`.) A run recorded for replay runs its blocks one after another on one thread, in block order: it
+needs none of this.
 
 A communication task (the host passes its region name as `label`) runs with that label set for its thread
 (`pypto_rt.collective.process.set_label`), so a `pld.system.wait` that times out names the region it was in; it
@@ -71,9 +72,10 @@ class TaskRunner:
             return run
         history = artifact.__dict__.setdefault("history", RunHistory())
         if label is not None:
-            return _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
-        kind = _OrderedRun if self.ordered_adds and blocks > 1 else _Run   # (a helper it calls may add, too)
-        return kind(self.binding, self._body(artifact), inputs, blocks, history, history.short(self.inline_ns))
+            run = _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
+        else:
+            run = _Run(self.binding, self._body(artifact), inputs, blocks, history, history.short(self.inline_ns))
+        return _OrderedRun(run) if self.ordered_adds and blocks > 1 else run   # (a helper it calls may add, too)
 
     def _body(self, artifact):
         """What runs one block of `artifact`'s kernel, `body(binding, inputs, block, nblocks)`: its block replays
@@ -159,22 +161,22 @@ class _Run:
             self.history.note(thread_time_ns() - start)
 
 
-class _OrderedRun(_Run):
-    """PYPTO_DETERMINISTIC: a block's atomic adds are kept; the task's last block to finish applies every block's,
-    in block order (a failed block's too: the task fails all the same)."""
-    __slots__ = ("parts", "left", "lock")
+class _OrderedRun:
+    """PYPTO_DETERMINISTIC: `run`'s blocks keep their atomic adds; the task's last block to finish applies every
+    block's, in block order (a failed block's too: the task fails all the same)."""
+    __slots__ = ("run", "blocks", "host_ok", "parts", "left", "lock")
 
-    def __init__(self, binding, body, inputs, blocks, history, host_ok):
-        super().__init__(binding, body, inputs, blocks, history, host_ok)
-        self.parts: list = [None] * blocks
-        self.left = blocks
+    def __init__(self, run: "_Run"):
+        self.run, self.blocks, self.host_ok = run, run.blocks, run.host_ok
+        self.parts: list = [None] * run.blocks
+        self.left = run.blocks
         self.lock = threading.Lock()
 
     def __call__(self, block: int):
         parts: list = []
         try:
             with accumulate.collecting(parts):
-                return _Run.__call__(self, block)
+                return self.run(block)
         finally:
             self.parts[block] = parts
             with self.lock:
