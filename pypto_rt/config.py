@@ -54,6 +54,9 @@ REPLAY = Knob("PYPTO_REPLAY", "1", ("0", "1"), "replay entry calls whose course 
                "and scalar arguments as their recorded torch calls (0: every call runs on the engine)")
 KERNEL_REPLAY = Knob("PYPTO_KERNEL_REPLAY", "1", ("0", "1"), "tasks run their kernel's recorded torch calls "
                      "(one block recorded per kernel specialisation) instead of the op library's Python")
+DETERMINISTIC = Knob("PYPTO_DETERMINISTIC", "0", ("0", "1"), "atomic adds into a target (pl.assemble(..., "
+                     "atomic=pl.AtomicType.Add)) are applied in program order, tasks then blocks, whatever order "
+                     "they finish in: bit-identical results run to run and to a one-worker run, at some cost")
 HEAP_PAD_MB = Knob("PYPTO_HEAP_PAD_MB", "64", None, "MiB of free memory glibc's malloc keeps at its heap's top (0: "
                    "leave malloc alone), so tiles freed and made again each run do not page-fault in again")
 DUMP_DIR = Knob("PYPTO_DUMP_DIR", "", None, "write the generated host programs and kernels here")

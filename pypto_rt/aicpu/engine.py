@@ -35,7 +35,7 @@ _lock = threading.Lock()
 _host_cv = threading.Condition(_lock)
 _CLOSE_GRACE_S = 2.0
 _CORES = os.cpu_count() or 1
-_EDGE_STAT = {"RAW": "RAW", "WAW": "WAW", "WAR": "WAR", "dep": "explicit"}
+_EDGE_STAT = {"RAW": "RAW", "WAW": "WAW", "WAR": "WAR", "dep": "explicit", "order": "atomic_order"}
 
 
 def _positive(what: str, value):
@@ -107,7 +107,7 @@ class Engine:
         self._closed = self._finished = False
         self._ring_used = self._scope_held = self._ring_high = 0
         self._host_waiting = 0
-        self._edges = {"RAW": 0, "WAW": 0, "WAR": 0, "explicit": 0}
+        self._edges = {"RAW": 0, "WAW": 0, "WAR": 0, "explicit": 0, "atomic_order": 0}
         self._dummies = self._kernel_ns = self._idle_ns = 0
         self._t0 = self._last_progress = _now()               # progress = a submit, a block start or end
         self._lane_free = [self._t0] * (self.num_workers + 1)   # the last lane: blocks the host runs itself
@@ -120,16 +120,21 @@ class Engine:
 
     # -- host side ------------------------------------------------------------------------------------------
     def submit(self, name: str, run, accesses=(), *, deps=(), blocks: int = 1, span=None,
-               manual: bool = False) -> Task:
+               manual: bool = False, order=()) -> Task:
         """Add a task running `run(0..blocks-1)` after its producers: tensor-map edges from `accesses` (none when
         manual or in a manual scope; the accesses still count for host waits) plus explicit `deps` (None entries
-        and finished tasks are skipped). Blocks while the ring is full."""
+        and finished tasks are skipped). `order`: earlier tasks it must follow though no access orders them (in
+        manual scopes too; PYPTO_DETERMINISTIC: earlier atomic adds into the same bytes), counted as
+        "atomic_order" edges where no other edge joins the two. Blocks while the ring is full."""
         self._check_usable()
         if blocks < 1:
             raise PyptoError(f"task '{name}' has blocks={blocks}; it needs at least one", span)
         accesses = tuple(accesses)
         scope = self._scopes[-1]
         edges = () if manual or scope.manual else self._tmap.edges_for(accesses)
+        if order:
+            joined = {p for p, _ in edges}
+            edges = list(edges) + [(p, "order") for p in dict.fromkeys(order) if p not in joined]
         task = Task(self._next_id, name, run, blocks, accesses, span, _now())
         self._next_id += 1
         with _lock:

@@ -1,9 +1,9 @@
 """The one-block summary of a run that PYPTO_STATS=1 prints to stderr. Imports nothing from pypto_rt.
 
-The stats dict (Engine.stats, filled by finish) has: tasks, dummy_tasks, edges {RAW, WAW, WAR, explicit},
-ring_high_water, ring_size, workers, and the times orchestration_ns (construction to finish(): the host program
-submitting), kernel_ns (sum of block run times), idle_while_ready_ns (worker lanes idle while a block of theirs
-was queued), wall_ns (construction to the end of finish()).
+The stats dict (Engine.stats, filled by finish) has: tasks, dummy_tasks, edges {RAW, WAW, WAR, explicit,
+atomic_order (printed when there are any)}, ring_high_water, ring_size, workers, and the times orchestration_ns
+(construction to finish(): the host program submitting), kernel_ns (sum of block run times), idle_while_ready_ns
+(worker lanes idle while a block of theirs was queued), wall_ns (construction to the end of finish()).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def format_stats(run: str, stats: dict) -> str:
 
     return (f"pypto-rt stats [{run}]: {_count(stats['tasks'], 'task')} ({stats['dummy_tasks']} dummy)"
             f" · {_count(sum(edges.values()), 'edge')} (RAW {edges['RAW']}, WAW {edges['WAW']}, WAR {edges['WAR']},"
-            f" explicit {edges['explicit']})"
+            f" explicit {edges['explicit']}"
+            + (f", atomic order {edges['atomic_order']}" if edges.get("atomic_order") else "") + ")"
             f" · ring high-water {stats['ring_high_water']}/{stats['ring_size']}"
             f" · orchestration {ms('orchestration_ns')}"
             f" · kernels {ms('kernel_ns')} on {_count(stats['workers'], 'worker')}"

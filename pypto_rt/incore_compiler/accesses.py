@@ -27,6 +27,7 @@ class Access:
     offsets: list | None = None     # per-dim expressions (None entry: whole dim / from 0)
     sizes: list | None = None       # per-dim expressions (None entry: to the end)
     line: int = 0                   # the line of a definite write (0: the write is only assumed)
+    atomic: bool = False            # an atomic add (`atomic=` other than None_), or maybe one (a helper's): mode "rw"
 
 
 _VIEW_OPS = {"slice", "reshape", "transpose_view", "reinterpret_view", "view", "bits_as"}
@@ -62,9 +63,10 @@ class _Planner(ast.NodeVisitor):
         for a in self.accesses:
             key = (a.param, a.mode) if (a.param, a.mode) in whole else (
                 a.param, a.mode, tuple(ast.dump(e) if e is not None else None for e in a.offsets + a.sizes))
+            key += (a.atomic,)
             if key not in seen:
                 seen.add(key)
-                out.append(a if len(key) == 3 else Access(a.param, a.mode, line=a.line))
+                out.append(a if len(key) == 4 else Access(a.param, a.mode, line=a.line, atomic=a.atomic))
         return out
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -90,12 +92,12 @@ class _Planner(ast.NodeVisitor):
             return Access(node.id, "r")
         return None
 
-    def _record(self, base: Access, mode: str, offsets=None, sizes=None, line=0, node=None):
+    def _record(self, base: Access, mode: str, offsets=None, sizes=None, line=0, node=None, atomic=False):
         if node is not None:
             self.covered.add(id(node))
         if base.offsets is not None:   # an access through a view: the view's box bounds it
             offsets, sizes = base.offsets, base.sizes
-        self.accesses.append(Access(base.param, mode, offsets, sizes, line))
+        self.accesses.append(Access(base.param, mode, offsets, sizes, line, atomic))
 
     # -- visitors --------------------------------------------------------------------------------
     def visit_Assign(self, node: ast.Assign):
@@ -154,11 +156,11 @@ class _Planner(ast.NodeVisitor):
             base = self._target(node.args[0])
             if base is not None:
                 self._record(base, "r", *self._read_box(node, op), node.lineno, node.args[0])
-        elif qual is None:   # a helper or kernel: it may write what it is given
+        elif qual is None:   # a helper or kernel: it may write what it is given (atomic adds too)
             for a in list(node.args) + [k.value for k in node.keywords]:
                 base = self._target(a)
                 if base is not None:
-                    self._record(base, "rw", node=a)
+                    self._record(base, "rw", node=a, atomic=True)
         self.generic_visit(node)
 
     def _read_box(self, node, op):
@@ -182,6 +184,7 @@ class _Planner(ast.NodeVisitor):
             return
         offsets = sizes = None
         atomic = any(k.arg == "atomic" for k in node.keywords)
+        adds = any(k.arg == "atomic" and not _names_none(k.value) for k in node.keywords)
         if op == "assemble":
             offsets, sizes = arg(node, 2, "offset"), self.shapes.of(arg(node, 1, "source"))
         elif op == "store":
@@ -196,7 +199,7 @@ class _Planner(ast.NodeVisitor):
             offsets, sizes = self._box(offsets.elts, sizes or [None] * len(offsets.elts))
         else:
             offsets = sizes = None
-        self._record(base, "rw" if atomic else "w", offsets, sizes, node.lineno, written)
+        self._record(base, "rw" if atomic else "w", offsets, sizes, node.lineno, written, adds)
 
     def visit_Name(self, node: ast.Name):
         if id(node) in self.covered or not isinstance(node.ctx, ast.Load):
@@ -204,3 +207,10 @@ class _Planner(ast.NodeVisitor):
         base = self._target(node)
         if base is not None:   # read whole: an operand of an op, a return value, ...
             self._record(base, "r", line=node.lineno)
+
+
+def _names_none(expr) -> bool:
+    """`atomic=None`, `atomic=pl.AtomicType.None_` (or another spelling ending in None_): no atomic add."""
+    if isinstance(expr, ast.Constant):
+        return expr.value is None
+    return isinstance(expr, ast.Attribute) and expr.attr == "None_"

@@ -39,6 +39,16 @@ class KernelArtifact:
     def ir(self) -> KernelIR:
         return self.kernel.ir
 
+    @property
+    def atomic_entries(self) -> tuple[int, ...]:
+        """Positions in the `accesses(...)` plan of the kernel's atomic adds (`pl.assemble(..., atomic=Add)`)."""
+        found = self.__dict__.get("_atomic_entries")
+        if found is None:
+            params = set(self.ir.params)
+            plan = [a for a in self.ir.accesses if a.param in params]   # (as `_access_function` lists them)
+            found = self._atomic_entries = tuple(i for i, a in enumerate(plan) if a.atomic)
+        return found
+
 
 def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dict,
                    backend: str = "torch", traced: bool = False) -> KernelArtifact:

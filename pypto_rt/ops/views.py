@@ -14,6 +14,7 @@ import torch
 from pypto_rt.errors import OpError
 from pypto_rt.language.enums import AtomicType, PadValue
 from pypto_rt.ops import dtype_rules
+from pypto_rt.ops.accumulate import atomic_add_
 from pypto_rt.ops.registry import op, writes
 from pypto_rt.ops.traced_scalar import TracedInt, integral
 from pypto_rt.ops.value import TensorValue, valid_mask, valid_region
@@ -183,7 +184,7 @@ def _write_box(target: TensorValue, src: TensorValue, offset, opname: str, atomi
     region = target.data[tuple(slice(o, o + b) for o, b in zip(offset, box))]
     values = valid_region(src).to(region.dtype)
     if int(atomic) == int(AtomicType.Add):
-        region.add_(values)
+        atomic_add_(region, values)
     else:
         region.copy_(values)
 

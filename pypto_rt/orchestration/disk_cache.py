@@ -34,7 +34,8 @@ from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES
 from pypto_rt.language import _runtime
 from pypto_rt.ops import OPS
 
-_FORMAT = 4   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired
+_FORMAT = 5   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired;
+              # 5: accesses say which are atomic adds
 _COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration")
 _compiler_stamp: str | None = None
 _warned: set[str] = set()   # folders this process has warned about (once each)
@@ -222,7 +223,7 @@ def _describe(artifact: KernelArtifact) -> dict:
             "params": list(ir.params), "results": list(ir.results), "guards": list(ir.guards),
             "block_var": ir.block_var, "returns_value": ir.returns_value, "coalesce_var": ir.coalesce_var,
             "coalesce_untiled": list(ir.coalesce_untiled), "coalesce_dim": ir.coalesce_dim,
-            "accesses": [[a.param, a.mode, a.line] for a in ir.accesses],
+            "accesses": [[a.param, a.mode, a.line, a.atomic] for a in ir.accesses],
             "run": compiled.factory.code, "run_names": list(compiled.factory.names), "ops": dict(compiled.ops),
             "accesses_fn": artifact.factory.code, "accesses_names": list(artifact.factory.names),
             "source": compiled.source}
@@ -232,7 +233,7 @@ def _artifact(d: dict, env: Env, module_globals: dict) -> KernelArtifact:
     ir = KernelIR(name=d["name"], display=d["display"], file=d["file"], span=Span(*d["span"]),
                   params=d["params"], body=[], env=env, anchor=None, block_var=d["block_var"],
                   results=d["results"], guards=d["guards"], returns_value=d["returns_value"],
-                  accesses=[Access(p, m, line=line) for p, m, line in d["accesses"]],
+                  accesses=[Access(p, m, line=line, atomic=atomic) for p, m, line, atomic in d["accesses"]],
                   coalesce_var=d["coalesce_var"], coalesce_untiled=tuple(d["coalesce_untiled"]),
                   coalesce_dim=d["coalesce_dim"])
     values = {**RUNTIME_NAMES, **{local: OPS[qual] for local, qual in d["ops"].items()}, **env.closure}

@@ -36,6 +36,7 @@ from pypto_rt.language.scopes import Spmd
 from pypto_rt.ops import OPS, replay_guard
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.value import TensorValue
+from pypto_rt.orchestration.atomic_order import AtomicOrder
 from pypto_rt.orchestration.program import host_program
 from pypto_rt.orchestration.task_runner import TaskRunner
 from pypto_rt.reference.executor import ReferenceExecutor, warn_directions_on_inline
@@ -71,6 +72,7 @@ class HostExecutor(ReferenceExecutor):
         self.last_comm: Task | None = None   # the communication task submitted last: the next one depends on it
         self.at_once: dict = {}   # id(artifact) -> how its tasks run at once (TaskRunner.at_once), or False: never
         self.write_checked: dict = {}   # id(value) -> TensorValue whose writes `_checks_only` has checked
+        self.atomic_order = AtomicOrder() if config.DETERMINISTIC.get() == "1" else None   # (see `_atomic_adds`)
 
     # -- entry -----------------------------------------------------------------------------------
     def run_entry(self, kernel):
@@ -117,11 +119,29 @@ class HostExecutor(ReferenceExecutor):
             else:   # the run's first communication task
                 self._comm_waits_report_first()
         run = self.runner.runner(artifact, inputs, blocks, accesses, label=name if comm else None)
+        adds = self._atomic_adds(artifact, inputs) if self.atomic_order is not None and artifact.atomic_entries else ()
         task = self.engine.submit(name, run, [a for a, _, _ in accesses], deps=deps, blocks=run.blocks, span=span,
-                                  manual=self.manual_depth > 0)
+                                  manual=self.manual_depth > 0, order=self.atomic_order.follow(adds) if adds else ())
+        if adds:
+            self.atomic_order.note(task, adds)
         if comm:
             self.last_comm = task
         return task
+
+    def _atomic_adds(self, artifact, inputs) -> list:
+        """PYPTO_DETERMINISTIC: the regions a task adds into atomically; it follows the earlier tasks adding into
+        them (orchestration.atomic_order), in manual scopes and past `no_dep` too."""
+        try:
+            plan = artifact.accesses(*inputs)
+            entries = [plan[i] for i in artifact.atomic_entries]
+        except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: every tensor input, whole
+            entries = [(i, "rw", None, None, 0) for i in range(len(inputs))]
+        out = []
+        for index, _, offsets, sizes, _ in entries:
+            value = inputs[index]
+            if isinstance(value, TensorValue) and process.window_of(value.data) is None:   # windows: the comm chain
+                out.append(region_of(value.data, offsets, sizes))
+        return out
 
     def _comm_waits_report_first(self):
         """A run that communicates: its engine's no-progress watchdog (PYPTO_TIMEOUT_S since the last task

@@ -9,6 +9,13 @@ through the reference executor), on copies of its inputs taken when it starts, a
 first region whose outputs differ beyond the tolerance — naming the region, the tensor and the
 worst element. Blocks of a checked task run one after another, so the copies stay consistent.
 
+With PYPTO_DETERMINISTIC=1 a task of several blocks (its kernel may add atomically: `pl.assemble(..., atomic=Add)`)
+runs as an `_OrderedRun` (communication tasks too): each block's atomic adds are kept (ops.accumulate.collecting)
+and the block that finishes last applies all of them in block order, so the sums come out as a one-worker run's
+whatever order the blocks finish in; no block waits for another. (The host puts tasks in program order: host.py
+`_atomic_adds`.) A run recorded for replay runs its blocks one after another on one thread, in block order: it
+needs none of this.
+
 A communication task (the host passes its region name as `label`) runs with that label set for its thread
 (`pypto_rt.collective.process.set_label`), so a `pld.system.wait` that times out names the region it was in; it
 always runs on a worker (never inline on the host, which must keep submitting in program order). Other tasks pay
@@ -16,6 +23,7 @@ nothing for this.
 """
 from __future__ import annotations
 
+import threading
 from time import thread_time_ns
 
 import torch
@@ -24,7 +32,7 @@ from pypto_rt import config
 from pypto_rt.collective import process
 from pypto_rt.errors import PyptoError
 from pypto_rt.incore_compiler.compiler import BACKENDS
-from pypto_rt.ops import replay_guard
+from pypto_rt.ops import accumulate, replay_guard
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.block import run_block
 from pypto_rt.orchestration.kernel_replay import KernelReplays
@@ -45,6 +53,7 @@ class TaskRunner:
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
         # (a run recorded for replay must see every op's course: its blocks run their kernels)
         self.kernel_replay = config.KERNEL_REPLAY.get() == "1" and not replay_guard.recording()
+        self.ordered_adds = config.DETERMINISTIC.get() == "1" and not replay_guard.recording()
         self.replays_used: dict[int, KernelReplays] = {}
 
     def at_once(self, artifact) -> "_AtOnce | None":
@@ -63,8 +72,10 @@ class TaskRunner:
             return run
         history = artifact.__dict__.setdefault("history", RunHistory())
         if label is not None:
-            return _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
-        return _Run(self.binding, self._body(artifact), inputs, blocks, history, history.short(self.inline_ns))
+            run = _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
+        else:
+            run = _Run(self.binding, self._body(artifact), inputs, blocks, history, history.short(self.inline_ns))
+        return _OrderedRun(run) if self.ordered_adds and blocks > 1 else run   # (a helper it calls may add, too)
 
     def _body(self, artifact):
         """What runs one block of `artifact`'s kernel, `body(binding, inputs, block, nblocks)`: its block replays
@@ -148,6 +159,32 @@ class _Run:
             return self.body(self.binding, self.inputs, block, self.nblocks)
         finally:
             self.history.note(thread_time_ns() - start)
+
+
+class _OrderedRun:
+    """PYPTO_DETERMINISTIC: `run`'s blocks keep their atomic adds; the task's last block to finish applies every
+    block's, in block order (a failed block's too: the task fails all the same)."""
+    __slots__ = ("run", "blocks", "host_ok", "parts", "left", "lock")
+
+    def __init__(self, run: "_Run"):
+        self.run, self.blocks, self.host_ok = run, run.blocks, run.host_ok
+        self.parts: list = [None] * run.blocks
+        self.left = run.blocks
+        self.lock = threading.Lock()
+
+    def __call__(self, block: int):
+        parts: list = []
+        try:
+            with accumulate.collecting(parts):
+                return self.run(block)
+        finally:
+            self.parts[block] = parts
+            with self.lock:
+                self.left -= 1
+                last = self.left == 0
+            if last:
+                accumulate.apply(self.parts)
+                self.parts = []
 
 
 class _CommRun(_Run):
