@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     # torch and pypto-rt are loaded: later full collections need not rescan their ~10^5 long-lived objects
     # (each such collection paused a run for ~80 ms on this machine)
     gc.freeze()
-    return _run(path)
+    code = _run(path)
+    workers = sys.modules.get("pypto_rt.aicpu.workers")   # loaded only if the file ran the engine
+    if workers is not None:
+        workers.exiting_with(code)   # kept even if a worker still inside a kernel makes exit end early
+    return code
 
 
 def prepare(path: str, args: list[str], folder: str | None = None, lazy_golden: bool = False) -> str | None:

@@ -253,7 +253,8 @@ class Engine:
 
     def close(self) -> None:
         """Stop the run (idempotent, also after a failure or stall). Queued blocks are dropped; when a block is
-        still running, the worker pool is abandoned so a kernel that never returns cannot hold up later runs."""
+        still running after a short grace, it is asked to stop at its kernel's next Python step and the worker
+        pool is abandoned, so a kernel that never returns cannot hold up later runs (see workers.py)."""
         if self._closed:
             return
         self._closed = True
@@ -267,7 +268,7 @@ class Engine:
                                  TaskPoisoned(task, self._failure, dropped=True))
             running = self._let_running_blocks_end(min(_CLOSE_GRACE_S, self.timeout_s))
         if running:
-            abandon(self._pool)
+            abandon(self._pool, self)
 
     def _let_running_blocks_end(self, grace_s: float) -> bool:
         """Lock held. Give blocks already running a short grace to end (a process that exits while a worker is
