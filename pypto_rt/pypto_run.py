@@ -3,7 +3,7 @@
 The file runs as `__main__` with its own folder and the kernel library's root (the nearest
 parent holding `models/` or `examples/`) on sys.path, and pypto-rt's harness importable as
 `golden`. NPU platforms (`-p a2a3`, the library default) run on the CPU with a one-line
-notice. Exit codes: 0 pass, 1 mismatch or error, 2 usage.
+notice. Exit codes: 0 pass, 1 mismatch or error, 2 usage, 130 Ctrl-C, 143 SIGTERM (with one line saying where).
 """
 from __future__ import annotations
 
@@ -50,18 +50,29 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(path):
         print(f"pypto-run: no such file: {path}", file=sys.stderr)
         return 2
-    problem = prepare(path, argv[1:])
+    signal.signal(signal.SIGTERM, _on_sigterm(path))   # from here on, also while torch loads
+    try:
+        code = _prepare_and_run(path, argv[1:])
+    except _Terminated as e:
+        # 128 + 15, as a shell reports it and pypto-launch exits: a caller tells "terminated" from "failed" (1)
+        print(f"pypto-run: terminated by {signal.Signals(e.signum).name} during {path}{e.where}; exit {e.code}",
+              file=sys.stderr)
+        code = e.code
+    workers = sys.modules.get("pypto_rt.aicpu.workers")   # loaded only if the file ran the engine
+    if workers is not None:
+        workers.exiting_with(code)   # kept even if a worker still inside a kernel makes exit end early
+    return code
+
+
+def _prepare_and_run(path: str, args: list[str]) -> int:
+    problem = prepare(path, args)
     if problem:
         print(problem, file=sys.stderr)
         return 2
     # torch and pypto-rt are loaded: later full collections need not rescan their ~10^5 long-lived objects
     # (each such collection paused a run for ~80 ms on this machine)
     gc.freeze()
-    code = _run(path)
-    workers = sys.modules.get("pypto_rt.aicpu.workers")   # loaded only if the file ran the engine
-    if workers is not None:
-        workers.exiting_with(code)   # kept even if a worker still inside a kernel makes exit end early
-    return code
+    return _run(path)
 
 
 def prepare(path: str, args: list[str], folder: str | None = None, lazy_golden: bool = False) -> str | None:
@@ -98,15 +109,38 @@ class _LazyGolden(types.ModuleType):
         return getattr(golden, name)
 
 
-def _terminated(signum, frame):
-    """SIGTERM ends the program like an exit: cleanup (e.g. a host-form job's ranks and segments) still runs."""
-    raise SystemExit(128 + signum)
+class _Terminated(SystemExit):
+    """SIGTERM ends the program like an exit: cleanup (e.g. a host-form job's ranks and segments) still runs, and
+    a user's `except Exception` does not catch it. `where` is the user's line it arrived at, if any."""
+
+    def __init__(self, signum: int, where: str):
+        super().__init__(128 + signum)
+        self.signum, self.where = signum, where
+
+
+def _on_sigterm(path: str):
+    """The SIGTERM handler of pypto-run: raise _Terminated at the main thread's current line."""
+    path = os.path.abspath(path)
+
+    def terminated(signum, frame):
+        raise _Terminated(signum, _user_line(frame, path))
+    return terminated
+
+
+def _user_line(frame, path: str) -> str:
+    """' (line N, in fn)' for the innermost frame of `path` on `frame`'s stack, or ''."""
+    while frame is not None:
+        if os.path.abspath(frame.f_code.co_filename) == path:
+            return f" (line {frame.f_lineno}, in {frame.f_code.co_name})"
+        frame = frame.f_back
+    return ""
 
 
 def _run(path: str) -> int:
-    signal.signal(signal.SIGTERM, _terminated)
     try:
         runpy.run_path(path, run_name="__main__")
+    except _Terminated:
+        raise
     except SystemExit as e:
         code = e.code
         if code is None:

@@ -36,6 +36,8 @@ _host_cv = threading.Condition(_lock)
 _CLOSE_GRACE_S = 2.0
 _CORES = os.cpu_count() or 1
 _EDGE_STAT = {"RAW": "RAW", "WAW": "WAW", "WAR": "WAR", "dep": "explicit"}
+# raised on the host thread by a signal (Ctrl-C, pypto-run's SIGTERM): it ends the program, not just the block
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
 
 
 def _positive(what: str, value):
@@ -203,6 +205,8 @@ class Engine:
             task.state, task.error = "failed", error
             if self._failure is None and not self._closed:
                 self._failure = task
+            if isinstance(error, _INTERRUPTS):
+                raise error
         return task
 
     def dummy(self, deps=(), *, name: str = "task_dummy", span=None) -> Task:
@@ -377,12 +381,14 @@ class Engine:
             self._host_threads = set_torch_threads(self.worker_threads)
         host_watch.entering(self, task)
         try:
-            self.execute(task, block, self.num_workers)
+            error = self.execute(task, block, self.num_workers)
         finally:
             host_watch.leaving(self)
             _lock.acquire()
         if self.host_stall is not None:   # the watchdog interrupted this block: report the stall, not the interrupt
             raise self.host_stall
+        if isinstance(error, _INTERRUPTS):
+            raise error
 
     def stall_report(self) -> PyptoError:
         """The watchdog's report of this run now (what a host wait raises after timeout_s without progress)."""
@@ -433,12 +439,13 @@ class Engine:
             self._running += 1
         self.execute(task, block, lane)
 
-    def execute(self, task: Task, block: int, lane: int) -> None:
-        """Worker thread, lock not held: run one block (or drop it once the run has failed or closed)."""
+    def execute(self, task: Task, block: int, lane: int) -> BaseException | None:
+        """Worker thread, lock not held: run one block (or drop it once the run has failed or closed); returns
+        what the block raised."""
         if self._failure is not None or self._closed:
             with _lock:
                 self._block_done(task, block, lane, 0, 0, TaskPoisoned(task, self._failure, dropped=True))
-            return
+            return None
         t0 = self._last_progress = _now()
         if block == 0:
             task.lane = lane
@@ -455,6 +462,7 @@ class Engine:
             if block == 0:
                 task.result = value
             self._block_done(task, block, lane, t0, t1, error)
+        return error
 
     def _block_done(self, task: Task, block: int, lane: int, t0: int, t1: int, error) -> None:
         self._running -= 1
