@@ -93,7 +93,7 @@ JIT_STALL = textwrap.dedent('''
     import torch
     import pypto.language as pl
 
-    N = 64
+    N = 256
 
     @pl.jit
     def spin(a: pl.Tensor[[N, N], pl.FP32], c: pl.Out[pl.Tensor[[2 * N, N], pl.FP32]]):
@@ -173,3 +173,13 @@ def test_pypto_run_keeps_its_exit_code_when_a_worker_cannot_be_stopped(tmp_path)
     proc = run_pypto(str(path), env={"PYPTO_HOST_INLINE_US": "0"}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "script done" in proc.stdout and "ending the process now with exit code 0" in proc.stderr
+
+
+def test_a_pytest_process_whose_test_caught_a_failed_run_exits_0(tmp_path):
+    test_file = tmp_path / "test_failed_run.py"
+    test_file.write_text(ENGINE_RUN + "\n\ndef test_it():\n    failed_run()\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                          env={**os.environ, "PYPTO_HOST_INLINE_US": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout and ABORT not in proc.stderr
