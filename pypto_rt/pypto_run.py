@@ -3,7 +3,7 @@
 The file runs as `__main__` with its own folder and the kernel library's root (the nearest
 parent holding `models/` or `examples/`) on sys.path, and pypto-rt's harness importable as
 `golden`. NPU platforms (`-p a2a3`, the library default) run on the CPU with a one-line
-notice. Exit codes: 0 pass, 1 mismatch or error, 2 usage.
+notice. Exit codes: 0 pass, 1 mismatch or error, 2 usage, 130 Ctrl-C, 128 + N for SIGTERM/SIGHUP (with one line saying where).
 """
 from __future__ import annotations
 
@@ -50,7 +50,24 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(path):
         print(f"pypto-run: no such file: {path}", file=sys.stderr)
         return 2
-    problem = prepare(path, argv[1:])
+    terminated = _on_termination(path)
+    for signum in (signal.SIGTERM, signal.SIGHUP):   # from here on, also while torch loads
+        if signal.getsignal(signum) is not signal.SIG_IGN:   # under nohup, SIGHUP stays ignored
+            signal.signal(signum, terminated)
+    try:
+        code = _prepare_and_run(path, argv[1:])
+    except _Terminated as e:
+        # 128 + N, as a shell reports it and pypto-launch exits: a caller tells "terminated" from "failed" (1)
+        _say(f"pypto-run: terminated by {signal.Signals(e.signum).name} during {path}{e.where}; exit {e.code}")
+        code = e.code
+    workers = sys.modules.get("pypto_rt.aicpu.workers")   # loaded only if the file ran the engine
+    if workers is not None:
+        workers.exiting_with(code)   # kept even if a worker still inside a kernel makes exit end early
+    return code
+
+
+def _prepare_and_run(path: str, args: list[str]) -> int:
+    problem = prepare(path, args)
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -96,26 +113,37 @@ class _LazyGolden(types.ModuleType):
 
 class _Terminated(SystemExit):
     """SIGTERM or SIGHUP (a closed terminal or ssh session) ends the program like an exit: cleanup (e.g. a
-    host-form job's ranks and segments) still runs, and pypto-run exits with 128 + the signal number."""
+    host-form job's ranks and segments) still runs, and a user's `except Exception` does not catch it. `where` is
+    the user's line it arrived at, if any."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, where: str):
         super().__init__(128 + signum)
-        self.signum = signum
+        self.signum, self.where = signum, where
 
 
-def _terminated(signum, frame):
-    raise _Terminated(signum)
+def _on_termination(path: str):
+    """The SIGTERM/SIGHUP handler of pypto-run: raise _Terminated at the main thread's current line."""
+    path = os.path.abspath(path)
+
+    def terminated(signum, frame):
+        raise _Terminated(signum, _user_line(frame, path))
+    return terminated
+
+
+def _user_line(frame, path: str) -> str:
+    """' (line N, in fn)' for the innermost frame of `path` on `frame`'s stack, or ''."""
+    while frame is not None:
+        if os.path.abspath(frame.f_code.co_filename) == path:
+            return f" (line {frame.f_lineno}, in {frame.f_code.co_name})"
+        frame = frame.f_back
+    return ""
 
 
 def _run(path: str) -> int:
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) is not signal.SIG_IGN:   # under nohup, SIGHUP stays ignored
-            signal.signal(signum, _terminated)
     try:
         runpy.run_path(path, run_name="__main__")
-    except _Terminated as e:
-        _say(f"pypto-run: ended by {signal.Signals(e.signum).name}")
-        return e.code
+    except _Terminated:
+        raise
     except SystemExit as e:
         code = e.code
         if code is None:

@@ -1,6 +1,7 @@
 """`pypto-run`: runs kernel-library style files unmodified; errors point at the user's line."""
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -173,3 +174,46 @@ def test_sighup_stays_ignored_under_nohup(tmp_path):
     proc.send_signal(signal.SIGHUP)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "done" in out, out
+
+
+# The host thread itself runs the task's block (an inline engine) and says so before looping over torch ops.
+IN_KERNEL = textwrap.dedent('''
+    import sys, time
+    import torch
+    from pypto_rt.aicpu import Engine
+
+    def spin(block):
+        print("in kernel", flush=True)
+        a = torch.randn(64, 64)
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            a @ a
+
+    if sys.argv[1:] == ["sleep"]:
+        print("in kernel", flush=True)
+        time.sleep(60)
+    with Engine(inline=True) as e:
+        e.submit("spin", spin)
+        e.finish()
+''')
+
+
+@pytest.mark.parametrize("where, user_line", [("sleep", r"line 15, in <module>"), ("kernel", r"line \d+, in spin")])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signalled_run_says_so_in_one_line_and_exits_128_plus_the_signal(tmp_path, where, user_line, signum, code):
+    path = tmp_path / "prog.py"
+    path.write_text(IN_KERNEL)
+    proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path), where], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == "in kernel\n"
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    if signum == signal.SIGTERM:
+        assert re.fullmatch(f"pypto-run: terminated by SIGTERM during {re.escape(str(path))} \\({user_line}\\); "
+                            "exit 143", err.strip()), err
+    else:
+        assert err.strip() == "pypto-run: interrupted"

@@ -36,6 +36,8 @@ _host_cv = threading.Condition(_lock)
 _CLOSE_GRACE_S = 2.0
 _CORES = os.cpu_count() or 1
 _EDGE_STAT = {"RAW": "RAW", "WAW": "WAW", "WAR": "WAR", "dep": "explicit", "order": "atomic_order"}
+# raised on the host thread by a signal (Ctrl-C, pypto-run's SIGTERM): it ends the program, not just the block
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
 
 
 def _positive(what: str, value):
@@ -208,6 +210,8 @@ class Engine:
             task.state, task.error = "failed", error
             if self._failure is None and not self._closed:
                 self._failure = task
+            if isinstance(error, _INTERRUPTS):
+                raise error
         return task
 
     def dummy(self, deps=(), *, name: str = "task_dummy", span=None) -> Task:
@@ -258,7 +262,8 @@ class Engine:
 
     def close(self) -> None:
         """Stop the run (idempotent, also after a failure or stall). Queued blocks are dropped; when a block is
-        still running, the worker pool is abandoned so a kernel that never returns cannot hold up later runs."""
+        still running after a short grace, it is asked to stop at its kernel's next Python step and the worker
+        pool is abandoned, so a kernel that never returns cannot hold up later runs (see workers.py)."""
         if self._closed:
             return
         self._closed = True
@@ -272,7 +277,7 @@ class Engine:
                                  TaskPoisoned(task, self._failure, dropped=True))
             running = self._let_running_blocks_end(min(_CLOSE_GRACE_S, self.timeout_s))
         if running:
-            abandon(self._pool)
+            abandon(self._pool, self)
 
     def _let_running_blocks_end(self, grace_s: float) -> bool:
         """Lock held. Give blocks already running a short grace to end (a process that exits while a worker is
@@ -381,12 +386,14 @@ class Engine:
             self._host_threads = set_torch_threads(self.worker_threads)
         host_watch.entering(self, task)
         try:
-            self.execute(task, block, self.num_workers)
+            error = self.execute(task, block, self.num_workers)
         finally:
             host_watch.leaving(self)
             _lock.acquire()
         if self.host_stall is not None:   # the watchdog interrupted this block: report the stall, not the interrupt
             raise self.host_stall
+        if isinstance(error, _INTERRUPTS):
+            raise error
 
     def stall_report(self) -> PyptoError:
         """The watchdog's report of this run now (what a host wait raises after timeout_s without progress)."""
@@ -437,12 +444,13 @@ class Engine:
             self._running += 1
         self.execute(task, block, lane)
 
-    def execute(self, task: Task, block: int, lane: int) -> None:
-        """Worker thread, lock not held: run one block (or drop it once the run has failed or closed)."""
+    def execute(self, task: Task, block: int, lane: int) -> BaseException | None:
+        """Worker thread, lock not held: run one block (or drop it once the run has failed or closed); returns
+        what the block raised."""
         if self._failure is not None or self._closed:
             with _lock:
                 self._block_done(task, block, lane, 0, 0, TaskPoisoned(task, self._failure, dropped=True))
-            return
+            return None
         t0 = self._last_progress = _now()
         if block == 0:
             task.lane = lane
@@ -459,6 +467,7 @@ class Engine:
             if block == 0:
                 task.result = value
             self._block_done(task, block, lane, t0, t1, error)
+        return error
 
     def _block_done(self, task: Task, block: int, lane: int, t0: int, t1: int, error) -> None:
         self._running -= 1

@@ -154,7 +154,7 @@ def test_sigterm_to_the_host_process_ends_the_ranks_and_removes_the_segments(tmp
     proc.wait(timeout=30)
     assert proc.returncode == 143
     out = (tmp_path / "out.log").read_text()
-    assert "pypto-run: ended by SIGTERM" in out, out[-3000:]
+    assert "pypto-run: terminated by SIGTERM during" in out, out[-3000:]
     assert not glob.glob(f"/dev/shm/pypto-{proc.pid}-*")
 
 
@@ -177,7 +177,7 @@ def test_the_ranks_end_and_remove_the_segments_when_pypto_run_is_killed_or_hung_
         if signum == signal.SIGHUP:
             out = (tmp_path / "out.log").read_text()
             assert proc.returncode == 128 + signal.SIGHUP, out[-3000:]
-            assert "pypto-run: ended by SIGHUP" in out, out[-3000:]
+            assert "pypto-run: terminated by SIGHUP during" in out, out[-3000:]
     finally:
         for pid in _live_processes(proc.pid):
             os.kill(pid, signal.SIGKILL)
