@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from pypto_rt.launch import contract
+from pypto_rt.launch import contract, files
 from pypto_rt.launch.config import LaunchConfig
 from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
 from pypto_rt.launch.shm import remove_segments
@@ -33,7 +33,10 @@ def run_job(cfg: LaunchConfig) -> int:
     try:
         if cfg.log_dir:
             try:
-                os.makedirs(cfg.log_dir, exist_ok=True)
+                os.makedirs(cfg.log_dir, mode=0o755, exist_ok=True)
+                files.check_folder(cfg.log_dir)
+            except files.UnsafeFolder as e:
+                return _setup_error(str(e))
             except OSError as e:
                 return _setup_error(f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
         else:
@@ -48,7 +51,11 @@ def run_job(cfg: LaunchConfig) -> int:
             if cfg.nnodes > 1:
                 print(f"pypto-launch: rendezvous store at {cfg.master_addr}:{port}; start the other nodes with "
                       f"--master-addr {cfg.master_addr} --master-port {port}", file=sys.stderr)
-        specs = [_spec(cfg, local_rank, port, start_time, cfg.log_dir or tmp_dir) for local_rank in range(cfg.nproc)]
+        try:
+            specs = [_spec(cfg, local_rank, port, start_time, cfg.log_dir or tmp_dir)
+                     for local_rank in range(cfg.nproc)]
+        except OSError as e:
+            return _setup_error(f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
         nodes = _Nodes(cfg, store, port) if cfg.nnodes > 1 else None
         with SignalWatch() as watch:
             return _supervise(cfg, specs, watch, nodes)
@@ -63,8 +70,7 @@ def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, fold
     rank = cfg.global_rank(local_rank)
     error_file = os.path.join(folder, f"rank{rank}.error.json")
     for stale in (error_file, error_file + ".tmp"):  # a previous job's record must not be read as this one's
-        if os.path.exists(stale):
-            os.unlink(stale)
+        files.remove(stale)
     env = contract.rank_env(os.environ, rank=rank, local_rank=local_rank, world_size=cfg.world_size,
                             local_world_size=cfg.nproc, master_addr=cfg.master_addr, master_port=port,
                             comm=cfg.comm, job_id=cfg.job_id, error_file=error_file, start_time=start_time,

@@ -26,7 +26,7 @@ import sys
 import time
 
 from pypto_rt.errors import find_wait
-from pypto_rt.launch import contract
+from pypto_rt.launch import contract, files
 from pypto_rt.pypto_run import format_user_error, prepare
 
 USAGE = "usage: python -m pypto_rt.launch.rank_main (prog.py | -m module) [args...]   (started by pypto-launch)"
@@ -149,7 +149,7 @@ def _env_int(name: str) -> int:
 
 def _write_json(path: str, record: dict) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with files.create(tmp, "w") as f:
         json.dump(record, f, indent=1, default=str)
     os.replace(tmp, path)
 

@@ -11,6 +11,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from pypto_rt.launch import files
+
 FAILED, KILLED, PASSED = "failed", "killed", "passed"
 
 
@@ -54,8 +56,7 @@ class RankResult:
 def read_record(path: str) -> dict | None:
     """A rank's error file, or None when it wrote none; a damaged file yields a record saying so."""
     try:
-        with open(path) as f:
-            record = json.load(f)
+        record = json.loads(files.read_own(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:

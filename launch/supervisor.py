@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from pypto_rt.launch import files
 from pypto_rt.launch.output import RankStream
 
 POLL_S = 0.1  # longest sleep between looks at the ranks
@@ -80,7 +81,7 @@ class Supervisor:
     def _start(self, spec: RankSpec) -> RankProc:
         outs = []
         for kind, log_path in (("stdout", spec.stdout_log), ("stderr", spec.stderr_log)):
-            log = open(log_path, "wb") if log_path else None
+            log = files.create(log_path) if log_path else None
             outs.append((kind, log))
         # with echo the launcher copies pipes to log and terminal; without, the rank writes its log file itself
         pipe_or_log = [subprocess.PIPE if spec.echo else (log or subprocess.DEVNULL) for _, log in outs]
