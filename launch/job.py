@@ -7,6 +7,7 @@ signal N (130 for Ctrl-C, 143 for SIGTERM); 2 the job could not be set up (log f
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -69,18 +70,19 @@ def run_job(cfg: LaunchConfig) -> int:
 def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, folder: str) -> RankSpec:
     rank = cfg.global_rank(local_rank)
     error_file = os.path.join(folder, f"rank{rank}.error.json")
-    for stale in (error_file, error_file + ".tmp"):  # a previous job's record must not be read as this one's
+    stack_file = os.path.join(folder, f"rank{rank}.stack.txt")
+    for stale in (error_file, error_file + ".tmp", stack_file):  # a previous job's must not be read as this one's
         files.remove(stale)
     env = contract.rank_env(os.environ, rank=rank, local_rank=local_rank, world_size=cfg.world_size,
                             local_world_size=cfg.nproc, master_addr=cfg.master_addr, master_port=port,
-                            comm=cfg.comm, job_id=cfg.job_id, error_file=error_file, start_time=start_time,
-                            timeout_s=cfg.timeout_s)
+                            comm=cfg.comm, job_id=cfg.job_id, error_file=error_file, stack_file=stack_file,
+                            start_time=start_time, timeout_s=cfg.timeout_s)
     argv = [sys.executable, "-m", "pypto_rt.launch.rank_main", *(["-m"] if cfg.module else []), cfg.target,
             *cfg.args]
     logs = [os.path.join(cfg.log_dir, f"rank{rank}.{kind}.log") if cfg.log_dir else None
             for kind in ("stdout", "stderr")]
     return RankSpec(rank, local_rank, argv, env, error_file, echo=cfg.tee or not cfg.log_dir,
-                    stdout_log=logs[0], stderr_log=logs[1])
+                    stdout_log=logs[0], stderr_log=logs[1], stack_file=stack_file)
 
 
 class _Nodes:
@@ -123,11 +125,16 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, nod
         first = first_failure([_result(r) for r in sup.ranks if r.returncode is not None])
         if nodes is not None and first is not None:
             nodes.post(f"rank {first.rank} failed (exit code {first.returncode})")
-        sup.end(settle_s=WAIT_SETTLE_S if first and first.record and first.record.get("wait") else 0.0)
+        sup.end(settle_s=WAIT_SETTLE_S if first and first.record and first.record.get("wait") else 0.0,
+                dump_stacks=first is not None)
     except BaseException:
         sup.kill_now()
         raise
     results = [_result(r) for r in sup.ranks]
+    for r in sup.ranks:   # only the ranks asked for their stacks keep a stack file
+        if not _text(r.spec.stack_file):
+            with contextlib.suppress(OSError):
+                files.remove(r.spec.stack_file)
     if got_signal is None and all(r.returncode == 0 for r in results):
         strays = [str(r.rank) for r in results if r.left_processes]
         if strays:
@@ -147,7 +154,16 @@ def _result(r: RankProc) -> RankResult:
     returncode = r.returncode if r.returncode is not None else -signal.SIGKILL
     return RankResult(rank=r.spec.rank, local_rank=r.spec.local_rank, pid=r.proc.pid, returncode=returncode,
                       ended_at=r.ended_at or time.time(), signalled=r.signalled, signalled_at=r.signalled_at,
-                      record=read_record(r.spec.error_file), log=r.spec.stderr_log, left_processes=r.left_processes)
+                      record=read_record(r.spec.error_file), log=r.spec.stderr_log, left_processes=r.left_processes,
+                      stack=_text(r.spec.stack_file) or None)
+
+
+def _text(path: str | None) -> str:
+    """A file the launcher or a rank made, or "" when absent or unreadable."""
+    try:
+        return files.read_own(path) if path else ""
+    except OSError:
+        return ""
 
 
 def _setup_error(message: str) -> int:

@@ -122,7 +122,9 @@ def test_system_exit_1_is_a_failure_with_an_error_file(tmp_path, program, launch
     assert "rank 0: exited 0" in job.err
     assert f"logs: {logs / 'rank1.stderr.log'}" in job.err
     record = json.loads((logs / "rank1.error.json").read_text())
-    assert set(record) == {"rank", "local_rank", "pid", "time", "exit_code", "error_type", "message", "where", "wait"}
+    assert set(record) == {"rank", "local_rank", "pid", "time", "exit_code", "error_type", "message", "where", "wait",
+                           "peer_caused"}
+    assert record["peer_caused"] is False
     assert (record["rank"], record["local_rank"], record["exit_code"]) == (1, 1, 1)
     assert (record["error_type"], record["wait"]) == ("SystemExit", None)
     assert not (logs / "rank0.error.json").exists()
@@ -262,3 +264,78 @@ def test_processes_a_passing_rank_left_behind_are_ended(tmp_path, program, launc
     assert job.rc == 0, job.err
     assert "rank(s) 0 exited 0 but left processes running; the launcher ended them" in job.err
     assert pid_gone(int(pid_file.read_text()))
+
+
+# rank 2 ends without an error record mid-run; the others notice within 50 ms, as the shm communicator's watch
+# does, and fail with the communicator's PeerAbortedError (the launcher knows it by name: no torch needed here)
+SILENT_DEATH = """
+    import os, signal, sys, time
+    rank, folder, how = int(os.environ["RANK"]), sys.argv[1], sys.argv[2]
+
+    class PeerAbortedError(Exception):
+        pass
+
+    if rank == 2:
+        with open(os.path.join(folder, "pid2.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(os.path.join(folder, "pid2.tmp"), os.path.join(folder, "pid2"))
+        time.sleep(0.3)
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    while not os.path.exists(os.path.join(folder, "pid2")):
+        time.sleep(0.01)
+    pid = open(os.path.join(folder, "pid2")).read()
+
+    def gone():
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+        except FileNotFoundError:
+            return True
+
+    while not gone():
+        time.sleep(0.05)
+    raise PeerAbortedError(f"rank 2 died (process {pid} exited without closing its communicator)")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how, status", [("exit", "exit code 3"), ("kill", "killed by SIGKILL")])
+def test_a_rank_dying_without_a_record_is_the_root_cause_not_the_ranks_that_noticed(tmp_path, program, launch,
+                                                                                    how, status):
+    prog = program(SILENT_DEATH)
+    for attempt in range(5):
+        folder = tmp_path / f"run{attempt}"
+        folder.mkdir()
+        job = launch("--nproc", "4", prog, str(folder), how)
+        assert job.rc == 1
+        headline = next(line for line in job.err.splitlines() if "failed first" in line)
+        assert headline.startswith(f"rank 2 failed first ({status}"), (attempt, job.err)
+
+
+@pytest.mark.timeout(60)
+def test_the_report_shows_where_a_rank_others_waited_on_was_stuck(program, launch):
+    prog = program("""
+    import os, time
+    rank = int(os.environ["RANK"])
+
+    class CommTimeoutError(Exception):
+        pass
+
+    def stuck_here():
+        time.sleep(60)
+
+    if rank == 1:
+        stuck_here()
+    time.sleep(1.0)
+    error = CommTimeoutError("rank 0 waited 1 s for rank 1")
+    error.wait = {"rank": 0, "op": "wait", "label": "allgather", "window": "signal", "cell": [1, 0], "seen": 0,
+                  "expected": 1, "cmp": "Ge", "peers": [1], "waited_s": 1.0}
+    raise error
+    """)
+    job = launch("--nproc", "2", prog)
+    assert job.rc == 1 and "rank 0 failed first" in job.err
+    stuck_line, sleep_line = f'File "{prog}", line 8 in stuck_here', f'File "{prog}", line 11 in <module>'
+    assert f"rank 1: killed by the launcher (SIGTERM); it was at {stuck_line}" in job.err
+    where = job.err.split("where rank 1, which others waited on, was when ended (most recent call first):", 1)[1]
+    assert where.splitlines()[1:3] == ["    " + stuck_line, "    " + sleep_line]
