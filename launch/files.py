@@ -48,6 +48,17 @@ def create(path: str, mode: str = "wb"):
     return os.fdopen(os.open(path, _NEW, 0o600), mode)
 
 
+def tail_own(path: str, nbytes: int) -> bytes:
+    """The last `nbytes` of `path` if this user owns it; as `read_own` for absent, linked or foreign files."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise PermissionError(f"{path} belongs to another user")
+        f.seek(max(0, st.st_size - nbytes))
+        return f.read(nbytes)
+
+
 def read_own(path: str) -> str:
     """The text of `path` if this user owns it; FileNotFoundError if absent, OSError if a link or foreign."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -17,6 +17,7 @@ import time
 
 from pypto_rt.launch import contract, files
 from pypto_rt.launch.config import LaunchConfig
+from pypto_rt.launch.output import TAIL_BYTES
 from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
 from pypto_rt.launch.shm import remove_segments
 from pypto_rt.launch.signals import SignalWatch
@@ -155,7 +156,19 @@ def _result(r: RankProc) -> RankResult:
     return RankResult(rank=r.spec.rank, local_rank=r.spec.local_rank, pid=r.proc.pid, returncode=returncode,
                       ended_at=r.ended_at or time.time(), signalled=r.signalled, signalled_at=r.signalled_at,
                       record=read_record(r.spec.error_file), log=r.spec.stderr_log, left_processes=r.left_processes,
-                      stack=_text(r.spec.stack_file) or None)
+                      stack=_text(r.spec.stack_file) or None, stderr_tail=_stderr_tail(r))
+
+
+def _stderr_tail(r: RankProc) -> str:
+    """The end of what the rank wrote to stderr: as the launcher copied it, else from its log file."""
+    if r.stderr is not None:
+        data = r.stderr.tail
+    else:
+        try:
+            data = files.tail_own(r.spec.stderr_log, TAIL_BYTES) if r.spec.stderr_log else b""
+        except OSError:
+            data = b""
+    return data.decode("utf-8", "replace")
 
 
 def _text(path: str | None) -> str:

@@ -33,6 +33,7 @@ class RankResult:
     log: str | None = None  # its stderr log, if any
     left_processes: bool = False
     stack: str | None = None  # its stacks (faulthandler's text) when the launcher asked before ending it
+    stderr_tail: str = ""  # the end of its stderr
 
     @property
     def state(self) -> str:
@@ -57,8 +58,11 @@ class RankResult:
         if self.record and self.record.get("message"):
             return str(self.record["message"])
         if self.returncode < 0:
-            return f"rank {self.rank} was killed by {signal_name(-self.returncode)}"
-        return f"rank {self.rank} exited with code {self.returncode}"
+            text = f"rank {self.rank} was killed by {signal_name(-self.returncode)}"
+        else:
+            text = f"rank {self.rank} exited with code {self.returncode}"
+        said = last_words(self.stderr_tail)
+        return "\n".join([text + "; its stderr ended with:"] + ["  " + line for line in said]) if said else text
 
 
 def read_record(path: str) -> dict | None:
@@ -70,6 +74,26 @@ def read_record(path: str) -> dict | None:
     except (OSError, ValueError) as e:
         return {"message": f"(its error file {path} is unreadable: {e})"}
     return record if isinstance(record, dict) else None
+
+
+MAX_LAST_WORDS = 6
+_NATIVE_TRACE = ("Exception raised from ", "frame #")
+
+
+def last_words(tail: str) -> list[str]:
+    """What a rank that left no error record last said on stderr: a C++ exception's `terminate called ...` and
+    `what():` lines when there are some (gloo's "collective mismatch", say; not the native backtrace after them),
+    else its last lines; at most MAX_LAST_WORDS lines."""
+    lines = [line.rstrip() for line in tail.splitlines() if line.strip()]
+    start = max((i for i, line in enumerate(lines) if line.startswith("terminate called ")), default=None)
+    if start is None:
+        return lines[-MAX_LAST_WORDS:]
+    said = []
+    for line in lines[start:]:
+        if line.startswith(_NATIVE_TRACE):
+            break
+        said.append(line)
+    return said[:MAX_LAST_WORDS]
 
 
 def signal_name(signum: int) -> str:

@@ -54,6 +54,7 @@ class RankProc:
     signalled_at: float | None = None  # when the launcher first signalled it
     left_processes: bool = False  # its group outlived it and was ended by the launcher
     pidfd: int | None = None  # readable once it has exited; registered with the selector until then
+    stderr: RankStream | None = None  # its stderr as the launcher copied it (with echo), for its tail
 
     @property
     def returncode(self) -> int | None:
@@ -85,7 +86,7 @@ class Supervisor:
                 raise
 
     def _start(self, spec: RankSpec) -> RankProc:
-        outs = []
+        outs, streams = [], {}
         for kind, log_path in (("stdout", spec.stdout_log), ("stderr", spec.stderr_log)):
             log = files.create(log_path) if log_path else None
             outs.append((kind, log))
@@ -101,10 +102,11 @@ class Supervisor:
             raise
         for (kind, log), pipe in zip(outs, (proc.stdout, proc.stderr)):
             if spec.echo:
-                self._sel.register(pipe, selectors.EVENT_READ, (RankStream(spec.rank, kind, True, log), pipe))
+                streams[kind] = RankStream(spec.rank, kind, True, log)
+                self._sel.register(pipe, selectors.EVENT_READ, (streams[kind], pipe))
             elif log:
                 log.close()  # the child holds its own descriptor
-        rank = RankProc(spec, proc)
+        rank = RankProc(spec, proc, stderr=streams.get("stderr"))
         try:
             rank.pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):  # no pidfds (Linux < 5.3): `_poll` times its end, up to POLL_S late

@@ -339,3 +339,51 @@ def test_the_report_shows_where_a_rank_others_waited_on_was_stuck(program, launc
     assert f"rank 1: killed by the launcher (SIGTERM); it was at {stuck_line}" in job.err
     where = job.err.split("where rank 1, which others waited on, was when ended (most recent call first):", 1)[1]
     assert where.splitlines()[1:3] == ["    " + stuck_line, "    " + sleep_line]
+
+
+def _summary(err: str) -> str:
+    """The launcher's report alone (rank output echoed to the terminal comes before it)."""
+    return err[err.index("==================== pypto-launch: job"):]
+
+
+@pytest.mark.timeout(120)
+def test_a_gloo_collective_mismatch_names_the_aborting_rank_and_quotes_gloo(tmp_path, program, launch):
+    # gloo aborts rank 0 inside the allreduce (EnforceNotMet: SIGABRT, no error record); rank 1 then sees its
+    # connection reset: the report must blame rank 0 and say what gloo said
+    prog = program("""
+    import os, torch
+    from pypto_rt.collective import process
+    rank = int(os.environ["RANK"])
+    process.communicator("test").allreduce(torch.ones(4 if rank == 0 else 8))
+    """)
+    job = launch("--nproc", "2", "--comm", "gloo", "--timeout-s", "30", "--log-dir", str(tmp_path / "logs"), prog)
+    assert job.rc == 1 and job.seconds < 60
+    report = _summary(job.err)
+    assert "rank 0 failed first (killed by SIGABRT" in report, report
+    quoted = report.split("rank 0 was killed by SIGABRT; its stderr ended with:", 1)[1]
+    assert "terminate called after throwing an instance of 'gloo::EnforceNotMet'" in quoted
+    assert "collective mismatch" in quoted and "frame #" not in quoted
+    assert "rank 1: failed" in report and "a peer left the job" in report
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_aborting_without_a_record_has_its_last_stderr_lines_in_the_report(program, launch):
+    prog = program("""
+    import os, sys, time
+    if os.environ["RANK"] == "1":
+        print("early noise", file=sys.stderr)
+        sys.stderr.write("terminate called after throwing an instance of 'std::runtime_error'\\n"
+                         "  what():  the native layer gave up\\n"
+                         "Exception raised from somewhere (most recent call first):\\nframe #0: 0x1 in libx.so\\n")
+        sys.stderr.flush()
+        os.abort()
+    time.sleep(60)
+    """)
+    job = launch("--nproc", "2", prog)
+    assert job.rc == 1
+    report = _summary(job.err)
+    assert "rank 1 failed first (killed by SIGABRT" in report
+    lines = report.split("its stderr ended with:\n", 1)[1].splitlines()
+    assert lines[:2] == ["      terminate called after throwing an instance of 'std::runtime_error'",
+                         "        what():  the native layer gave up"]
+    assert "early noise" not in report and "frame #0" not in report
