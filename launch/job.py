@@ -31,7 +31,7 @@ WAIT_SETTLE_S = 2.0
 def run_job(cfg: LaunchConfig) -> int:
     """Run the job described by `cfg` to its end; returns the launcher's exit code."""
     start_time = time.time()
-    tmp_dir = store = None
+    tmp_dir = server = store = None
     try:
         if cfg.log_dir:
             try:
@@ -43,29 +43,42 @@ def run_job(cfg: LaunchConfig) -> int:
                 return _setup_error(f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
         else:
             tmp_dir = tempfile.mkdtemp(prefix=f"pypto-launch-{cfg.job_id}-")
-        port = cfg.master_port
-        if cfg.node_rank == 0:
-            from pypto_rt.launch.rendezvous import StoreError, host_store
-            try:
-                store, port = host_store(cfg.master_addr, cfg.master_port)
-            except StoreError as e:
-                return _setup_error(str(e))
-            if cfg.nnodes > 1:
-                print(f"pypto-launch: rendezvous store at {cfg.master_addr}:{port}; start the other nodes with "
-                      f"--master-addr {cfg.master_addr} --master-port {port}", file=sys.stderr)
+        from pypto_rt.launch.rendezvous import StoreError
+        try:
+            server, store, port = _store(cfg)
+        except StoreError as e:
+            return _setup_error(str(e))
         try:
             specs = [_spec(cfg, local_rank, port, start_time, cfg.log_dir or tmp_dir)
                      for local_rank in range(cfg.nproc)]
         except OSError as e:
             return _setup_error(f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
-        nodes = _Nodes(cfg, store, port) if cfg.nnodes > 1 else None
+        nodes = _Nodes(cfg, store) if cfg.nnodes > 1 else None
         with SignalWatch() as watch:
             return _supervise(cfg, specs, watch, nodes)
     finally:
         remove_segments(contract.shm_prefix(cfg.job_id))
-        del store  # closes the store's server socket
+        del server, store  # closes the store's server socket
         if tmp_dir:
             shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _store(cfg: LaunchConfig):
+    """(server or None, the job's scope of the store, its port): node 0 hosts it, on loopback for one host, else on
+    --master-addr only; other nodes join it. StoreError if that fails."""
+    from pypto_rt.launch.rendezvous import host_store, join_store
+    if cfg.node_rank > 0:
+        return None, join_store(_store_addr(cfg), cfg.master_port, cfg.secret, cfg.node_rank), cfg.master_port
+    server, store, port = host_store(_store_addr(cfg), cfg.master_port, cfg.secret)
+    if cfg.nnodes > 1:
+        print(f"pypto-launch: rendezvous store at {cfg.master_addr}:{port}; start the other nodes with "
+              f"--master-addr {cfg.master_addr} --master-port {port} and this PYPTO_JOB_SECRET", file=sys.stderr)
+    return server, store, port
+
+
+def _store_addr(cfg: LaunchConfig) -> str:
+    from pypto_rt.launch.rendezvous import LOOPBACK
+    return cfg.master_addr if cfg.nnodes > 1 else LOOPBACK
 
 
 def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, folder: str) -> RankSpec:
@@ -75,8 +88,9 @@ def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, fold
     for stale in (error_file, error_file + ".tmp", stack_file):  # a previous job's must not be read as this one's
         files.remove(stale)
     env = contract.rank_env(os.environ, rank=rank, local_rank=local_rank, world_size=cfg.world_size,
-                            local_world_size=cfg.nproc, master_addr=cfg.master_addr, master_port=port,
-                            comm=cfg.comm, job_id=cfg.job_id, error_file=error_file, stack_file=stack_file,
+                            local_world_size=cfg.nproc, master_addr=_store_addr(cfg), master_port=port,
+                            comm=cfg.comm, job_id=cfg.job_id, secret=cfg.secret, error_file=error_file,
+                            stack_file=stack_file,
                             start_time=start_time, timeout_s=cfg.timeout_s)
     argv = [sys.executable, "-m", "pypto_rt.launch.rank_main", *(["-m"] if cfg.module else []), cfg.target,
             *cfg.args]
@@ -91,12 +105,9 @@ class _Nodes:
     another node's, so one failing rank ends the ranks of every host, not only its own."""
     KEY = "pypto-launch/failed"
 
-    def __init__(self, cfg: LaunchConfig, store, port: int):
+    def __init__(self, cfg: LaunchConfig, store):
         self.node = cfg.node_rank
-        if store is None:   # nodes > 0 join node 0's store as clients
-            from torch.distributed import TCPStore
-            store = TCPStore(cfg.master_addr, port, is_master=False, wait_for_workers=False)
-        self.store = store
+        self.store = store   # the job's scope of node 0's store
 
     def failed_elsewhere(self) -> str | None:
         try:

@@ -387,3 +387,61 @@ def test_a_rank_aborting_without_a_record_has_its_last_stderr_lines_in_the_repor
     assert lines[:2] == ["      terminate called after throwing an instance of 'std::runtime_error'",
                          "        what():  the native layer gave up"]
     assert "early noise" not in report and "frame #0" not in report
+
+
+# each rank reports how the job's store listens and where its secret is; rank 0 also tries the store with a
+# wrong secret
+STORE_PROBE = """
+    import json, os, socket, sys
+    rank, port = int(os.environ["RANK"]), int(os.environ["MASTER_PORT"])
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            addr, p = fields[1].rsplit(":", 1)
+            if int(p, 16) == port and fields[3] == "0A":
+                listening.append(addr)
+    refused = None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))   # no packet: only picks this host's outgoing address
+            outside = probe.getsockname()[0]
+        except OSError:
+            outside = None
+    if outside and not outside.startswith("127."):
+        try:
+            socket.create_connection((outside, port), timeout=2).close()
+            refused = False
+        except OSError:
+            refused = True
+    wrong = None
+    if rank == 0:
+        from pypto_rt.collective import rendezvous
+        from pypto_rt.errors import PyptoError
+        os.environ["PYPTO_JOB_SECRET"] = "not-the-secret"
+        try:
+            rendezvous.open_store(rank, 2, start_timeout_s=10)
+        except PyptoError as e:
+            wrong = str(e)
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"listening": listening, "outside": outside, "refused": refused, "wrong": wrong,
+                   "addr": os.environ["MASTER_ADDR"], "cmdline": open("/proc/self/cmdline").read(),
+                   "parent": open(f"/proc/{os.getppid()}/cmdline").read()}, f)
+    open(os.path.join(sys.argv[1], f"secret{rank}"), "w").write(open("/proc/self/environ").read())
+"""
+
+
+@pytest.mark.timeout(90)
+def test_the_store_listens_on_loopback_only_and_its_secret_travels_in_the_environment(tmp_path, program, launch):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = launch("--nproc", "2", program(STORE_PROBE), str(out))
+    assert job.rc == 0, job.err
+    dumps = _dumps(out)
+    for rank, d in dumps.items():
+        assert d["listening"] == ["0100007F"] and d["addr"] == "127.0.0.1", d   # 127.0.0.1, not 0.0.0.0 or ::
+        assert d["refused"] in (True, None) and (d["refused"] or not d["outside"]), d
+        environ = dict(v.split("=", 1) for v in (out / f"secret{rank}").read_text().split("\0") if "=" in v)
+        secret = environ["PYPTO_JOB_SECRET"]
+        assert len(secret) >= 32 and secret not in d["cmdline"] and secret not in d["parent"]
+    assert "is not this job's, or PYPTO_JOB_SECRET differs" in dumps[0]["wrong"]
