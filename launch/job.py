@@ -55,7 +55,7 @@ def run_job(cfg: LaunchConfig) -> int:
             return _setup_error(f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
         nodes = _Nodes(cfg, store) if cfg.nnodes > 1 else None
         with SignalWatch() as watch:
-            return _supervise(cfg, specs, watch, nodes)
+            return _supervise(cfg, specs, watch, store, nodes)
     finally:
         remove_segments(contract.shm_prefix(cfg.job_id))
         del server, store  # closes the store's server socket
@@ -125,8 +125,10 @@ class _Nodes:
             pass
 
 
-def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, nodes: _Nodes | None = None) -> int:
-    sup = Supervisor(specs, watch, remote_failure=nodes.failed_elsewhere if nodes else None)
+def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, store,
+               nodes: _Nodes | None = None) -> int:
+    sup = Supervisor(specs, watch, remote_failure=nodes.failed_elsewhere if nodes else None,
+                     on_exit=lambda r: _mark_exited(store, r))
     try:
         try:
             sup.start()
@@ -159,6 +161,15 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, nod
         return 1
     print(summarize(results, cfg.job_id, got_signal), file=sys.stderr)
     return 128 + got_signal if got_signal is not None else 1
+
+
+def _mark_exited(store, r: RankProc) -> None:
+    """Tell the ranks still in a start rendezvous that rank r will never come (pypto_rt.collective.rendezvous)."""
+    from pypto_rt.collective.rendezvous import EXITED_KEY
+    try:
+        store.set(f"{EXITED_KEY}/{r.spec.rank}", str(r.returncode))
+    except Exception:  # noqa: BLE001 - the store is gone (node 0 ended): its ranks are ending anyway
+        pass
 
 
 def _result(r: RankProc) -> RankResult:

@@ -69,6 +69,8 @@ class Supervisor:
     # another node's failure, when the job spans hosts: called about every REMOTE_POLL_S, returns what it said
     remote_failure: object = None
     remote: str | None = None
+    # called once with each rank seen to exit while the job runs (the job marks it in the store)
+    on_exit: object = None
 
     def __post_init__(self):
         self._sel = selectors.DefaultSelector()
@@ -118,9 +120,13 @@ class Supervisor:
     def run(self) -> int | None:
         """Wait until every rank has exited 0 or one has failed (returns None; the return codes say which), or
         until the launcher gets a signal (returns its number)."""
-        next_remote = 0.0
+        next_remote, told = 0.0, set()
         while True:
             self._poll()
+            for r in self.ranks:
+                if r.returncode is not None and r.spec.rank not in told and self.on_exit is not None:
+                    told.add(r.spec.rank)
+                    self.on_exit(r)
             if self.watch.pending:
                 return self.watch.pending[0]
             if any(r.returncode not in (None, 0) for r in self.ranks):

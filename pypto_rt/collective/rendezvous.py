@@ -1,7 +1,9 @@
 """How a communicator meets its peers: a torch.distributed store (TCPStore across processes, any Store passed in).
 
 Creating a communicator is itself a rendezvous bounded by PYPTO_START_TIMEOUT_S: every rank announces itself and
-waits until all have, so the PYPTO_TIMEOUT_S clocks of later waits start only once the whole job is up. The k-th
+waits until all have, so the PYPTO_TIMEOUT_S clocks of later waits start only once the whole job is up. The
+launcher marks each rank whose process ended (`pypto-launch/exited/<rank>` = its exit code, in the job's scope):
+a rank still missing with such a mark will never come, and the wait fails at once naming it. The k-th
 communicator a rank creates uses the key space `pypto/comm/<k>/` (ranks create communicators in the same order).
 
 Who may use a store: torch's TCPStore server listens on every interface whatever host it is given, so `serve`
@@ -23,12 +25,14 @@ from pypto_rt.config import Knob
 from pypto_rt.errors import PyptoError
 
 from . import knobs
+from .base import PeerAbortedError
 from .process import launched
 from .waits import backoff_wait, timeout_error, wait_record
 
 SECRET_ENV = "PYPTO_JOB_SECRET"
 _JOB_KEY = "pypto/job"  # set under the secret's prefix by whoever serves the store
 _BACKLOG = 1024
+EXITED_KEY = "pypto-launch/exited"  # <key>/<rank> = exit code: set by the launcher when a rank's process ends
 JOB_SECRET = Knob(SECRET_ENV, "", None, "the job's store secret (keys live under it), set by pypto-launch")
 
 
@@ -124,9 +128,29 @@ def wait_for_ranks(store, key: str, rank: int, world_size: int, timeout_s: float
                                         cmp="eq", peers=missing, waited_s=timeout_s), hint)
 
 
+def _exited_watch(store, key: str, rank: int, world_size: int):
+    """A backoff_wait `watch` raising PeerAbortedError when a rank missing from `key` has exited (the launcher's
+    mark in the job's scope, which `store` prefixes); None when `store` is not a scope of another store."""
+    job = getattr(store, "underlying_store", None)
+    if job is None:
+        return None
+
+    def watch():
+        gone = [r for r in missing_ranks(store, key, world_size) if job.check([f"{EXITED_KEY}/{r}"])]
+        if gone:
+            codes = ", ".join(f"rank {r} exited (exit code {job.get(f'{EXITED_KEY}/{r}').decode()})" for r in gone)
+            w = wait_record(rank, "start", seen=world_size - len(gone), expected=world_size, cmp="eq", peers=gone)
+            raise PeerAbortedError(f"rank {rank}: {codes} before creating its communicator, so it can never join "
+                                   "this one", hint="every rank must create the same communicators (or none); the "
+                                   "exited rank's output says where it stopped", wait=w)
+    return watch
+
+
 def start(store, rank: int, world_size: int, timeout_s: float) -> None:
-    """The start rendezvous: announce this rank, wait for all (PYPTO_START_TIMEOUT_S)."""
+    """The start rendezvous: announce this rank, wait for all (PYPTO_START_TIMEOUT_S), unless one that has not
+    come has already exited. `store` is the communicator's scope (`instance_store`) of the job's store."""
     store.set(f"up/{rank}", "1")
-    wait_for_ranks(store, "up", rank, world_size, timeout_s, "start", hint=(
+    watch = _exited_watch(store, "up", rank, world_size)
+    wait_for_ranks(store, "up", rank, world_size, timeout_s, "start", watch=watch, hint=(
         "the missing ranks never created their communicator: they failed or are still importing (8 ranks "
         "importing torch on 2 cores take ~10 s); raise PYPTO_START_TIMEOUT_S if the job is just slow to start"))

@@ -445,3 +445,27 @@ def test_the_store_listens_on_loopback_only_and_its_secret_travels_in_the_enviro
         secret = environ["PYPTO_JOB_SECRET"]
         assert len(secret) >= 32 and secret not in d["cmdline"] and secret not in d["parent"]
     assert "is not this job's, or PYPTO_JOB_SECRET differs" in dumps[0]["wrong"]
+
+
+@pytest.mark.timeout(100)
+def test_a_rank_exiting_0_before_its_communicator_ends_the_job_at_once_naming_it(tmp_path, program, launch):
+    # rank 0 waits in its communicator's start rendezvous for rank 1, which has exited: before, it waited out
+    # PYPTO_START_TIMEOUT_S (120 s) whatever --timeout-s said
+    prog = program("""
+    import os, sys, time
+    if os.environ["RANK"] == "1":
+        raise SystemExit(0)
+    import torch
+    from pypto_rt.collective import process
+    open(sys.argv[1], "w").write(repr(time.time()))
+    process.communicator("test")
+    """)
+    logs, stamp = tmp_path / "logs", tmp_path / "stamp"
+    job = launch("--nproc", "2", "--timeout-s", "10", "--log-dir", str(logs), prog, str(stamp))
+    assert job.rc == 1, job.err
+    waited = json.loads((logs / "rank0.error.json").read_text())["time"] - float(stamp.read_text())
+    assert waited < 5, waited   # torch imported: what is left is the rendezvous
+    report = _summary(job.err)
+    assert "rank 0 failed first" in report
+    assert "rank 1 exited (exit code 0) before creating its communicator, so it can never join this one" in report
+    assert "rank 1: exited 0" in report
