@@ -7,8 +7,9 @@ RANK                  global rank, ``node_rank * nproc + local_rank``
 LOCAL_RANK            rank on this host, ``0 .. nproc-1``
 WORLD_SIZE            ``nnodes * nproc``
 LOCAL_WORLD_SIZE      ``nproc``
-MASTER_ADDR           host of the rendezvous store (the launcher of node 0 hosts it): 127.0.0.1 on one host
-MASTER_PORT           its port: the port the store actually bound, so there is no free-port race
+MASTER_ADDR           ``127.0.0.1``: the rendezvous store (node 0's launcher hosts it) or, on other nodes, the
+                      launcher's relay to it; the store is reachable from other hosts only through its gateway
+MASTER_PORT           its port: the port the store (or relay) actually bound, so there is no free-port race
 PYPTO_LAUNCHED        ``1``
 PYPTO_COMM            ``shm`` | ``gloo`` | ``nccl`` | ``hccl``: the communicator the ranks should build
 PYPTO_JOB_ID          the job's id (``--job-id``, else random hex)

@@ -18,6 +18,7 @@ import time
 from pypto_rt.launch import contract, files
 from pypto_rt.launch.config import LaunchConfig
 from pypto_rt.launch.output import TAIL_BYTES
+from pypto_rt.launch.rendezvous import LOOPBACK
 from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
 from pypto_rt.launch.shm import remove_segments
 from pypto_rt.launch.signals import SignalWatch
@@ -31,7 +32,7 @@ WAIT_SETTLE_S = 2.0
 def run_job(cfg: LaunchConfig) -> int:
     """Run the job described by `cfg` to its end; returns the launcher's exit code."""
     start_time = time.time()
-    tmp_dir = server = store = None
+    tmp_dir = job_store = None
     try:
         if cfg.log_dir:
             try:
@@ -43,42 +44,25 @@ def run_job(cfg: LaunchConfig) -> int:
                 return _setup_error(f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
         else:
             tmp_dir = tempfile.mkdtemp(prefix=f"pypto-launch-{cfg.job_id}-")
-        from pypto_rt.launch.rendezvous import StoreError
+        from pypto_rt.launch.rendezvous import StoreError, open_job_store
         try:
-            server, store, port = _store(cfg)
+            job_store = open_job_store(cfg)
         except StoreError as e:
             return _setup_error(str(e))
         try:
-            specs = [_spec(cfg, local_rank, port, start_time, cfg.log_dir or tmp_dir)
+            specs = [_spec(cfg, local_rank, job_store.port, start_time, cfg.log_dir or tmp_dir)
                      for local_rank in range(cfg.nproc)]
         except OSError as e:
             return _setup_error(f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
-        nodes = _Nodes(cfg, store) if cfg.nnodes > 1 else None
+        nodes = _Nodes(cfg, job_store.store) if cfg.nnodes > 1 else None
         with SignalWatch() as watch:
-            return _supervise(cfg, specs, watch, store, nodes)
+            return _supervise(cfg, specs, watch, job_store.store, nodes)
     finally:
         remove_segments(contract.shm_prefix(cfg.job_id))
-        del server, store  # closes the store's server socket
+        if job_store is not None:
+            job_store.close()  # the store's server socket (and gateway or relay)
         if tmp_dir:
             shutil.rmtree(tmp_dir, ignore_errors=True)
-
-
-def _store(cfg: LaunchConfig):
-    """(server or None, the job's scope of the store, its port): node 0 hosts it, on loopback for one host, else on
-    --master-addr only; other nodes join it. StoreError if that fails."""
-    from pypto_rt.launch.rendezvous import host_store, join_store
-    if cfg.node_rank > 0:
-        return None, join_store(_store_addr(cfg), cfg.master_port, cfg.secret, cfg.node_rank), cfg.master_port
-    server, store, port = host_store(_store_addr(cfg), cfg.master_port, cfg.secret)
-    if cfg.nnodes > 1:
-        print(f"pypto-launch: rendezvous store at {cfg.master_addr}:{port}; start the other nodes with "
-              f"--master-addr {cfg.master_addr} --master-port {port} and this PYPTO_JOB_SECRET", file=sys.stderr)
-    return server, store, port
-
-
-def _store_addr(cfg: LaunchConfig) -> str:
-    from pypto_rt.launch.rendezvous import LOOPBACK
-    return cfg.master_addr if cfg.nnodes > 1 else LOOPBACK
 
 
 def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, folder: str) -> RankSpec:
@@ -88,7 +72,7 @@ def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, fold
     for stale in (error_file, error_file + ".tmp", stack_file):  # a previous job's must not be read as this one's
         files.remove(stale)
     env = contract.rank_env(os.environ, rank=rank, local_rank=local_rank, world_size=cfg.world_size,
-                            local_world_size=cfg.nproc, master_addr=_store_addr(cfg), master_port=port,
+                            local_world_size=cfg.nproc, master_addr=LOOPBACK, master_port=port,
                             comm=cfg.comm, job_id=cfg.job_id, secret=cfg.secret, error_file=error_file,
                             stack_file=stack_file,
                             start_time=start_time, timeout_s=cfg.timeout_s)

@@ -12,7 +12,8 @@ TCPStore has no authentication: every key of a job lives under `job-<secret>/`, 
 launcher (or the host form) passes its ranks in PYPTO_JOB_SECRET (the environment: argv is public in /proc), and
 a client checks at start that the job's marker key is there, so a wrong or missing secret fails at once, saying
 so. This keeps jobs apart and refuses a stray client; it is no defence against a client that can connect and means
-harm: TCPStore's `list_keys` shows it every key name, the secret among them (see README, Known limits).
+harm: TCPStore's `list_keys` shows it every key name, the secret among them (see README, Known limits). Across
+hosts, pypto-launch keeps the store on loopback behind an authenticating gateway (pypto_rt.launch.gateway).
 """
 from __future__ import annotations
 

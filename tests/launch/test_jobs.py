@@ -109,14 +109,22 @@ def test_first_failure_is_the_earliest_error_not_the_first_rank_to_exit(program,
 
 @pytest.mark.timeout(60)
 def test_system_exit_1_is_a_failure_with_an_error_file(tmp_path, program, launch):
+    # rank 1 fails only once rank 0 has exited 0 (else the launcher may end rank 0 while it is exiting)
     prog = program("""
-    import os
+    import os, sys, time
     ok = os.environ["RANK"] != "1"
     print("rank", os.environ["RANK"], "PASS" if ok else "FAIL")
+    done = os.path.join(sys.argv[1], "rank0.done")
+    if ok:
+        open(done, "w").close()
+    else:
+        while not os.path.exists(done):
+            time.sleep(0.01)
+        time.sleep(1.0)
     raise SystemExit(0 if ok else 1)
     """)
     logs = tmp_path / "logs"
-    job = launch("--nproc", "2", "--log-dir", str(logs), prog)
+    job = launch("--nproc", "2", "--log-dir", str(logs), prog, str(tmp_path))
     assert job.rc == 1
     assert "rank 1 failed first (exit code 1" in job.err and "rank 1 exited with code 1" in job.err
     assert "rank 0: exited 0" in job.err
