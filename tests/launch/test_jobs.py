@@ -322,9 +322,9 @@ def test_a_rank_dying_without_a_record_is_the_root_cause_not_the_ranks_that_noti
 
 
 @pytest.mark.timeout(60)
-def test_the_report_shows_where_a_rank_others_waited_on_was_stuck(program, launch):
+def test_the_report_shows_where_a_rank_others_waited_on_was_stuck(tmp_path, program, launch):
     prog = program("""
-    import os, time
+    import os, sys, time
     rank = int(os.environ["RANK"])
 
     class CommTimeoutError(Exception):
@@ -334,16 +334,19 @@ def test_the_report_shows_where_a_rank_others_waited_on_was_stuck(program, launc
         time.sleep(60)
 
     if rank == 1:
+        open(sys.argv[1], "w").close()
         stuck_here()
-    time.sleep(1.0)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    time.sleep(0.5)
     error = CommTimeoutError("rank 0 waited 1 s for rank 1")
     error.wait = {"rank": 0, "op": "wait", "label": "allgather", "window": "signal", "cell": [1, 0], "seen": 0,
                   "expected": 1, "cmp": "Ge", "peers": [1], "waited_s": 1.0}
     raise error
     """)
-    job = launch("--nproc", "2", prog)
+    job = launch("--nproc", "2", prog, str(tmp_path / "rank1.stuck"))
     assert job.rc == 1 and "rank 0 failed first" in job.err
-    stuck_line, sleep_line = f'File "{prog}", line 8 in stuck_here', f'File "{prog}", line 11 in <module>'
+    stuck_line, sleep_line = f'File "{prog}", line 8 in stuck_here', f'File "{prog}", line 12 in <module>'
     assert f"rank 1: killed by the launcher (SIGTERM); it was at {stuck_line}" in job.err
     where = job.err.split("where rank 1, which others waited on, was when ended (most recent call first):", 1)[1]
     assert where.splitlines()[1:3] == ["    " + stuck_line, "    " + sleep_line]
