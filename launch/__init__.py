@@ -2,9 +2,10 @@
 
 Modules, one job each: `cli` (flags and PYPTO_* variables -> `LaunchConfig`), `config` (that dataclass),
 `contract` (the environment every rank gets), `job` (one job: store, ranks, report, cleanup), `rendezvous`
-(the TCPStore node 0 hosts), `supervisor` (rank processes: start, watch, end), `output` (rank output to logs
+(the TCPStore node 0 hosts), `gateway` (authenticated store connections between hosts), `supervisor` (rank processes: start, watch, end), `output` (rank output to logs
 and terminal), `signals` (Ctrl-C/SIGTERM to the launcher), `report` (first failure and the summary), `shm`
-(the job's /dev/shm segments), `rank_main` (the entry each rank runs). Importing this package is cheap:
+(the job's /dev/shm segments), `files` (the log folder's checks and link-proof opens), `rank_main` (the entry each
+rank runs). Importing this package is cheap:
 ranks import it, and must not pay for torch.
 """
 from pypto_rt.launch.config import LaunchConfig

@@ -21,7 +21,8 @@ _FLAGS = {
     "nproc": ("PYPTO_NPROC", "ranks on this host (default 1)"),
     "nnodes": ("PYPTO_NNODES", "hosts in the job, one launcher each (default 1)"),
     "node-rank": ("PYPTO_NODE_RANK", "this host's index, 0 .. nnodes-1 (default 0); node 0 hosts the store"),
-    "master-addr": ("PYPTO_MASTER_ADDR", "host of the rendezvous store (default 127.0.0.1)"),
+    "master-addr": ("PYPTO_MASTER_ADDR", "node 0's address, where the store listens (only there) with --nnodes > 1; "
+                                         "one host: the store listens on 127.0.0.1"),
     "master-port": ("PYPTO_MASTER_PORT", "its port (default: a free port the store binds; required on node-rank > 0)"),
     "log-dir": ("PYPTO_LOG_DIR", "write rankN.stdout.log, rankN.stderr.log and rankN.error.json here"),
     "comm": ("PYPTO_COMM", "communicator for the ranks: shm|gloo|nccl|hccl (default shm on one host, else gloo)"),
@@ -30,6 +31,7 @@ _FLAGS = {
     "job-id": ("PYPTO_JOB_ID", "names the job's shared memory (pypto-<id>*); default: random"),
 }
 _TEE_ENV = "PYPTO_TEE"
+_SECRET_ENV = "PYPTO_JOB_SECRET"  # environment only: a command line is readable by every user in /proc
 
 
 class UsageError(Exception):
@@ -101,6 +103,7 @@ def _config(ns: argparse.Namespace) -> LaunchConfig:
     if backend == "ray":
         raise UsageError("--backend ray is not available yet; use --backend local (the default), and for several "
                          "hosts run one pypto-launch per host with --nnodes/--node-rank/--master-addr/--master-port")
+    master_addr, secret = _store_settings(ns, nnodes)
     timeout_s = None
     raw, source = _pick(ns, "timeout-s")
     if raw is not None:
@@ -116,12 +119,26 @@ def _config(ns: argparse.Namespace) -> LaunchConfig:
         raise UsageError(f"{source} may hold only letters, digits, '_', '.', '-' (at most 64), got {job_id!r}")
     tee = bool(ns.tee) or os.environ.get(_TEE_ENV, "0") not in ("", "0")
     log_dir, _ = _pick(ns, "log-dir")
-    master_addr, _ = _pick(ns, "master-addr")
     if not ns.module and not os.path.isfile(ns.target):
         raise UsageError(f"no such file: {ns.target} (to run a module, use -m {ns.target})")
     return LaunchConfig(target=ns.target, args=tuple(ns.args), module=ns.module, nproc=nproc, nnodes=nnodes,
                         node_rank=node_rank, master_addr=master_addr or "127.0.0.1", master_port=master_port,
-                        log_dir=log_dir, tee=tee, comm=comm, backend=backend, timeout_s=timeout_s, job_id=job_id)
+                        log_dir=log_dir, tee=tee, comm=comm, backend=backend, timeout_s=timeout_s, job_id=job_id,
+                        secret=secret or secrets.token_hex(16))
+
+
+def _store_settings(ns: argparse.Namespace, nnodes: int) -> tuple[str | None, str]:
+    """--master-addr and the job's store secret (PYPTO_JOB_SECRET, never a flag: argv is public in /proc)."""
+    master_addr, _ = _pick(ns, "master-addr")
+    secret = os.environ.get(_SECRET_ENV) or ""
+    if nnodes > 1 and not master_addr:
+        raise UsageError(f"--nnodes {nnodes} needs --master-addr: node 0's address that the other nodes reach (the "
+                         "store listens there only)")
+    if nnodes > 1 and not secret:
+        raise UsageError(f"--nnodes {nnodes} needs {_SECRET_ENV} in the environment, the same on every node: the "
+                         "job's store admits only its holders (e.g. export "
+                         f"{_SECRET_ENV}=$(python3 -c 'import secrets; print(secrets.token_hex(16))'))")
+    return master_addr, secret
 
 
 def parse(argv: list[str]) -> LaunchConfig:

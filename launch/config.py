@@ -2,7 +2,7 @@
 argparse objects)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 COMMS = ("shm", "gloo", "nccl", "hccl")
 BACKENDS = ("local", "ray")
@@ -27,6 +27,7 @@ class LaunchConfig:
         backend: how ranks are started; only "local" exists today.
         timeout_s: the ranks' no-progress deadline (exported as PYPTO_TIMEOUT_S); None: the ranks' default.
         job_id: names the job's shared memory (`pypto-<job_id>*`) and log lines.
+        secret: the job's store secret (PYPTO_JOB_SECRET: every key lives under it); never printed.
     """
     target: str
     args: tuple[str, ...] = ()
@@ -42,6 +43,7 @@ class LaunchConfig:
     backend: str = "local"
     timeout_s: float | None = None
     job_id: str = ""
+    secret: str = field(default="", repr=False)
 
     @property
     def world_size(self) -> int:

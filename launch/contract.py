@@ -7,14 +7,19 @@ RANK                  global rank, ``node_rank * nproc + local_rank``
 LOCAL_RANK            rank on this host, ``0 .. nproc-1``
 WORLD_SIZE            ``nnodes * nproc``
 LOCAL_WORLD_SIZE      ``nproc``
-MASTER_ADDR           host of the rendezvous store (the launcher of node 0 hosts it)
-MASTER_PORT           its port: the port the store actually bound, so there is no free-port race
+MASTER_ADDR           ``127.0.0.1``: the rendezvous store (node 0's launcher hosts it) or, on other nodes, the
+                      launcher's relay to it; the store is reachable from other hosts only through its gateway
+MASTER_PORT           its port: the port the store (or relay) actually bound, so there is no free-port race
 PYPTO_LAUNCHED        ``1``
 PYPTO_COMM            ``shm`` | ``gloo`` | ``nccl`` | ``hccl``: the communicator the ranks should build
 PYPTO_JOB_ID          the job's id (``--job-id``, else random hex)
+PYPTO_JOB_SECRET      the job's store secret: every key lives under it, and a rank without it cannot use the
+                      store (the launcher's PYPTO_JOB_SECRET, else random); never on a command line
 PYPTO_SHM_PREFIX      ``pypto-<job id>``: name every shared-memory segment with it; the launcher owns them
-                      and removes every ``/dev/shm/<prefix>*`` when the job ends, however it ends
+                      and removes every ``/dev/shm/<prefix>+*`` when the job ends, however it ends
 PYPTO_ERROR_FILE      where the rank writes its error record (JSON, see ``rank_main``) when it fails
+PYPTO_STACK_FILE      where the rank writes every thread's stack (``faulthandler``) on SIGUSR1, which the launcher
+                      sends the ranks still running when another rank failed, before it ends them
 PYPTO_START_TIME      the launcher's start, wall-clock seconds (``time.time()``), for rank wait clocks
 PYPTO_TIMEOUT_S       only with ``--timeout-s``: the ranks' no-progress deadline
 ====================  ================================================================================
@@ -34,8 +39,10 @@ MASTER_PORT = "MASTER_PORT"
 LAUNCHED = "PYPTO_LAUNCHED"
 COMM = "PYPTO_COMM"
 JOB_ID = "PYPTO_JOB_ID"
+JOB_SECRET = "PYPTO_JOB_SECRET"
 SHM_PREFIX = "PYPTO_SHM_PREFIX"
 ERROR_FILE = "PYPTO_ERROR_FILE"
+STACK_FILE = "PYPTO_STACK_FILE"
 START_TIME = "PYPTO_START_TIME"
 TIMEOUT_S = "PYPTO_TIMEOUT_S"
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
@@ -49,15 +56,15 @@ def shm_prefix(job_id: str) -> str:
 
 
 def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
-             master_addr: str, master_port: int, comm: str, job_id: str, error_file: str, start_time: float,
-             timeout_s: float | None) -> dict[str, str]:
+             master_addr: str, master_port: int, comm: str, job_id: str, secret: str, error_file: str,
+             stack_file: str, start_time: float, timeout_s: float | None) -> dict[str, str]:
     """`base` plus the contract variables for one rank."""
     env = dict(base)
     env.update({
         RANK: str(rank), LOCAL_RANK: str(local_rank), WORLD_SIZE: str(world_size),
         LOCAL_WORLD_SIZE: str(local_world_size), MASTER_ADDR: master_addr, MASTER_PORT: str(master_port),
         LAUNCHED: "1", COMM: comm, JOB_ID: job_id, SHM_PREFIX: shm_prefix(job_id), ERROR_FILE: error_file,
-        START_TIME: repr(start_time), AGENT_STORE: "True",
+        JOB_SECRET: secret, STACK_FILE: stack_file, START_TIME: repr(start_time), AGENT_STORE: "True",
     })
     if timeout_s is not None:
         env[TIMEOUT_S] = repr(timeout_s)

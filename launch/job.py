@@ -1,12 +1,13 @@
 """One pypto-launch job on this host: host the store (node 0), start the ranks, supervise them, report, clean up.
 
 Ownership: the launcher owns the job's temporary folder, the rendezvous store and every shared-memory segment
-named `pypto-<job id>*`; all are gone when `run_job` returns, however the job ended (a SIGKILLed launcher
+named `pypto-<job id>+*`; all are gone when `run_job` returns, however the job ended (a SIGKILLed launcher
 excepted). Exit codes: 0 every rank exited 0; 1 a rank failed (or could not start); 128+N the launcher got
 signal N (130 for Ctrl-C, 143 for SIGTERM); 2 the job could not be set up (log folder, store port).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,8 +15,10 @@ import sys
 import tempfile
 import time
 
-from pypto_rt.launch import contract
+from pypto_rt.launch import contract, files
 from pypto_rt.launch.config import LaunchConfig
+from pypto_rt.launch.output import TAIL_BYTES
+from pypto_rt.launch.rendezvous import LOOPBACK
 from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
 from pypto_rt.launch.shm import remove_segments
 from pypto_rt.launch.signals import SignalWatch
@@ -29,32 +32,35 @@ WAIT_SETTLE_S = 2.0
 def run_job(cfg: LaunchConfig) -> int:
     """Run the job described by `cfg` to its end; returns the launcher's exit code."""
     start_time = time.time()
-    tmp_dir = store = None
+    tmp_dir = job_store = None
     try:
         if cfg.log_dir:
             try:
-                os.makedirs(cfg.log_dir, exist_ok=True)
+                os.makedirs(cfg.log_dir, mode=0o755, exist_ok=True)
+                files.check_folder(cfg.log_dir)
+            except files.UnsafeFolder as e:
+                return _setup_error(str(e))
             except OSError as e:
                 return _setup_error(f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
         else:
             tmp_dir = tempfile.mkdtemp(prefix=f"pypto-launch-{cfg.job_id}-")
-        port = cfg.master_port
-        if cfg.node_rank == 0:
-            from pypto_rt.launch.rendezvous import StoreError, host_store
-            try:
-                store, port = host_store(cfg.master_addr, cfg.master_port)
-            except StoreError as e:
-                return _setup_error(str(e))
-            if cfg.nnodes > 1:
-                print(f"pypto-launch: rendezvous store at {cfg.master_addr}:{port}; start the other nodes with "
-                      f"--master-addr {cfg.master_addr} --master-port {port}", file=sys.stderr)
-        specs = [_spec(cfg, local_rank, port, start_time, cfg.log_dir or tmp_dir) for local_rank in range(cfg.nproc)]
-        nodes = _Nodes(cfg, store, port) if cfg.nnodes > 1 else None
+        from pypto_rt.launch.rendezvous import StoreError, open_job_store
+        try:
+            job_store = open_job_store(cfg)
+        except StoreError as e:
+            return _setup_error(str(e))
+        try:
+            specs = [_spec(cfg, local_rank, job_store.port, start_time, cfg.log_dir or tmp_dir)
+                     for local_rank in range(cfg.nproc)]
+        except OSError as e:
+            return _setup_error(f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
+        nodes = _Nodes(cfg, job_store.store) if cfg.nnodes > 1 else None
         with SignalWatch() as watch:
-            return _supervise(cfg, specs, watch, nodes)
+            return _supervise(cfg, specs, watch, job_store.store, nodes)
     finally:
         remove_segments(contract.shm_prefix(cfg.job_id))
-        del store  # closes the store's server socket
+        if job_store is not None:
+            job_store.close()  # the store's server socket (and gateway or relay)
         if tmp_dir:
             shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -62,19 +68,20 @@ def run_job(cfg: LaunchConfig) -> int:
 def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, folder: str) -> RankSpec:
     rank = cfg.global_rank(local_rank)
     error_file = os.path.join(folder, f"rank{rank}.error.json")
-    for stale in (error_file, error_file + ".tmp"):  # a previous job's record must not be read as this one's
-        if os.path.exists(stale):
-            os.unlink(stale)
+    stack_file = os.path.join(folder, f"rank{rank}.stack.txt")
+    for stale in (error_file, error_file + ".tmp", stack_file):  # a previous job's must not be read as this one's
+        files.remove(stale)
     env = contract.rank_env(os.environ, rank=rank, local_rank=local_rank, world_size=cfg.world_size,
-                            local_world_size=cfg.nproc, master_addr=cfg.master_addr, master_port=port,
-                            comm=cfg.comm, job_id=cfg.job_id, error_file=error_file, start_time=start_time,
-                            timeout_s=cfg.timeout_s)
+                            local_world_size=cfg.nproc, master_addr=LOOPBACK, master_port=port,
+                            comm=cfg.comm, job_id=cfg.job_id, secret=cfg.secret, error_file=error_file,
+                            stack_file=stack_file,
+                            start_time=start_time, timeout_s=cfg.timeout_s)
     argv = [sys.executable, "-m", "pypto_rt.launch.rank_main", *(["-m"] if cfg.module else []), cfg.target,
             *cfg.args]
     logs = [os.path.join(cfg.log_dir, f"rank{rank}.{kind}.log") if cfg.log_dir else None
             for kind in ("stdout", "stderr")]
     return RankSpec(rank, local_rank, argv, env, error_file, echo=cfg.tee or not cfg.log_dir,
-                    stdout_log=logs[0], stderr_log=logs[1])
+                    stdout_log=logs[0], stderr_log=logs[1], stack_file=stack_file)
 
 
 class _Nodes:
@@ -82,12 +89,9 @@ class _Nodes:
     another node's, so one failing rank ends the ranks of every host, not only its own."""
     KEY = "pypto-launch/failed"
 
-    def __init__(self, cfg: LaunchConfig, store, port: int):
+    def __init__(self, cfg: LaunchConfig, store):
         self.node = cfg.node_rank
-        if store is None:   # nodes > 0 join node 0's store as clients
-            from torch.distributed import TCPStore
-            store = TCPStore(cfg.master_addr, port, is_master=False, wait_for_workers=False)
-        self.store = store
+        self.store = store   # the job's scope of node 0's store
 
     def failed_elsewhere(self) -> str | None:
         try:
@@ -105,8 +109,10 @@ class _Nodes:
             pass
 
 
-def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, nodes: _Nodes | None = None) -> int:
-    sup = Supervisor(specs, watch, remote_failure=nodes.failed_elsewhere if nodes else None)
+def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, store,
+               nodes: _Nodes | None = None) -> int:
+    sup = Supervisor(specs, watch, remote_failure=nodes.failed_elsewhere if nodes else None,
+                     on_exit=lambda r: _mark_exited(store, r))
     try:
         try:
             sup.start()
@@ -117,11 +123,16 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, nod
         first = first_failure([_result(r) for r in sup.ranks if r.returncode is not None])
         if nodes is not None and first is not None:
             nodes.post(f"rank {first.rank} failed (exit code {first.returncode})")
-        sup.end(settle_s=WAIT_SETTLE_S if first and first.record and first.record.get("wait") else 0.0)
+        sup.end(settle_s=WAIT_SETTLE_S if first and first.record and first.record.get("wait") else 0.0,
+                dump_stacks=first is not None)
     except BaseException:
         sup.kill_now()
         raise
     results = [_result(r) for r in sup.ranks]
+    for r in sup.ranks:   # only the ranks asked for their stacks keep a stack file
+        if not _text(r.spec.stack_file):
+            with contextlib.suppress(OSError):
+                files.remove(r.spec.stack_file)
     if got_signal is None and all(r.returncode == 0 for r in results):
         strays = [str(r.rank) for r in results if r.left_processes]
         if strays:
@@ -136,12 +147,42 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, nod
     return 128 + got_signal if got_signal is not None else 1
 
 
+def _mark_exited(store, r: RankProc) -> None:
+    """Tell the ranks still in a start rendezvous that rank r will never come (pypto_rt.collective.rendezvous)."""
+    from pypto_rt.collective.rendezvous import EXITED_KEY
+    try:
+        store.set(f"{EXITED_KEY}/{r.spec.rank}", str(r.returncode))
+    except Exception:  # noqa: BLE001 - the store is gone (node 0 ended): its ranks are ending anyway
+        pass
+
+
 def _result(r: RankProc) -> RankResult:
     # a rank still unreaped after SIGKILL (stuck in the kernel) is reported as killed by it
     returncode = r.returncode if r.returncode is not None else -signal.SIGKILL
     return RankResult(rank=r.spec.rank, local_rank=r.spec.local_rank, pid=r.proc.pid, returncode=returncode,
                       ended_at=r.ended_at or time.time(), signalled=r.signalled, signalled_at=r.signalled_at,
-                      record=read_record(r.spec.error_file), log=r.spec.stderr_log, left_processes=r.left_processes)
+                      record=read_record(r.spec.error_file), log=r.spec.stderr_log, left_processes=r.left_processes,
+                      stack=_text(r.spec.stack_file) or None, stderr_tail=_stderr_tail(r))
+
+
+def _stderr_tail(r: RankProc) -> str:
+    """The end of what the rank wrote to stderr: as the launcher copied it, else from its log file."""
+    if r.stderr is not None:
+        data = r.stderr.tail
+    else:
+        try:
+            data = files.tail_own(r.spec.stderr_log, TAIL_BYTES) if r.spec.stderr_log else b""
+        except OSError:
+            data = b""
+    return data.decode("utf-8", "replace")
+
+
+def _text(path: str | None) -> str:
+    """A file the launcher or a rank made, or "" when absent or unreadable."""
+    try:
+        return files.read_own(path) if path else ""
+    except OSError:
+        return ""
 
 
 def _setup_error(message: str) -> int:

@@ -2,12 +2,15 @@
 `[rank N] ` prefix, to the launcher's own stream of the same kind.
 
 Whole lines only reach the terminal, so lines of different ranks never interleave mid-line; a last line without
-a newline is flushed when the stream ends.
+a newline is flushed when the stream ends. The last TAIL_BYTES stay in `tail`: a rank that dies without an error
+record (a C++ abort, say) often said why there.
 """
 from __future__ import annotations
 
 import sys
 from typing import BinaryIO
+
+TAIL_BYTES = 8192
 
 
 class RankStream:
@@ -19,8 +22,10 @@ class RankStream:
         self.echo = echo
         self.log = log
         self._partial = b""
+        self.tail = b""
 
     def feed(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-TAIL_BYTES:]
         if self.log is not None:
             self.log.write(data)
             self.log.flush()

@@ -14,19 +14,27 @@ to $PYPTO_ERROR_FILE (atomically: the launcher never reads half a file):
     wait                     the communicator's wait report ({rank, op, label, window, cell, seen, expected,
                              cmp, peers, waited_s}) of the first exception in the chain carrying `.wait`
                              (following `.error`, `__cause__` and `__context__`), or null
+    peer_caused              true when the chain holds a PeerAbortedError (known by its class name, so ranks
+                             need not import the communicator): by its own account, another rank's abort, death
+                             or exit ended this one, so it is not the root cause while another failure exists
+
+On SIGUSR1 the rank writes every thread's stack to $PYPTO_STACK_FILE (faulthandler, from the signal handler, so
+even a rank stuck in C code answers); the launcher asks the ranks still running when another one failed.
 
 Imports nothing heavy: a rank that does not use torch never loads it.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import runpy
 import sys
 import time
 
 from pypto_rt.errors import find_wait
-from pypto_rt.launch import contract
+from pypto_rt.launch import contract, files
 from pypto_rt.pypto_run import format_user_error, prepare
 
 USAGE = "usage: python -m pypto_rt.launch.rank_main (prog.py | -m module) [args...]   (started by pypto-launch)"
@@ -40,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     target, args = argv[0], argv[1:]
+    _arm_stack_dump()
     if not module:
         # as under `python prog.py`: the program's folder is importable, the launcher's working directory is not
         if sys.path and sys.path[0] in ("", os.getcwd()):
@@ -50,6 +59,23 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         return _fail(2, "EnvironmentError", problem)
     return _run(target, module)
+
+
+def _arm_stack_dump() -> None:
+    """faulthandler writes every thread's stack to $PYPTO_STACK_FILE on SIGUSR1 (the file stays open)."""
+    path = os.environ.get(contract.STACK_FILE)
+    if not path:
+        return
+    try:
+        out = files.create(path, "w")
+    except OSError as e:
+        print(f"pypto-launch: rank cannot write its stack file {path}: {e}", file=sys.stderr)
+        return
+    faulthandler.register(signal.SIGUSR1, file=out, all_threads=True)
+    _STACK_OUT.append(out)
+
+
+_STACK_OUT: list = []   # keeps the stack file open as long as the process lives
 
 
 def _run(target: str, module: bool) -> int:
@@ -103,12 +129,26 @@ def _fail(code: int, error_type: str, message: str, exc: BaseException | None = 
     if path:
         record = {"rank": _env_int(contract.RANK), "local_rank": _env_int(contract.LOCAL_RANK), "pid": os.getpid(),
                   "time": when or time.time(), "exit_code": code, "error_type": error_type, "message": message,
-                  "where": _where(exc), "wait": find_wait(exc)}
+                  "where": _where(exc), "wait": find_wait(exc), "peer_caused": _peer_caused(exc)}
         try:
             _write_json(path, record)
         except OSError as e:
             print(f"pypto-launch: rank could not write its error file {path}: {e}", file=sys.stderr)
     return code
+
+
+def _peer_caused(exc: BaseException | None) -> bool:
+    """Whether `exc`'s chain (as `find_wait` walks it) holds a PeerAbortedError."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if any(cls.__name__ == "PeerAbortedError" for cls in type(e).__mro__):
+            return True
+        todo += [getattr(e, "error", None), e.__cause__, e.__context__]
+    return False
 
 
 def _exit_code(code) -> tuple[int, str | None]:
@@ -149,7 +189,7 @@ def _env_int(name: str) -> int:
 
 def _write_json(path: str, record: dict) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with files.create(tmp, "w") as f:
         json.dump(record, f, indent=1, default=str)
     os.replace(tmp, path)
 

@@ -1,8 +1,11 @@
 """What the launcher tells the user when a job does not pass: which rank failed first, its error, what became of
 every other rank, and the merged cross-rank wait picture. Pure formatting over `RankResult`s; no processes.
 
-First failure: the earliest failure *time*: the `time` in the rank's error file, else the moment the launcher
-saw it exit. Never the last (or first) rank reaped: a rank whose error is written first may exit last.
+First failure: the earliest failure *time*: the `time` in the rank's error file, else the moment the rank's
+process ended (the launcher hears of it at once). Never the last (or first) rank reaped: a rank whose error is
+written first may exit last. A rank whose error says a peer's abort, death or exit ended it (`peer_caused`)
+is a root cause only when no other rank failed: the peer it waited on failed first, even when that peer died
+without a record and the launcher timed its death a little late.
 """
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import json
 import signal
 import time
 from dataclasses import dataclass
+
+from pypto_rt.launch import files
 
 FAILED, KILLED, PASSED = "failed", "killed", "passed"
 
@@ -27,6 +32,8 @@ class RankResult:
     record: dict | None = None  # its error file (see rank_main)
     log: str | None = None  # its stderr log, if any
     left_processes: bool = False
+    stack: str | None = None  # its stacks (faulthandler's text) when the launcher asked before ending it
+    stderr_tail: str = ""  # the end of its stderr
 
     @property
     def state(self) -> str:
@@ -38,6 +45,10 @@ class RankResult:
         return FAILED if own_error and self.record["time"] < self.signalled_at else KILLED
 
     @property
+    def peer_caused(self) -> bool:
+        return bool((self.record or {}).get("peer_caused"))
+
+    @property
     def failed_at(self) -> float:
         t = (self.record or {}).get("time")
         return t if isinstance(t, (int, float)) else self.ended_at
@@ -47,20 +58,42 @@ class RankResult:
         if self.record and self.record.get("message"):
             return str(self.record["message"])
         if self.returncode < 0:
-            return f"rank {self.rank} was killed by {signal_name(-self.returncode)}"
-        return f"rank {self.rank} exited with code {self.returncode}"
+            text = f"rank {self.rank} was killed by {signal_name(-self.returncode)}"
+        else:
+            text = f"rank {self.rank} exited with code {self.returncode}"
+        said = last_words(self.stderr_tail)
+        return "\n".join([text + "; its stderr ended with:"] + ["  " + line for line in said]) if said else text
 
 
 def read_record(path: str) -> dict | None:
     """A rank's error file, or None when it wrote none; a damaged file yields a record saying so."""
     try:
-        with open(path) as f:
-            record = json.load(f)
+        record = json.loads(files.read_own(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
         return {"message": f"(its error file {path} is unreadable: {e})"}
     return record if isinstance(record, dict) else None
+
+
+MAX_LAST_WORDS = 6
+_NATIVE_TRACE = ("Exception raised from ", "frame #")
+
+
+def last_words(tail: str) -> list[str]:
+    """What a rank that left no error record last said on stderr: a C++ exception's `terminate called ...` and
+    `what():` lines when there are some (gloo's "collective mismatch", say; not the native backtrace after them),
+    else its last lines; at most MAX_LAST_WORDS lines."""
+    lines = [line.rstrip() for line in tail.splitlines() if line.strip()]
+    start = max((i for i, line in enumerate(lines) if line.startswith("terminate called ")), default=None)
+    if start is None:
+        return lines[-MAX_LAST_WORDS:]
+    said = []
+    for line in lines[start:]:
+        if line.startswith(_NATIVE_TRACE):
+            break
+        said.append(line)
+    return said[:MAX_LAST_WORDS]
 
 
 def signal_name(signum: int) -> str:
@@ -72,7 +105,7 @@ def signal_name(signum: int) -> str:
 
 def first_failure(results: list[RankResult]) -> RankResult | None:
     failed = [r for r in results if r.state == FAILED]
-    return min(failed, key=lambda r: (r.failed_at, r.ended_at, r.rank)) if failed else None
+    return min(failed, key=lambda r: (r.peer_caused, r.failed_at, r.ended_at, r.rank)) if failed else None
 
 
 def summarize(results: list[RankResult], job_id: str, interrupted: int | None = None) -> str:
@@ -92,6 +125,7 @@ def summarize(results: list[RankResult], job_id: str, interrupted: int | None = 
     if waits:
         lines.append("cross-rank waits (who waits for whom):")
         lines.extend("  " + line for line in merge_waits(waits).splitlines())
+    lines.extend(_awaited_stacks(results, waits))
     logs = [r.log for r in sorted(results, key=lambda r: r is not first) if r.log and r.state == FAILED]
     if logs:
         lines.append(f"logs: {logs[0]}" + (f" (and {len(logs) - 1} more failed ranks' logs there)" if logs[1:] else ""))
@@ -122,11 +156,42 @@ def _fate(r: RankResult, first: RankResult | None) -> str:
         return "exited 0" + note
     if r.state == KILLED:
         how = signal_name(r.signalled) if r.signalled else "a signal"
+        frames = main_thread_frames(r.stack)
+        note = (f"; it was at {frames[0]}" if frames else "") + note
         if r.returncode < 0 and -r.returncode == r.signalled:
             return f"killed by the launcher ({how})" + note
         return f"ended by the launcher's {how} ({_exit_status(r.returncode)})" + note
     later = f" {r.failed_at - first.failed_at:.2f} s later" if first is not None else ""
     return f"failed{later} ({_status(r)}): {headline(r.message, (r.record or {}).get('where'))}" + note
+
+
+MAX_FRAMES = 12
+
+
+def _awaited_stacks(results: list[RankResult], waits: list[dict]) -> list[str]:
+    """The stacks of ranks others waited on that the launcher had to end: where a hung rank hung."""
+    awaited = {p for w in waits for p in (w.get("peers") or []) if isinstance(p, int)}
+    lines = []
+    for r in sorted(results, key=lambda r: r.rank):
+        frames = main_thread_frames(r.stack) if r.rank in awaited and r.state == KILLED else []
+        if frames:
+            lines.append(f"where rank {r.rank}, which others waited on, was when ended (most recent call first):")
+            lines.extend("    " + f for f in frames[:MAX_FRAMES])
+            if len(frames) > MAX_FRAMES:
+                lines.append(f"    ... {len(frames) - MAX_FRAMES} more frames")
+    return lines
+
+
+def main_thread_frames(dump: str | None) -> list[str]:
+    """The frames (`File "f", line N in fn`, innermost first) of the last thread in a faulthandler dump: the
+    main thread, which faulthandler lists last."""
+    frames: list[str] = []
+    for line in (dump or "").splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            frames = []
+        elif line.startswith("  File "):
+            frames.append(line.strip())
+    return frames
 
 
 def headline(message: str, where: str | None = None) -> str:

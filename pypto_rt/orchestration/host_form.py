@@ -10,7 +10,7 @@ programs with `device=r` to one rank process per device id, which this runtime s
       f(..., device=r)        -> "run" to rank r   -> f(*args) on this process's runtime, then
                                                       "done", or "error" with the rendered error
     the body's end joins every dispatch            "exit": an exit barrier, then the process ends
-    remove /dev/shm/<prefix>* (this process owns the job's segments, also on failure)
+    remove /dev/shm/<prefix>+* (this process owns the job's segments, also on failure)
 
 Dispatches are asynchronous; the function's end joins all ranks (DESIGN.md "Host form"). Tensors reach the
 ranks as views of the entry's tensors, whose storage was moved to shared memory in place before the fork, so
@@ -127,11 +127,13 @@ class _Job:
             theirs.close()
             self.conns.append(mine)
             self.procs.append(proc)
-        # the store's server threads start only after the forks: a child must not inherit a lock one of them holds
-        from torch.distributed import TCPStore
-        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        # the store's server threads start only after the forks: a child must not inherit a lock one of them holds;
+        # it listens on loopback only, its keys under a secret the ranks get through their private pipes
+        from pypto_rt.collective import rendezvous
+        secret = secrets.token_hex(16)
+        self.store, _ = rendezvous.serve("127.0.0.1", 0, secret)
         for conn in self.conns:
-            conn.send(("store", self.store.port))
+            conn.send(("store", self.store.port, secret))
 
     # -- the host body's requests ----------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> process.HostWindowBuffer:
@@ -306,9 +308,10 @@ def _rank_main(rank: int, world_size: int, conn, binding, inherited, lifeline) -
     try:
         from torch.distributed import TCPStore
 
-        from pypto_rt.collective import create_communicator
-        _, port = conn.recv()   # ("store", port): the host starts its store after forking every rank
-        store = TCPStore("127.0.0.1", port, is_master=False)
+        from pypto_rt.collective import create_communicator, rendezvous
+        _, port, secret = conn.recv()   # ("store", port, secret): the host starts its store after forking every rank
+        store = rendezvous.join(TCPStore("127.0.0.1", port, is_master=False), secret, f"127.0.0.1:{port}",
+                                f"rank {rank}")
         process.install(create_communicator("shm", rank, world_size, store=store, prefix=prefix,
                                             owner_unlinks=False))
         send = _Sender(conn)

@@ -18,6 +18,7 @@ def _no_launcher_settings_from_outside(monkeypatch):
     for env, _ in cli._FLAGS.values():
         monkeypatch.delenv(env, raising=False)
     monkeypatch.delenv(cli._TEE_ENV, raising=False)
+    monkeypatch.delenv("PYPTO_JOB_SECRET", raising=False)
 
 
 @pytest.fixture

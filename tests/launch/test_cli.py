@@ -25,19 +25,27 @@ def test_defaults(prog):
 def test_every_flag_has_an_environment_form_and_the_flag_wins(prog, monkeypatch):
     env = {"PYPTO_NPROC": "3", "PYPTO_NNODES": "2", "PYPTO_NODE_RANK": "1", "PYPTO_MASTER_ADDR": "10.0.0.1",
            "PYPTO_MASTER_PORT": "29500", "PYPTO_LOG_DIR": "/tmp/x", "PYPTO_COMM": "hccl", "PYPTO_TIMEOUT_S": "7.5",
-           "PYPTO_JOB_ID": "j1", "PYPTO_TEE": "1", "PYPTO_LAUNCH_BACKEND": "local"}
+           "PYPTO_JOB_ID": "j1", "PYPTO_TEE": "1", "PYPTO_LAUNCH_BACKEND": "local", "PYPTO_JOB_SECRET": "s3cr3t"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     cfg = cli.parse([prog])
     assert (cfg.nproc, cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port) == (3, 2, 1, "10.0.0.1", 29500)
     assert (cfg.log_dir, cfg.comm, cfg.timeout_s, cfg.job_id, cfg.tee) == ("/tmp/x", "hccl", 7.5, "j1", True)
+    assert cfg.secret == "s3cr3t" and "s3cr3t" not in repr(cfg)
     cfg = cli.parse(["--nproc", "5", "--node_rank", "0", "--comm", "gloo", "--master-port", "0", prog])
     assert (cfg.nproc, cfg.node_rank, cfg.comm, cfg.master_port) == (5, 0, "gloo", 0)
 
 
 @pytest.mark.timeout(10)
-def test_comm_defaults_to_gloo_across_hosts(prog):
-    assert cli.parse(["--nnodes", "2", prog]).comm == "gloo"
+def test_comm_defaults_to_gloo_across_hosts(prog, monkeypatch):
+    monkeypatch.setenv("PYPTO_JOB_SECRET", "s")
+    assert cli.parse(["--nnodes", "2", "--master-addr", "10.0.0.1", prog]).comm == "gloo"
+
+
+@pytest.mark.timeout(10)
+def test_a_one_host_job_gets_a_random_secret(prog):
+    one, two = cli.parse([prog]), cli.parse([prog])
+    assert len(one.secret) == 32 and one.secret != two.secret
 
 
 @pytest.mark.timeout(10)
@@ -51,6 +59,8 @@ def test_comm_defaults_to_gloo_across_hosts(prog):
     (["--timeout-s", "-1"], {}, "--timeout-s must be a positive number of seconds"),
     (["--job-id", "a/b"], {}, "--job-id may hold only letters"),
     (["--master-port", "70000"], {}, "--master-port must be an integer between 0 and 65535"),
+    (["--nnodes", "2"], {"PYPTO_JOB_SECRET": "s"}, "--nnodes 2 needs --master-addr: node 0's address"),
+    (["--nnodes", "2", "--master-addr", "10.0.0.1"], {}, "--nnodes 2 needs PYPTO_JOB_SECRET in the environment"),
 ])
 def test_usage_errors_say_what_and_how(prog, monkeypatch, capsys, argv, env, expected):
     for k, v in env.items():

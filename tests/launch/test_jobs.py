@@ -109,20 +109,30 @@ def test_first_failure_is_the_earliest_error_not_the_first_rank_to_exit(program,
 
 @pytest.mark.timeout(60)
 def test_system_exit_1_is_a_failure_with_an_error_file(tmp_path, program, launch):
+    # rank 1 fails only once rank 0 has exited 0 (else the launcher may end rank 0 while it is exiting)
     prog = program("""
-    import os
+    import os, sys, time
     ok = os.environ["RANK"] != "1"
     print("rank", os.environ["RANK"], "PASS" if ok else "FAIL")
+    done = os.path.join(sys.argv[1], "rank0.done")
+    if ok:
+        open(done, "w").close()
+    else:
+        while not os.path.exists(done):
+            time.sleep(0.01)
+        time.sleep(1.0)
     raise SystemExit(0 if ok else 1)
     """)
     logs = tmp_path / "logs"
-    job = launch("--nproc", "2", "--log-dir", str(logs), prog)
+    job = launch("--nproc", "2", "--log-dir", str(logs), prog, str(tmp_path))
     assert job.rc == 1
     assert "rank 1 failed first (exit code 1" in job.err and "rank 1 exited with code 1" in job.err
     assert "rank 0: exited 0" in job.err
     assert f"logs: {logs / 'rank1.stderr.log'}" in job.err
     record = json.loads((logs / "rank1.error.json").read_text())
-    assert set(record) == {"rank", "local_rank", "pid", "time", "exit_code", "error_type", "message", "where", "wait"}
+    assert set(record) == {"rank", "local_rank", "pid", "time", "exit_code", "error_type", "message", "where", "wait",
+                           "peer_caused"}
+    assert record["peer_caused"] is False
     assert (record["rank"], record["local_rank"], record["exit_code"]) == (1, 1, 1)
     assert (record["error_type"], record["wait"]) == ("SystemExit", None)
     assert not (logs / "rank0.error.json").exists()
@@ -262,3 +272,211 @@ def test_processes_a_passing_rank_left_behind_are_ended(tmp_path, program, launc
     assert job.rc == 0, job.err
     assert "rank(s) 0 exited 0 but left processes running; the launcher ended them" in job.err
     assert pid_gone(int(pid_file.read_text()))
+
+
+# rank 2 ends without an error record mid-run; the others notice within 50 ms, as the shm communicator's watch
+# does, and fail with the communicator's PeerAbortedError (the launcher knows it by name: no torch needed here)
+SILENT_DEATH = """
+    import os, signal, sys, time
+    rank, folder, how = int(os.environ["RANK"]), sys.argv[1], sys.argv[2]
+
+    class PeerAbortedError(Exception):
+        pass
+
+    if rank == 2:
+        with open(os.path.join(folder, "pid2.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(os.path.join(folder, "pid2.tmp"), os.path.join(folder, "pid2"))
+        time.sleep(0.3)
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    while not os.path.exists(os.path.join(folder, "pid2")):
+        time.sleep(0.01)
+    pid = open(os.path.join(folder, "pid2")).read()
+
+    def gone():
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+        except FileNotFoundError:
+            return True
+
+    while not gone():
+        time.sleep(0.05)
+    raise PeerAbortedError(f"rank 2 died (process {pid} exited without closing its communicator)")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how, status", [("exit", "exit code 3"), ("kill", "killed by SIGKILL")])
+def test_a_rank_dying_without_a_record_is_the_root_cause_not_the_ranks_that_noticed(tmp_path, program, launch,
+                                                                                    how, status):
+    prog = program(SILENT_DEATH)
+    for attempt in range(5):
+        folder = tmp_path / f"run{attempt}"
+        folder.mkdir()
+        job = launch("--nproc", "4", prog, str(folder), how)
+        assert job.rc == 1
+        headline = next(line for line in job.err.splitlines() if "failed first" in line)
+        assert headline.startswith(f"rank 2 failed first ({status}"), (attempt, job.err)
+
+
+@pytest.mark.timeout(60)
+def test_the_report_shows_where_a_rank_others_waited_on_was_stuck(tmp_path, program, launch):
+    prog = program("""
+    import os, sys, time
+    rank = int(os.environ["RANK"])
+
+    class CommTimeoutError(Exception):
+        pass
+
+    def stuck_here():
+        time.sleep(60)
+
+    if rank == 1:
+        open(sys.argv[1], "w").close()
+        stuck_here()
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    time.sleep(0.5)
+    error = CommTimeoutError("rank 0 waited 1 s for rank 1")
+    error.wait = {"rank": 0, "op": "wait", "label": "allgather", "window": "signal", "cell": [1, 0], "seen": 0,
+                  "expected": 1, "cmp": "Ge", "peers": [1], "waited_s": 1.0}
+    raise error
+    """)
+    job = launch("--nproc", "2", prog, str(tmp_path / "rank1.stuck"))
+    assert job.rc == 1 and "rank 0 failed first" in job.err
+    stuck_line, sleep_line = f'File "{prog}", line 8 in stuck_here', f'File "{prog}", line 12 in <module>'
+    assert f"rank 1: killed by the launcher (SIGTERM); it was at {stuck_line}" in job.err
+    where = job.err.split("where rank 1, which others waited on, was when ended (most recent call first):", 1)[1]
+    assert where.splitlines()[1:3] == ["    " + stuck_line, "    " + sleep_line]
+
+
+def _summary(err: str) -> str:
+    """The launcher's report alone (rank output echoed to the terminal comes before it)."""
+    return err[err.index("==================== pypto-launch: job"):]
+
+
+@pytest.mark.timeout(120)
+def test_a_gloo_collective_mismatch_names_the_aborting_rank_and_quotes_gloo(tmp_path, program, launch):
+    # gloo aborts rank 0 inside the allreduce (EnforceNotMet: SIGABRT, no error record); rank 1 then sees its
+    # connection reset: the report must blame rank 0 and say what gloo said
+    prog = program("""
+    import os, torch
+    from pypto_rt.collective import process
+    rank = int(os.environ["RANK"])
+    process.communicator("test").allreduce(torch.ones(4 if rank == 0 else 8))
+    """)
+    job = launch("--nproc", "2", "--comm", "gloo", "--timeout-s", "30", "--log-dir", str(tmp_path / "logs"), prog)
+    assert job.rc == 1 and job.seconds < 60
+    report = _summary(job.err)
+    assert "rank 0 failed first (killed by SIGABRT" in report, report
+    quoted = report.split("rank 0 was killed by SIGABRT; its stderr ended with:", 1)[1]
+    assert "terminate called after throwing an instance of 'gloo::EnforceNotMet'" in quoted
+    assert "collective mismatch" in quoted and "frame #" not in quoted
+    assert "rank 1: failed" in report and "a peer left the job" in report
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_aborting_without_a_record_has_its_last_stderr_lines_in_the_report(program, launch):
+    prog = program("""
+    import os, sys, time
+    if os.environ["RANK"] == "1":
+        print("early noise", file=sys.stderr)
+        sys.stderr.write("terminate called after throwing an instance of 'std::runtime_error'\\n"
+                         "  what():  the native layer gave up\\n"
+                         "Exception raised from somewhere (most recent call first):\\nframe #0: 0x1 in libx.so\\n")
+        sys.stderr.flush()
+        os.abort()
+    time.sleep(60)
+    """)
+    job = launch("--nproc", "2", prog)
+    assert job.rc == 1
+    report = _summary(job.err)
+    assert "rank 1 failed first (killed by SIGABRT" in report
+    lines = report.split("its stderr ended with:\n", 1)[1].splitlines()
+    assert lines[:2] == ["      terminate called after throwing an instance of 'std::runtime_error'",
+                         "        what():  the native layer gave up"]
+    assert "early noise" not in report and "frame #0" not in report
+
+
+# each rank reports how the job's store listens and where its secret is; rank 0 also tries the store with a
+# wrong secret
+STORE_PROBE = """
+    import json, os, socket, sys
+    rank, port = int(os.environ["RANK"]), int(os.environ["MASTER_PORT"])
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            addr, p = fields[1].rsplit(":", 1)
+            if int(p, 16) == port and fields[3] == "0A":
+                listening.append(addr)
+    refused = None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))   # no packet: only picks this host's outgoing address
+            outside = probe.getsockname()[0]
+        except OSError:
+            outside = None
+    if outside and not outside.startswith("127."):
+        try:
+            socket.create_connection((outside, port), timeout=2).close()
+            refused = False
+        except OSError:
+            refused = True
+    wrong = None
+    if rank == 0:
+        from pypto_rt.collective import rendezvous
+        from pypto_rt.errors import PyptoError
+        os.environ["PYPTO_JOB_SECRET"] = "not-the-secret"
+        try:
+            rendezvous.open_store(rank, 2, start_timeout_s=10)
+        except PyptoError as e:
+            wrong = str(e)
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"listening": listening, "outside": outside, "refused": refused, "wrong": wrong,
+                   "addr": os.environ["MASTER_ADDR"], "cmdline": open("/proc/self/cmdline").read(),
+                   "parent": open(f"/proc/{os.getppid()}/cmdline").read()}, f)
+    open(os.path.join(sys.argv[1], f"secret{rank}"), "w").write(open("/proc/self/environ").read())
+"""
+
+
+@pytest.mark.timeout(90)
+def test_the_store_listens_on_loopback_only_and_its_secret_travels_in_the_environment(tmp_path, program, launch):
+    out = tmp_path / "out"
+    out.mkdir()
+    job = launch("--nproc", "2", program(STORE_PROBE), str(out))
+    assert job.rc == 0, job.err
+    dumps = _dumps(out)
+    for rank, d in dumps.items():
+        assert d["listening"] == ["0100007F"] and d["addr"] == "127.0.0.1", d   # 127.0.0.1, not 0.0.0.0 or ::
+        assert d["refused"] in (True, None) and (d["refused"] or not d["outside"]), d
+        environ = dict(v.split("=", 1) for v in (out / f"secret{rank}").read_text().split("\0") if "=" in v)
+        secret = environ["PYPTO_JOB_SECRET"]
+        assert len(secret) >= 32 and secret not in d["cmdline"] and secret not in d["parent"]
+    assert "is not this job's, or PYPTO_JOB_SECRET differs" in dumps[0]["wrong"]
+
+
+@pytest.mark.timeout(100)
+def test_a_rank_exiting_0_before_its_communicator_ends_the_job_at_once_naming_it(tmp_path, program, launch):
+    # rank 0 waits in its communicator's start rendezvous for rank 1, which has exited: before, it waited out
+    # PYPTO_START_TIMEOUT_S (120 s) whatever --timeout-s said
+    prog = program("""
+    import os, sys, time
+    if os.environ["RANK"] == "1":
+        raise SystemExit(0)
+    import torch
+    from pypto_rt.collective import process
+    open(sys.argv[1], "w").write(repr(time.time()))
+    process.communicator("test")
+    """)
+    logs, stamp = tmp_path / "logs", tmp_path / "stamp"
+    job = launch("--nproc", "2", "--timeout-s", "10", "--log-dir", str(logs), prog, str(stamp))
+    assert job.rc == 1, job.err
+    waited = json.loads((logs / "rank0.error.json").read_text())["time"] - float(stamp.read_text())
+    assert waited < 5, waited   # torch imported: what is left is the rendezvous
+    report = _summary(job.err)
+    assert "rank 0 failed first" in report
+    assert "rank 1 exited (exit code 0) before creating its communicator, so it can never join this one" in report
+    assert "rank 1: exited 0" in report

@@ -29,7 +29,8 @@ def test_a_rank_failing_on_one_node_ends_the_other_nodes_ranks(program):
     ''')
     port = str(_free_port())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYPTO_")}
-    common = ["--nproc", "2", "--nnodes", "2", "--master-port", port, "--comm", "gloo"]
+    env["PYPTO_JOB_SECRET"] = "a shared secret"
+    common = ["--nproc", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "--comm", "gloo"]
     start = time.monotonic()
     node0 = subprocess.Popen(LAUNCH + common + ["--node-rank", "0", prog], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)

@@ -100,3 +100,27 @@ def test_find_wait_follows_error_cause_and_context():
     except KeyError as outer:
         assert find_wait(outer) is WAIT0
     assert find_wait(ValueError("no wait")) is None
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_failing_because_a_peer_died_is_not_the_root_cause_while_another_failed():
+    victim = RankResult(0, 0, 100, 1, T + 0.2, record={"time": T + 0.01, "exit_code": 1, "peer_caused": True,
+                                                       "message": "PeerAbortedError: rank 1 died"})
+    silent = RankResult(1, 1, 101, 3, ended_at=T + 0.05)   # os._exit(3), timed a little late
+    assert first_failure([victim, silent]) is silent
+    assert first_failure([victim]) is victim
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_without_a_record_is_reported_with_its_last_stderr_words():
+    tail = ("noise\n" * 20 + "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+            "  what():  [enforce fail at pair.cc:456] 8 vs 4. Is there a distributed collective mismatch?\n"
+            "Exception raised from run at x.cpp:1 (most recent call first):\nframe #0: f\n")
+    aborted = RankResult(0, 0, 100, -signal.SIGABRT, T, stderr_tail=tail)
+    assert aborted.message.splitlines() == [
+        "rank 0 was killed by SIGABRT; its stderr ended with:",
+        "  terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "    what():  [enforce fail at pair.cc:456] 8 vs 4. Is there a distributed collective mismatch?"]
+    plain = RankResult(1, 1, 101, 3, T, stderr_tail="a\nb\n\nc\n" + "x\n" * 6)
+    assert plain.message.splitlines() == ["rank 1 exited with code 3; its stderr ended with:"] + ["  x"] * 6
+    assert RankResult(2, 2, 102, 3, T).message == "rank 2 exited with code 3"
