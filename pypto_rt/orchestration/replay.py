@@ -32,6 +32,7 @@ then); tensors it reads from outside (module constants) it reads by reference, s
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import warnings
@@ -229,7 +230,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     else:
         outputs = []
         spec.results = number_outputs(rebuild, outputs)
-        source = recorder.source(outputs, fn_name=f"replay_{kernel.name}".replace(".", "_"))
+        source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
         spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
         spec.calls = recorder.calls
         spec.guards = recorder.guards
