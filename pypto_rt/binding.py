@@ -1,17 +1,20 @@
 """Binding a `@pl.jit` entry call's arguments to the kernel's parameters.
 
-Checks count, kinds, dtypes, static extents and `pl.dynamic` consistency, and reports a
-mismatch at the caller's line. Tensors are wrapped as `TensorValue`s sharing the caller's
-storage, so Out/InOut writes land in place. Shared by every executor.
+Checks count, kinds, dtypes and `pl.dynamic` consistency, and reports a mismatch at the caller's
+line. Like the real `@pl.jit`, a call specialises on the extents of the tensors passed: a static
+extent (or rank) that differs from the annotation gives one EntryShapeWarning per kernel and shape.
+Tensors are wrapped as `TensorValue`s sharing the caller's storage, so Out/InOut writes land in
+place. Shared by every executor.
 """
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from pypto_rt.errors import KernelArgumentError, OpError, user_span
+from pypto_rt.errors import EntryShapeWarning, KernelArgumentError, OpError, user_span
 from pypto_rt.language.types import DynVar, ScalarType, TensorType
 from pypto_rt.ops import dtype_rules
 from pypto_rt.ops.value import TensorValue
@@ -25,14 +28,34 @@ class Binding:
     readonly: dict[int, str] = field(default_factory=dict)  # storage data_ptr -> In parameter name
     dyn: dict[DynVar, int] = field(default_factory=dict)
     warned_writes: set[str] = field(default_factory=set)   # In parameters whose write was reported (once each)
+    shape_notes: list = field(default_factory=list)        # (parameter, shape passed, how it differs from annotated)
 
 
 def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:
     """Bind and check an entry call; raises KernelArgumentError at the caller's line."""
     try:
-        return _bind(kernel, args, kwargs)
+        binding = _bind(kernel, args, kwargs)
     except KernelArgumentError as e:
         raise e.at(user_span(3)) from None   # the caller's line, found only when there is an error to report
+    if binding.shape_notes:
+        _warn_shape(kernel, binding.shape_notes)
+    return binding
+
+
+def _warn_shape(kernel, notes: list) -> None:
+    """One EntryShapeWarning per kernel and argument shapes, at the caller's line."""
+    key = tuple((name, tuple(actual)) for name, actual, _ in notes)
+    warned = kernel.cache.setdefault("shape_warnings", set())
+    if key in warned:
+        return
+    warned.add(key)
+    span = user_span()
+    which = "; ".join(f"'{name}' has shape {list(actual)} ({how})" for name, actual, how in notes)
+    warnings.warn_explicit(
+        f"{kernel.name}: {which}. The call runs for the shapes passed, as the real @pl.jit does; code that assumes "
+        "the annotated shape may reach past the tensor, which fails at that op's line (pass tensors of the "
+        "annotated shape, or annotate a dim that varies with pl.dynamic)",
+        EntryShapeWarning, span.file if span else "<unknown>", span.line if span else 0)
 
 
 def _bind(kernel, args: tuple, kwargs: dict) -> Binding:
@@ -111,9 +134,9 @@ def _bind_tensor(kernel, name, spec: TensorType, arg, binding: Binding, where):
 
 
 def _check_shape(kernel, name, expected, actual, binding: Binding, where):
-    if len(expected) != len(actual):
-        raise KernelArgumentError(f"{kernel.name}: argument '{name}' has shape {list(actual)}, the kernel expects "
-                                  f"rank {len(expected)} ({_fmt(expected)})", where)
+    """Bind `pl.dynamic` dims. The call specialises on `actual` (as the real `@pl.jit` does): a static extent or a
+    rank that differs from the annotation is only noted, for `_warn_shape`."""
+    differ = []
     for axis, (want, got) in enumerate(zip(expected, actual)):
         if isinstance(want, DynVar):
             seen = binding.dyn.setdefault(want, got)
@@ -122,8 +145,12 @@ def _check_shape(kernel, name, expected, actual, binding: Binding, where):
                     f"{kernel.name}: argument '{name}' axis {axis} is {got}, but dynamic dim {want.name} is already "
                     f"{seen} from an earlier argument", where)
         elif isinstance(want, int) and want != got:
-            raise KernelArgumentError(f"{kernel.name}: argument '{name}' has shape {list(actual)}, the kernel "
-                                      f"expects {_fmt(expected)} (axis {axis}: {got} != {want})", where)
+            differ.append(str(axis))
+    if len(expected) != len(actual):
+        binding.shape_notes.append((name, actual, f"rank {len(actual)}, annotated {_fmt(expected)}"))
+    elif differ:
+        axes = f"axis {differ[0]} differs" if len(differ) == 1 else f"axes {', '.join(differ)} differ"
+        binding.shape_notes.append((name, actual, f"annotated {_fmt(expected)}, {axes}"))
 
 
 def _fmt(shape) -> str:
