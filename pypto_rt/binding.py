@@ -3,8 +3,9 @@
 Checks count, kinds, dtypes and `pl.dynamic` consistency, and reports a mismatch at the caller's
 line. Like the real `@pl.jit`, a call specialises on the extents of the tensors passed: a static
 extent (or rank) that differs from the annotation gives one EntryShapeWarning per kernel and shape.
-Tensors are wrapped as `TensorValue`s sharing the caller's storage, so Out/InOut writes land in
-place. Shared by every executor.
+Tensors must be dense and hold data, and an Out/InOut one must not have elements sharing memory.
+They are wrapped as `TensorValue`s sharing the caller's storage, so Out/InOut writes land in place.
+Shared by every executor.
 """
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ def _bind_one(kernel, name, spec, arg, binding: Binding, where):
     if isinstance(spec, ScalarType):
         return _bind_scalar(kernel, name, spec, arg, where)
     if isinstance(arg, torch.Tensor):
+        _check_has_data(kernel, name, arg, where)
         return TensorValue(arg, dtype_rules.from_torch(arg.dtype))
     return arg
 
@@ -118,6 +120,7 @@ def _bind_tensor(kernel, name, spec: TensorType, arg, binding: Binding, where):
     if not isinstance(arg, torch.Tensor):
         raise KernelArgumentError(f"{kernel.name}: argument '{name}' must be a torch.Tensor, got "
                                   f"{type(arg).__name__}", where)
+    _check_has_data(kernel, name, arg, where)
     try:
         dtype = dtype_rules.from_torch(arg.dtype)
     except OpError as e:
@@ -130,7 +133,36 @@ def _bind_tensor(kernel, name, spec: TensorType, arg, binding: Binding, where):
         _check_shape(kernel, name, spec.shape, tuple(arg.shape), binding, where)
     if spec.direction == "in":
         binding.readonly[arg.untyped_storage().data_ptr()] = name
+    elif spec.direction != "window" and _overlaps_itself(arg):
+        wrapper = "pl.Out" if spec.direction == "out" else "pl.InOut"
+        raise KernelArgumentError(
+            f"{kernel.name}: argument '{name}' is written by the kernel ({wrapper}), but several of its elements are "
+            f"one memory location (shape {list(arg.shape)}, strides {list(arg.stride())}: an expand()ed or "
+            "stride-0 view), so the writes would land on each other", where,
+            f"pass a tensor with storage of its own (torch.empty({list(arg.shape)}, dtype={arg.dtype}), or "
+            f"{name}.clone()) and read the results from it")
     return TensorValue(arg, spec.dtype or dtype)
+
+
+def _check_has_data(kernel, name, arg: torch.Tensor, where) -> None:
+    """Kernels read and write dense strided memory: no sparse layouts, no meta tensors (shapes without data)."""
+    if arg.layout is not torch.strided:
+        layout = str(arg.layout).removeprefix("torch.")
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' is a sparse tensor (layout {layout}); kernels "
+                                  "read and write dense tensors", where, f"pass {name}.to_dense()")
+    if arg.is_meta:
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' is a meta tensor: it has a shape but no data",
+                                  where, f"pass a tensor with data, e.g. torch.zeros({list(arg.shape)}, "
+                                  f"dtype={arg.dtype})")
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` share memory (torch's own check, as its in-place ops make; 2, "too hard to
+    tell", counts as no, as it does there)."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        return check(t) == 1
+    return any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape))
 
 
 def _check_shape(kernel, name, expected, actual, binding: Binding, where):

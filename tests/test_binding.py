@@ -1,4 +1,5 @@
-"""Binding entry arguments: calls specialise on the shapes passed (as the real @pl.jit)."""
+"""Binding entry arguments: calls specialise on the shapes passed (as the real @pl.jit), tensors without data or
+with self-overlapping outputs are refused at the call."""
 from __future__ import annotations
 
 import sys
@@ -125,3 +126,60 @@ def test_a_dtype_other_than_annotated_stays_an_error(executor):
     with config.scope(EXECUTOR=executor), pytest.raises(KernelArgumentError, match="has dtype torch.int32") as info:
         kernel(torch.zeros(1, N, dtype=torch.int32), torch.zeros(1, N))
     assert info.value.span.file == __file__
+
+
+@pl.jit
+def add_one(x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="add"):
+        y[:, :] = pl.add(x[:, :], 1.0)
+    return y
+
+
+@pl.jit
+def accumulate(x: pl.Tensor[[4, N], pl.FP32], acc: pl.InOut[pl.Tensor[[4, N], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="acc"):
+        acc[:, :] = pl.add(acc[:, :], x[:, :])
+    return acc
+
+
+def warmed_up(kernel):
+    """The kernel after enough calls that the next one with the same arguments replays without binding."""
+    for _ in range(6):
+        kernel(torch.zeros(4, N), torch.zeros(4, N))
+    assert kernel.cache.get("replay_by_arguments")
+    return kernel
+
+
+@pytest.mark.parametrize("layout", ["to_sparse", "to_sparse_csr"])
+def test_a_sparse_tensor_is_refused_at_the_call_even_after_replays(layout):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # torch: "sparse CSR support is in beta"
+        sparse = getattr(torch.eye(4, N), layout)()
+        for kernel in (add_one, warmed_up(add_one)):
+            with pytest.raises(KernelArgumentError, match="argument 'x' is a sparse tensor") as info:
+                kernel(sparse, torch.zeros(4, N))
+            assert info.value.span.file == __file__ and info.value.hint == "pass x.to_dense()"
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_meta_tensor_is_refused_at_the_call(which):
+    args = [torch.zeros(4, N), torch.zeros(4, N)]
+    args[which] = torch.empty(4, N, device="meta")
+    with pytest.raises(KernelArgumentError, match="is a meta tensor: it has a shape but no data") as info:
+        add_one(*args)
+    assert info.value.span.file == __file__
+
+
+@pytest.mark.parametrize("kernel,wrapper", [(add_one, "pl.Out"), (accumulate, "pl.InOut")])
+def test_an_output_whose_elements_share_memory_is_refused_at_the_call(kernel, wrapper):
+    out = torch.zeros(N).expand(4, N)
+    with pytest.raises(KernelArgumentError, match=rf"'y' is written by the kernel \({wrapper}\)|'acc' is written "
+                       rf"by the kernel \({wrapper}\)") as info:
+        kernel(torch.zeros(4, N), out)
+    assert "strides [0, 1]" in info.value.message and info.value.span.file == __file__
+
+
+def test_an_expanded_input_is_fine():
+    x, y = torch.arange(N, dtype=torch.float32).expand(4, N), torch.zeros(4, N)
+    add_one(x, y)
+    assert torch.equal(y, x + 1)

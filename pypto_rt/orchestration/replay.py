@@ -102,7 +102,10 @@ def by_arguments(kernel, args: tuple):
     table = kernel.cache.get("replay_by_arguments")
     if not table or not enabled():
         return MISS
-    key = _key(args)
+    try:
+        key = _key(args)
+    except (RuntimeError, NotImplementedError):   # a tensor without storage or strides (sparse): binding says why
+        return MISS
     spec = table.get(key) if key is not None else None
     if spec is None or spec.replay is None or spec.in_trial():   # (the trial alternates with the engine: `run`)
         return MISS
