@@ -8,7 +8,8 @@ When the loop variable is used only as the offset of `ROW_TILE`-sized tiles alon
 every op in the body treats that dimension independently (elementwise ops, reductions and
 broadcasts along the other dimension, matmuls whose tiled operand is on the tiled side), running
 the body once on `k * ROW_TILE` rows computes exactly what `k` iterations compute. The host splits
-the iteration space into one chunk per worker; with `__extent = ROW_TILE` the kernel is the original
+the iteration space into one chunk per worker, more when a chunk would span more than
+PYPTO_COALESCE_CHUNK_MB of tile data (`chunk_count`); with `__extent = ROW_TILE` the kernel is the original
 region, so the host can always fall back to one task per iteration.
 """
 from __future__ import annotations
@@ -35,6 +36,22 @@ _SHAPE_ARGS = {"slice": (1, "shape"), "load": (2, "shapes"), "full": (0, "shape"
                "create_tensor": (0, "shape"), "reshape": (1, "shape")}
 _OFFSET_ARGS = {"slice": (2, "offset"), "load": (1, "offsets"), "assemble": (2, "offset"), "store": (1, "offsets")}
 _PY_BUILTINS = {"int", "float", "min", "max", "len", "range", "abs", "bool"}
+
+
+# a coalesced chunk writes at least this much: smaller ones cost more in thread hand-offs than they gain
+MIN_CHUNK_BYTES = 256 * 1024
+
+
+def chunk_count(n: int, workers: int, written: int, per_iteration: int, cap: int) -> int:
+    """How many tasks a coalesced loop of `n` iterations (writing `written` bytes in all) runs as: one per worker
+    when each still writes MIN_CHUNK_BYTES, and enough that no task spans more than `cap` bytes of tile data, each
+    iteration adding `per_iteration` (0: no bound). The bound keeps a loop's temporaries (a tile's copy, an op's
+    result) to a fixed working set per worker, whatever the tensor's size."""
+    count = min(n, workers, max(1, written // MIN_CHUNK_BYTES))
+    if cap and per_iteration:
+        most = max(1, cap // per_iteration)   # iterations one task may take
+        count = max(count, -(-n // most))
+    return count
 
 
 @dataclass

@@ -308,3 +308,37 @@ def test_a_merged_loop_whose_output_overlaps_its_input_shifted_runs_tile_by_tile
         with config.scope(REPLAY="0"):
             shift_right(got[:, :COLS], got[:, H:])
     assert torch.equal(got, want)
+
+
+BIG_ROWS, BIG_COLS = 2048, 256   # 2 MiB per FP32 tensor
+
+
+@pl.jit
+def add_one_big(x: pl.Tensor[[BIG_ROWS, BIG_COLS], pl.FP32], y: pl.Out[pl.Tensor[[BIG_ROWS, BIG_COLS], pl.FP32]]):
+    for r in pl.parallel(0, BIG_ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_one"):
+            y[r : r + TILE, :] = pl.add(x[r : r + TILE, :], 1.0)
+    return y
+
+
+@pytest.mark.parametrize("cap_mb,tasks", [("0", 1), ("1", 4), ("64", 1)])
+def test_a_coalesced_task_spans_at_most_the_chunk_bound_of_tile_data(capsys, cap_mb, tasks):
+    """4 MiB of tile data (2 MiB read, 2 MiB written) on one worker: one task without a bound or under 64 MiB,
+    four under 1 MiB; results as the reference's."""
+    x = torch.randn(BIG_ROWS, BIG_COLS)
+    want, got = torch.zeros(BIG_ROWS, BIG_COLS), torch.zeros(BIG_ROWS, BIG_COLS)
+    with config.scope(EXECUTOR="reference"):
+        add_one_big(x, want)
+    with config.scope(REPLAY="0", STATS="1", NUM_WORKERS="1", COALESCE_CHUNK_MB=cap_mb):
+        add_one_big(x, got)
+    assert torch.equal(got, want)
+    assert f"stats [add_one_big]: {tasks} task" in capsys.readouterr().err
+
+
+def test_the_chunk_bound_splits_by_what_each_iteration_adds():
+    from pypto_rt.incore_compiler.coalesce import chunk_count
+    mib = 2**20
+    assert chunk_count(512, 2, 512 * mib, 2 * mib, 0) == 2              # no bound: one chunk per worker
+    assert chunk_count(512, 2, 512 * mib, 2 * mib, 64 * mib) == 16      # 32 iterations (64 MiB) per task
+    assert chunk_count(10, 2, 100 * mib, 20 * mib, 16 * mib) == 10      # an iteration beyond the bound: one each
+    assert chunk_count(64, 2, 64 * 1024, 2048, 64 * mib) == 1           # small loops: still one task
