@@ -1,6 +1,8 @@
-"""Benchmark 7 - peak memory of a coalesced elementwise loop over a big tensor, one fresh subprocess per
+"""Benchmark 7 - peak memory of coalesced elementwise loops over a big tensor, one fresh subprocess per kernel and
 configuration: one task per tile (`PYPTO_COALESCE=0`), coalesced without a bound on the chunk
-(`PYPTO_COALESCE_CHUNK_MB=0`, as before the bound existed) and coalesced with the default bound.
+(`PYPTO_COALESCE_CHUNK_MB=0`, as before the bound existed) and coalesced with the default bound. Kernels: a tile
+loop around a region (`add_one`: its iterations merge into tasks) and a tile loop inside one region (`exp_inner`:
+it runs as wide passes).
 
 Each child makes its input and output (both touched, so their pages count before the call), runs the
 kernel once on the engine (`PYPTO_REPLAY=0`) and reports how far the call raised the process's peak
@@ -34,7 +36,19 @@ def add_one(x: pl.Tensor, y: pl.Out[pl.Tensor]):
     return y
 
 
-def child(mib: int) -> None:
+@pl.jit
+def exp_inner(x: pl.Tensor, y: pl.Out[pl.Tensor]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="exp"):
+        for rb in pl.range(x.shape[0] // TILE):
+            r0 = rb * TILE
+            y[r0 : r0 + TILE, :] = pl.exp(x[r0 : r0 + TILE, :])
+    return y
+
+
+KERNELS = {"add_one": add_one, "exp_inner": exp_inner}
+
+
+def child(name: str, mib: int) -> None:
     import resource
     import time
 
@@ -42,22 +56,23 @@ def child(mib: int) -> None:
 
     rows = mib * 2**20 // (COLS * 4) // TILE * TILE
     x, y = torch.ones(rows, COLS), torch.full((rows, COLS), 7.0)
-    add_one.compile(x, y)   # the host program and kernel, before the peak is read
+    kernel = KERNELS[name]
+    kernel.compile(x, y)   # the host program and kernel, before the peak is read
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
-    add_one(x, y)
+    kernel(x, y)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert torch.equal(y[-1], x[-1] + 1)
+    assert torch.equal(y[-1], x[-1] + 1) if name == "add_one" else torch.allclose(y[-1], x[-1].exp())
     print(json.dumps({"tensor_mib": rows * COLS * 4 / 2**20, "extra_mib": (peak - before) / 1024,
                       "seconds": seconds}))
 
 
-def _spawn(env_extra: dict, mib: int) -> dict:
+def _spawn(env_extra: dict, name: str, mib: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYPTO_COALESCE", "PYPTO_COALESCE_CHUNK_MB")}
     env.update(env_extra, PYPTO_REPLAY="0", PYPTO_EXECUTOR="compiled")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-m", "bench.coalesce_memory", "--child", str(mib)], env=env, cwd=root,
+    done = subprocess.run([sys.executable, "-m", "bench.coalesce_memory", "--child", name, str(mib)], env=env, cwd=root,
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"bench.coalesce_memory child failed ({env_extra}):\n{done.stderr[-2000:]}")
@@ -65,18 +80,20 @@ def _spawn(env_extra: dict, mib: int) -> dict:
 
 
 def run(mib: int = 512) -> str:
-    got = {label: _spawn(env, mib) for label, env in configs().items()}
-    base, unbounded = (max(got[label]["extra_mib"], 1.0) for label in LABELS[:2])
-    rows = [[label, f"{g['extra_mib']:.0f} MiB", ratio(g["extra_mib"] / base), ratio(g["extra_mib"] / unbounded),
-             ms(g["seconds"])] for label, g in got.items()]
-    size = got[LABELS[0]]["tensor_mib"]
-    return table([f"configuration ({size:.0f} MiB input and output, FP32 add of tiles of {TILE} rows)",
+    rows, size = [], 0.0
+    for name in KERNELS:
+        got = {label: _spawn(env, name, mib) for label, env in configs().items()}
+        base, unbounded = (max(got[label]["extra_mib"], 1.0) for label in LABELS[:2])
+        rows += [[f"`{name}`, {label}", f"{g['extra_mib']:.0f} MiB", ratio(g["extra_mib"] / base),
+                  ratio(g["extra_mib"] / unbounded), ms(g["seconds"])] for label, g in got.items()]
+        size = got[LABELS[0]]["tensor_mib"]
+    return table([f"kernel, configuration ({size:.0f} MiB input and output, FP32, tiles of {TILE} rows)",
                   "peak memory above the tensors", "vs one task per tile", "vs coalesced unbounded",
                   "time of the call"], rows)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        child(int(sys.argv[2]))
+    if len(sys.argv) > 3 and sys.argv[1] == "--child":
+        child(sys.argv[2], int(sys.argv[3]))
     else:
         print(run(int(sys.argv[1]) if len(sys.argv) > 1 else 512))

@@ -26,7 +26,7 @@ from pypto_rt.aicpu import Access as EngineAccess
 from pypto_rt.aicpu import Task, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
-from pypto_rt.incore_compiler.coalesce import chunk_count
+from pypto_rt.incore_compiler.coalesce import chunk_cap, chunk_count
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.incore_compiler.executor import refuse_replay_of_plain_python
 from pypto_rt.language import distributed as pld
@@ -140,7 +140,7 @@ class HostExecutor(ReferenceExecutor):
         if step <= 0 or n == 0 or (not independent and _may_alias(artifact, others)) or _spans(artifact, others):
             return [(v, step) for v in range(start, stop, step)]
         written, touched = _tile_bytes(artifact, others, start, n * step)
-        cap = config.get_int(config.COALESCE_CHUNK_MB) * 2**20
+        cap = chunk_cap()
         per_iteration = 0
         if cap and touched > cap and n > 1:   # what one more iteration adds to a task (whole-tensor reads do not)
             per_iteration = max(1, (touched - _tile_bytes(artifact, others, start, step)[1]) // (n - 1))
