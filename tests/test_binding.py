@@ -72,12 +72,25 @@ def test_the_warning_comes_once_per_kernel_and_shape():
     assert len(shape_warnings(caught)) == 1
 
 
-def test_every_cache_keys_on_the_shapes_passed():
+def test_every_cache_keys_on_the_shapes_passed(monkeypatch):
     """Engine runs, the recorded run, replays (of the call and of kernel blocks) and the disk cache's program: each
     shape gets its own results, the annotated one included, whichever shape came first."""
+    from pypto_rt.orchestration import kernel_replay
+    from pypto_rt.orchestration.program import host_program
     kernel = make_rows_exp()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EntryShapeWarning)
+        monkeypatch.setattr(kernel_replay, "NORMAL_RUNS", 0)        # every block after the first replays
+        monkeypatch.setattr(kernel_replay, "SLOWER", float("inf"))
+        with config.scope(REPLAY="0", COALESCE="0"):
+            for _ in range(3):
+                for rows in (6, 4, 1):
+                    x, y = torch.randn(rows, N), torch.zeros(rows, N)
+                    kernel(x, y)
+                    assert torch.equal(y, torch.exp(x)), rows
+        assert len(host_program(kernel).kernels[0].kernel_replays.table) == 3
+        monkeypatch.undo()
+        kernel.cache.clear()
         for _ in range(5):
             for rows in (1, 4, 6):
                 x, y = torch.randn(rows, N), torch.zeros(rows, N)
