@@ -18,7 +18,8 @@ from bench.timing import load_average
 # as pypto-run does: idle OpenMP threads must not spin against the runtime's workers (read when torch loads)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time", "collectives", "determinism")
+BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time", "collectives", "determinism",
+              "coalesce_memory")
 
 
 def header(argv) -> str:

@@ -1,17 +1,21 @@
 """Binding a `@pl.jit` entry call's arguments to the kernel's parameters.
 
-Checks count, kinds, dtypes, static extents and `pl.dynamic` consistency, and reports a
-mismatch at the caller's line. Tensors are wrapped as `TensorValue`s sharing the caller's
-storage, so Out/InOut writes land in place. Shared by every executor.
+Checks count, kinds, dtypes and `pl.dynamic` consistency, and reports a mismatch at the caller's
+line. Like the real `@pl.jit`, a call specialises on the extents of the tensors passed: a static
+extent (or rank) that differs from the annotation gives one EntryShapeWarning per kernel and shape.
+Tensors must be dense and hold data, and an Out/InOut one must not have elements sharing memory.
+They are wrapped as `TensorValue`s sharing the caller's storage, so Out/InOut writes land in place.
+Shared by every executor.
 """
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from pypto_rt.errors import KernelArgumentError, OpError, user_span
+from pypto_rt.errors import EntryShapeWarning, KernelArgumentError, OpError, user_span
 from pypto_rt.language.types import DynVar, ScalarType, TensorType
 from pypto_rt.ops import dtype_rules
 from pypto_rt.ops.value import TensorValue
@@ -25,14 +29,34 @@ class Binding:
     readonly: dict[int, str] = field(default_factory=dict)  # storage data_ptr -> In parameter name
     dyn: dict[DynVar, int] = field(default_factory=dict)
     warned_writes: set[str] = field(default_factory=set)   # In parameters whose write was reported (once each)
+    shape_notes: list = field(default_factory=list)        # (parameter, shape passed, how it differs from annotated)
 
 
 def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:
     """Bind and check an entry call; raises KernelArgumentError at the caller's line."""
     try:
-        return _bind(kernel, args, kwargs)
+        binding = _bind(kernel, args, kwargs)
     except KernelArgumentError as e:
         raise e.at(user_span(3)) from None   # the caller's line, found only when there is an error to report
+    if binding.shape_notes:
+        _warn_shape(kernel, binding.shape_notes)
+    return binding
+
+
+def _warn_shape(kernel, notes: list) -> None:
+    """One EntryShapeWarning per kernel and argument shapes, at the caller's line."""
+    key = tuple((name, tuple(actual)) for name, actual, _ in notes)
+    warned = kernel.cache.setdefault("shape_warnings", set())
+    if key in warned:
+        return
+    warned.add(key)
+    span = user_span()
+    which = "; ".join(f"'{name}' has shape {list(actual)} ({how})" for name, actual, how in notes)
+    warnings.warn_explicit(
+        f"{kernel.name}: {which}. The call runs for the shapes passed, as the real @pl.jit does; code that assumes "
+        "the annotated shape may reach past the tensor, which fails at that op's line (pass tensors of the "
+        "annotated shape, or annotate a dim that varies with pl.dynamic)",
+        EntryShapeWarning, span.file if span else "<unknown>", span.line if span else 0)
 
 
 def _bind(kernel, args: tuple, kwargs: dict) -> Binding:
@@ -85,6 +109,7 @@ def _bind_one(kernel, name, spec, arg, binding: Binding, where):
     if isinstance(spec, ScalarType):
         return _bind_scalar(kernel, name, spec, arg, where)
     if isinstance(arg, torch.Tensor):
+        _check_has_data(kernel, name, arg, where)
         return TensorValue(arg, dtype_rules.from_torch(arg.dtype))
     return arg
 
@@ -95,6 +120,7 @@ def _bind_tensor(kernel, name, spec: TensorType, arg, binding: Binding, where):
     if not isinstance(arg, torch.Tensor):
         raise KernelArgumentError(f"{kernel.name}: argument '{name}' must be a torch.Tensor, got "
                                   f"{type(arg).__name__}", where)
+    _check_has_data(kernel, name, arg, where)
     try:
         dtype = dtype_rules.from_torch(arg.dtype)
     except OpError as e:
@@ -107,13 +133,42 @@ def _bind_tensor(kernel, name, spec: TensorType, arg, binding: Binding, where):
         _check_shape(kernel, name, spec.shape, tuple(arg.shape), binding, where)
     if spec.direction == "in":
         binding.readonly[arg.untyped_storage().data_ptr()] = name
+    elif spec.direction != "window" and _overlaps_itself(arg):
+        wrapper = "pl.Out" if spec.direction == "out" else "pl.InOut"
+        raise KernelArgumentError(
+            f"{kernel.name}: argument '{name}' is written by the kernel ({wrapper}), but several of its elements are "
+            f"one memory location (shape {list(arg.shape)}, strides {list(arg.stride())}: an expand()ed or "
+            "stride-0 view), so the writes would land on each other", where,
+            f"pass a tensor with storage of its own (torch.empty({list(arg.shape)}, dtype={arg.dtype}), or "
+            f"{name}.clone()) and read the results from it")
     return TensorValue(arg, spec.dtype or dtype)
 
 
+def _check_has_data(kernel, name, arg: torch.Tensor, where) -> None:
+    """Kernels read and write dense strided memory: no sparse layouts, no meta tensors (shapes without data)."""
+    if arg.layout is not torch.strided:
+        layout = str(arg.layout).removeprefix("torch.")
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' is a sparse tensor (layout {layout}); kernels "
+                                  "read and write dense tensors", where, f"pass {name}.to_dense()")
+    if arg.is_meta:
+        raise KernelArgumentError(f"{kernel.name}: argument '{name}' is a meta tensor: it has a shape but no data",
+                                  where, f"pass a tensor with data, e.g. torch.zeros({list(arg.shape)}, "
+                                  f"dtype={arg.dtype})")
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` share memory (torch's own check, as its in-place ops make; 2, "too hard to
+    tell", counts as no, as it does there)."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        return check(t) == 1
+    return any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape))
+
+
 def _check_shape(kernel, name, expected, actual, binding: Binding, where):
-    if len(expected) != len(actual):
-        raise KernelArgumentError(f"{kernel.name}: argument '{name}' has shape {list(actual)}, the kernel expects "
-                                  f"rank {len(expected)} ({_fmt(expected)})", where)
+    """Bind `pl.dynamic` dims. The call specialises on `actual` (as the real `@pl.jit` does): a static extent or a
+    rank that differs from the annotation is only noted, for `_warn_shape`."""
+    differ = []
     for axis, (want, got) in enumerate(zip(expected, actual)):
         if isinstance(want, DynVar):
             seen = binding.dyn.setdefault(want, got)
@@ -122,8 +177,12 @@ def _check_shape(kernel, name, expected, actual, binding: Binding, where):
                     f"{kernel.name}: argument '{name}' axis {axis} is {got}, but dynamic dim {want.name} is already "
                     f"{seen} from an earlier argument", where)
         elif isinstance(want, int) and want != got:
-            raise KernelArgumentError(f"{kernel.name}: argument '{name}' has shape {list(actual)}, the kernel "
-                                      f"expects {_fmt(expected)} (axis {axis}: {got} != {want})", where)
+            differ.append(str(axis))
+    if len(expected) != len(actual):
+        binding.shape_notes.append((name, actual, f"rank {len(actual)}, annotated {_fmt(expected)}"))
+    elif differ:
+        axes = f"axis {differ[0]} differs" if len(differ) == 1 else f"axes {', '.join(differ)} differ"
+        binding.shape_notes.append((name, actual, f"annotated {_fmt(expected)}, {axes}"))
 
 
 def _fmt(shape) -> str:

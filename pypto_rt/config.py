@@ -50,6 +50,9 @@ CHECK = Knob("PYPTO_CHECK", "", ("", "reference"), "also run every task on the o
              "region whose outputs differ")
 COALESCE = Knob("PYPTO_COALESCE", "1", ("0", "1"), "merge the iterations of tiled loops around a region into "
                 "one task per worker (0: one task per iteration)")
+COALESCE_CHUNK_MB = Knob("PYPTO_COALESCE_CHUNK_MB", "64", None, "MiB of tile data (boxes read and written) one "
+                         "coalesced task, or one pass of a merged inner tile loop, may span; a bigger loop runs as "
+                         "more tasks or passes (0: no bound)")
 REPLAY = Knob("PYPTO_REPLAY", "1", ("0", "1"), "replay entry calls whose course depends only on shapes, dtypes "
                "and scalar arguments as their recorded torch calls (0: every call runs on the engine)")
 KERNEL_REPLAY = Knob("PYPTO_KERNEL_REPLAY", "1", ("0", "1"), "tasks run their kernel's recorded torch calls "

@@ -103,6 +103,10 @@ class InWriteWarning(UserWarning):
     """A kernel wrote into a tensor parameter annotated In: fine as scratch, lost as a result on the device."""
 
 
+class EntryShapeWarning(UserWarning):
+    """An entry tensor whose shape differs from its static annotation: the call runs for the shape passed."""
+
+
 def _snippet(span: Span) -> list[str]:
     text = linecache.getline(span.file, span.line).rstrip("\n")
     if not text:

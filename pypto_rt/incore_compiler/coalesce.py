@@ -8,7 +8,8 @@ When the loop variable is used only as the offset of `ROW_TILE`-sized tiles alon
 every op in the body treats that dimension independently (elementwise ops, reductions and
 broadcasts along the other dimension, matmuls whose tiled operand is on the tiled side), running
 the body once on `k * ROW_TILE` rows computes exactly what `k` iterations compute. The host splits
-the iteration space into one chunk per worker; with `__extent = ROW_TILE` the kernel is the original
+the iteration space into one chunk per worker, more when a chunk would span more than
+PYPTO_COALESCE_CHUNK_MB of tile data (`chunk_count`); with `__extent = ROW_TILE` the kernel is the original
 region, so the host can always fall back to one task per iteration.
 """
 from __future__ import annotations
@@ -16,13 +17,16 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from pypto_rt import config
 from pypto_rt.frontend.names import loaded_names, stored_names
 from pypto_rt.frontend.resolve import UNRESOLVED, Env, callee, is_loop, op_name
 from pypto_rt.incore_compiler.pycode import clone
 from pypto_rt.incore_compiler.shapes import _SAME_SHAPE, ShapeInference, arg, base_op
+from pypto_rt.ops.value import TensorValue
 
 EXTENT = "__extent"
 OFFSET = "__offset"
+WIDE_OFFSET, WIDTH = "__w0", "__w"   # one piece of a merged tile loop (merge_tile_loops)
 
 _ANY_DIM = (_SAME_SHAPE - {"row_expand", "col_expand"}) | {
     "slice", "load", "assemble", "store", "fillpad", "fillpad_inplace", "cast", "full", "create_tile",
@@ -35,6 +39,41 @@ _SHAPE_ARGS = {"slice": (1, "shape"), "load": (2, "shapes"), "full": (0, "shape"
                "create_tensor": (0, "shape"), "reshape": (1, "shape")}
 _OFFSET_ARGS = {"slice": (2, "offset"), "load": (1, "offsets"), "assemble": (2, "offset"), "store": (1, "offsets")}
 _PY_BUILTINS = {"int", "float", "min", "max", "len", "range", "abs", "bool"}
+
+
+# a coalesced chunk writes at least this much: smaller ones cost more in thread hand-offs than they gain
+MIN_CHUNK_BYTES = 256 * 1024
+
+
+def chunk_count(n: int, workers: int, written: int, per_iteration: int, cap: int) -> int:
+    """How many tasks a coalesced loop of `n` iterations (writing `written` bytes in all) runs as: one per worker
+    when each still writes MIN_CHUNK_BYTES, and enough that no task spans more than `cap` bytes of tile data, each
+    iteration adding `per_iteration` (0: no bound). The bound keeps a loop's temporaries (a tile's copy, an op's
+    result) to a fixed working set per worker, whatever the tensor's size."""
+    count = min(n, workers, max(1, written // MIN_CHUNK_BYTES))
+    if cap and per_iteration:
+        most = max(1, cap // per_iteration)   # iterations one task may take
+        count = max(count, -(-n // most))
+    return count
+
+
+def chunk_cap() -> int:
+    """PYPTO_COALESCE_CHUNK_MB in bytes (0: no bound)."""
+    mb = config.get_int(config.COALESCE_CHUNK_MB)
+    return (int(config.COALESCE_CHUNK_MB.default) if mb is None else mb) * 2**20
+
+
+def wide_chunks(count, step, tensors: tuple) -> list[tuple[int, int]]:
+    """(offset, width) pieces of a merged tile loop of `count` steps of `step`: one, or as many as keep the
+    tensors its body touches (TensorValues) at most `chunk_cap()` bytes per piece when the loop spans them."""
+    count, step = int(count), int(step)   # (int() pins a bound read from data, as loop_range does)
+    cap = chunk_cap()
+    total = sum(t.data.numel() * t.data.element_size() for t in tensors if type(t) is TensorValue) if cap else 0
+    pieces = min(count, -(-total // cap)) if total > cap else 1
+    if pieces <= 1:
+        return [(0, count * step)]
+    most = -(-count // pieces)
+    return [(first * step, min(most, count - first) * step) for first in range(0, count, most)]
 
 
 @dataclass
@@ -205,17 +244,18 @@ def _grid_offset(stmt, block: str, op: type):
 
 
 class _WholeColumns(ast.NodeTransformer):
-    """Column offset `c0` -> 0 and column extent `S1` -> `C * S1`: one kernel covering every column block."""
+    """Column offset `c0` -> 0 (or `offset`) and column extent `S1` -> `C * S1` (or `width`): one kernel covering
+    every column block (or `width` of them)."""
 
-    def __init__(self, var: str, step, width):
-        self.var, self.step, self.width = var, ast.dump(step), width
+    def __init__(self, var: str, step, width, offset=None):
+        self.var, self.step, self.width, self.offset = var, ast.dump(step), width, offset
 
     def rewrite(self, body):
         return [ast.fix_missing_locations(self.visit(s)) for s in clone(body)]
 
     def visit(self, node):
         if isinstance(node, ast.Name) and node.id == self.var and isinstance(node.ctx, ast.Load):
-            return ast.copy_location(ast.Constant(0), node)
+            return ast.copy_location(clone(self.offset) if self.offset else ast.Constant(0), node)
         if isinstance(node, ast.expr) and ast.dump(node) == self.step:
             return ast.copy_location(clone(self.width), node)
         return super().visit(node)
@@ -225,9 +265,13 @@ def merge_tile_loops(env: Env, body: list) -> list:
     """Tile loops inside a kernel body that carry nothing between iterations run as one wide pass.
 
         for hb in pl.range(N):                      if N > 0 and __disjoint((x, ...), (y,)):
-            h0 = hb * H                                 <body with h0 -> 0, H -> N * H>
-            <body: H-wide tiles at h0>        ->    else:
+            h0 = hb * H                                 for __w0, __w in __wide_chunks(N, H, (x, ..., y)):
+            <body: H-wide tiles at h0>        ->            <body with h0 -> __w0, H -> __w>
+                                                    else:
                                                         for hb in pl.range(N): ... (as written)
+
+    `__wide_chunks` gives one pass over all N * H, or several when the tensors the body touches hold more than
+    PYPTO_COALESCE_CHUNK_MB (a wide pass's temporaries are as wide as the pass).
 
     The body must use `h0`/`H` only as tile offsets/extents along one dimension, keep that dimension
     independent (the coalescing checker's rules), bind no name another iteration or the code after the loop
@@ -266,16 +310,18 @@ def _merged_loop(env: Env, loop: ast.For, kernel_body: list, after: list):
             break
     else:
         return None
-    width = ast.BinOp(clone(count), ast.Mult(), clone(step))
-    wide = _WholeColumns(var, step, width).rewrite(rest)
+    wide = _WholeColumns(var, step, ast.Name(WIDTH, ast.Load()), ast.Name(WIDE_OFFSET, ast.Load())).rewrite(rest)
     reads = sorted(loaded_names(rest) - stored_names(rest) - written - {var})
     tensors = [ast.Name(n, ast.Load()) for n in reads if env.lookup(n) is UNRESOLVED]
+    writes = [ast.Name(n, ast.Load()) for n in sorted(written)]
     test = ast.BoolOp(ast.And(), [
         ast.Compare(clone(count), [ast.Gt()], [ast.Constant(0)]),
-        ast.Call(ast.Name("__disjoint", ast.Load()), [ast.Tuple(tensors, ast.Load()),
-                                                     ast.Tuple([ast.Name(n, ast.Load()) for n in sorted(written)],
-                                                               ast.Load())], [])])
-    merged = ast.If(test, wide, [loop])
+        ast.Call(ast.Name("__disjoint", ast.Load()), [ast.Tuple(tensors, ast.Load()), ast.Tuple(writes, ast.Load())],
+                 [])])
+    pieces = ast.For(ast.Tuple([ast.Name(WIDE_OFFSET, ast.Store()), ast.Name(WIDTH, ast.Store())], ast.Store()),
+                     ast.Call(ast.Name("__wide_chunks", ast.Load()), [clone(count), clone(step), ast.Tuple(
+                         [clone(t) for t in tensors + writes], ast.Load())], []), wide, [])
+    merged = ast.If(test, [pieces], [loop])
     for node in ast.walk(merged):
         if "lineno" in node._attributes and not hasattr(node, "lineno"):
             ast.copy_location(node, loop)

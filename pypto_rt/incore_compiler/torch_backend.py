@@ -16,6 +16,7 @@ import builtins
 
 from pypto_rt.frontend.resolve import Env, callee, is_loop, op_name
 from pypto_rt.incore_compiler import pycode, traced_code
+from pypto_rt.incore_compiler.coalesce import wide_chunks
 from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS
@@ -75,7 +76,8 @@ def disjoint(reads: tuple, writes: tuple) -> bool:
 
 # names every generated kernel may use, besides its ops (`__op_*`) and the closure of its function
 RUNTIME_NAMES = {"__UNBOUND": UNBOUND, "__range": loop_range, "__subscript": subscript,
-                 "__subscript_set": subscript_set, "__slice": builtins.slice, "__disjoint": disjoint}
+                 "__subscript_set": subscript_set, "__slice": builtins.slice, "__disjoint": disjoint,
+                 "__wide_chunks": wide_chunks}
 
 
 # a recorded run's kernels (traced=True): the routed arithmetic's helpers and pinning subscripts

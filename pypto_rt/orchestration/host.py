@@ -26,6 +26,7 @@ from pypto_rt.aicpu import Access as EngineAccess
 from pypto_rt.aicpu import Task, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
+from pypto_rt.incore_compiler.coalesce import chunk_cap, chunk_count
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.incore_compiler.executor import refuse_replay_of_plain_python
 from pypto_rt.language import distributed as pld
@@ -158,8 +159,12 @@ class HostExecutor(ReferenceExecutor):
         n = len(range(start, stop, step))
         if step <= 0 or n == 0 or (not independent and _may_alias(artifact, others)) or _spans(artifact, others):
             return [(v, step) for v in range(start, stop, step)]
-        written = _written_bytes(artifact, others, start, n * step)
-        count = min(n, self.engine.num_workers, max(1, written // _MIN_CHUNK_BYTES))
+        written, touched = _tile_bytes(artifact, others, start, n * step)
+        cap = chunk_cap()
+        per_iteration = 0
+        if cap and touched > cap and n > 1:   # what one more iteration adds to a task (whole-tensor reads do not)
+            per_iteration = max(1, (touched - _tile_bytes(artifact, others, start, step)[1]) // (n - 1))
+        count = chunk_count(n, self.engine.num_workers, written, per_iteration, cap)
         base, extra = divmod(n, count)
         out, first = [], 0
         for c in range(count):
@@ -402,25 +407,24 @@ def is_incore(kernel) -> bool:
     return kernel.kind == "incore" or (kernel.kind == "function" and kernel.options.get("type") in _INCORE_TYPES)
 
 
-# a coalesced chunk writes at least this much: smaller ones cost more in thread hand-offs than they gain
-_MIN_CHUNK_BYTES = 256 * 1024
-
-
-def _written_bytes(artifact, others, offset, extent) -> int:
-    """Bytes the whole coalesced loop writes: the write boxes of one task spanning all of it."""
+def _tile_bytes(artifact, others, offset, extent) -> tuple[int, int]:
+    """(bytes written, bytes read or written) by one task of the coalesced loop spanning `extent` from `offset`:
+    the boxes of its access plan."""
     c = artifact.ir
     value = dict(_inputs_by_name(artifact, others), **{c.coalesce_var: offset, "__extent": extent})
     try:
         plan = artifact.accesses(*(value[p] for p in c.params))
     except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: count whole tensors
         plan = [(i, "w", None, None, 0) for i in range(len(c.params))]
-    total = 0
+    written = touched = 0
     for index, mode, offsets, sizes, _ in plan:
         tensor = value.get(c.params[index])
-        if mode == "r" or not isinstance(tensor, TensorValue):
+        if not isinstance(tensor, TensorValue):
             continue
-        total += math.prod(region_of(tensor.data, offsets, sizes).shape) * tensor.data.element_size()
-    return total
+        size = math.prod(region_of(tensor.data, offsets, sizes).shape) * tensor.data.element_size()
+        touched += size
+        written += size if mode != "r" else 0
+    return written, touched
 
 
 def _spans(artifact, others) -> bool:

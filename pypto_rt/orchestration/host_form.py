@@ -8,7 +8,9 @@ programs with `device=r` to one rank process per device id, which this runtime s
     run the host body (ReferenceExecutor):
       pld.alloc_window_buffer -> "alloc" to all    -> a collective alloc_window, acknowledged
       f(..., device=r)        -> "run" to rank r   -> f(*args) on this process's runtime, then
-                                                      "done", or "error" with the rendered error
+                                                      "done" (with its EntryShapeWarnings, which the host
+                                                      gives at the dispatch line), or "error" with the
+                                                      rendered error
     the body's end joins every dispatch            "exit": an exit barrier, then the process ends
     remove /dev/shm/<prefix>+* (this process owns the job's segments, also on failure)
 
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from multiprocessing.connection import wait as wait_for_messages
 
 from pypto_rt import config
@@ -34,7 +37,7 @@ from pypto_rt.aicpu.failures import StallError
 from pypto_rt.collective import merge_reports, process
 from pypto_rt.collective.base import CommTimeoutError
 from pypto_rt.collective.segments import remove_segments
-from pypto_rt.errors import NotSupportedError, PyptoError, find_wait, user_span
+from pypto_rt.errors import EntryShapeWarning, NotSupportedError, PyptoError, find_wait, user_span
 from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.host_lifeline import Lifeline
@@ -113,6 +116,7 @@ class _Job:
         self.acks = [0] * world_size         # window allocations not yet acknowledged
         self.cpu = [0.0] * world_size        # each rank's CPU seconds at its last heartbeat that showed work
         self.spans: dict[tuple[int, int], object] = {}
+        self.warned: set[str] = set()        # EntryShapeWarnings the ranks sent, given once each
         self.failures: list[dict] = []
         self.sequence = 0
         ctx = multiprocessing.get_context("fork")
@@ -216,10 +220,19 @@ class _Job:
             self.acks[rank] -= 1
         elif kind == "done":
             self.pending[rank] -= 1
+            self._shape_warnings(self.spans.get((rank, message[1])), message[2])
         elif kind == "error":
             self.pending[rank] -= 1
             self.failures.append(dict(message[1], rank=rank))
         return True
+
+    def _shape_warnings(self, span, texts) -> None:
+        """A dispatched kernel's EntryShapeWarnings, given at the dispatch line, once per text over all ranks."""
+        for text in texts:
+            if text not in self.warned:
+                self.warned.add(text)
+                warnings.warn_explicit(text, EntryShapeWarning, span.file if span else "<host>", span.line if span
+                                       else 0)
 
     def _lost(self, rank: int) -> None:
         code = self.procs[rank].exitcode
@@ -380,12 +393,17 @@ def _run_dispatch(message, binding):
         target = sys.modules[module]
         for part in qualname.split("."):
             target = getattr(target, part)
-        target(*[_rebuild(a, binding) for a in args], **{k: _rebuild(v, binding) for k, v in kwargs.items()})
+        with warnings.catch_warnings(record=True) as caught:   # shape warnings go to the host (its dispatch line)
+            warnings.simplefilter("always", EntryShapeWarning)
+            target(*[_rebuild(a, binding) for a in args], **{k: _rebuild(v, binding) for k, v in kwargs.items()})
     except BaseException as e:   # noqa: BLE001 - reported to the host, which ends the job
         failed_at = time.time()   # before the abort, so every peer that fails because of it fails later
         process.abort(f"{type(e).__name__}: {e}")
         return ("error", _report(e, failed_at))
-    return ("done", sequence)
+    for w in caught:   # the others, as they would have appeared
+        if not issubclass(w.category, EntryShapeWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return ("done", sequence, [str(w.message) for w in caught if issubclass(w.category, EntryShapeWarning)])
 
 
 def _rebuild(described, binding):

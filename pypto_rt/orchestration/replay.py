@@ -32,6 +32,7 @@ then); tensors it reads from outside (module constants) it reads by reference, s
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import warnings
@@ -101,7 +102,10 @@ def by_arguments(kernel, args: tuple):
     table = kernel.cache.get("replay_by_arguments")
     if not table or not enabled():
         return MISS
-    key = _key(args)
+    try:
+        key = _key(args)
+    except (RuntimeError, NotImplementedError):   # a tensor without storage or strides (sparse): binding says why
+        return MISS
     spec = table.get(key) if key is not None else None
     if spec is None or spec.replay is None or spec.in_trial():   # (the trial alternates with the engine: `run`)
         return MISS
@@ -229,7 +233,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     else:
         outputs = []
         spec.results = number_outputs(rebuild, outputs)
-        source = recorder.source(outputs, fn_name=f"replay_{kernel.name}".replace(".", "_"))
+        source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
         spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
         spec.calls = recorder.calls
         spec.guards = recorder.guards

@@ -276,7 +276,8 @@ def _kernel_source(kernel, tmp_path):
 
 def test_an_inner_tile_loop_without_carried_state_runs_as_one_wide_pass(tmp_path):
     merged = _kernel_source(scale_columns, tmp_path / "a")
-    assert "__disjoint" in merged and "0 + COLS // H * H" in merged
+    assert "__disjoint" in merged and "__wide_chunks(COLS // H, H, (total, w, x, y))" in merged
+    assert "__slice(__w0, __w0 + __w, None)" in merged
     assert "__disjoint" not in _kernel_source(running_columns, tmp_path / "b")
     x, w = torch.randn(ROWS, COLS), torch.randn(1, COLS)
     for kernel, args in ((scale_columns, (x, w)), (running_columns, (x,))):
@@ -307,4 +308,74 @@ def test_a_merged_loop_whose_output_overlaps_its_input_shifted_runs_tile_by_tile
             shift_right(want[:, :COLS], want[:, H:])
         with config.scope(REPLAY="0"):
             shift_right(got[:, :COLS], got[:, H:])
+    assert torch.equal(got, want)
+
+
+BIG_ROWS, BIG_COLS = 2048, 256   # 2 MiB per FP32 tensor
+
+
+@pl.jit
+def add_one_big(x: pl.Tensor[[BIG_ROWS, BIG_COLS], pl.FP32], y: pl.Out[pl.Tensor[[BIG_ROWS, BIG_COLS], pl.FP32]]):
+    for r in pl.parallel(0, BIG_ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_one"):
+            y[r : r + TILE, :] = pl.add(x[r : r + TILE, :], 1.0)
+    return y
+
+
+@pytest.mark.parametrize("cap_mb,tasks", [("0", 1), ("1", 4), ("64", 1)])
+def test_a_coalesced_task_spans_at_most_the_chunk_bound_of_tile_data(capsys, cap_mb, tasks):
+    """4 MiB of tile data (2 MiB read, 2 MiB written) on one worker: one task without a bound or under 64 MiB,
+    four under 1 MiB; results as the reference's."""
+    x = torch.randn(BIG_ROWS, BIG_COLS)
+    want, got = torch.zeros(BIG_ROWS, BIG_COLS), torch.zeros(BIG_ROWS, BIG_COLS)
+    with config.scope(EXECUTOR="reference"):
+        add_one_big(x, want)
+    with config.scope(REPLAY="0", STATS="1", NUM_WORKERS="1", COALESCE_CHUNK_MB=cap_mb):
+        add_one_big(x, got)
+    assert torch.equal(got, want)
+    assert f"stats [add_one_big]: {tasks} task" in capsys.readouterr().err
+
+
+def test_the_chunk_bound_splits_by_what_each_iteration_adds():
+    from pypto_rt.incore_compiler.coalesce import chunk_count
+    mib = 2**20
+    assert chunk_count(512, 2, 512 * mib, 2 * mib, 0) == 2              # no bound: one chunk per worker
+    assert chunk_count(512, 2, 512 * mib, 2 * mib, 64 * mib) == 16      # 32 iterations (64 MiB) per task
+    assert chunk_count(10, 2, 100 * mib, 20 * mib, 16 * mib) == 10      # an iteration beyond the bound: one each
+    assert chunk_count(64, 2, 64 * 1024, 2048, 64 * mib) == 1           # small loops: still one task
+
+
+def test_a_merged_tile_loop_runs_in_pieces_of_at_most_the_chunk_bound():
+    from pypto_rt.incore_compiler.coalesce import wide_chunks
+    from pypto_rt.ops.value import TensorValue
+    mib_each = [TensorValue(torch.zeros(1024, 256), pl.FP32) for _ in range(2)]   # 1 MiB each
+    with config.scope(COALESCE_CHUNK_MB="0"):
+        assert wide_chunks(32, 8, tuple(mib_each)) == [(0, 256)]
+    with config.scope(COALESCE_CHUNK_MB="2"):
+        assert wide_chunks(32, 8, tuple(mib_each) + (3, None)) == [(0, 256)]
+    with config.scope(COALESCE_CHUNK_MB="1"):
+        assert wide_chunks(32, 8, tuple(mib_each)) == [(0, 128), (128, 128)]
+        assert wide_chunks(10, 8, tuple(mib_each) * 2) == [(0, 24), (24, 24), (48, 24), (72, 8)]
+        assert wide_chunks(1, 8, tuple(mib_each)) == [(0, 8)]
+
+
+@pl.jit
+def scale_wide_columns(x: pl.Tensor[[BIG_ROWS, BIG_COLS], pl.FP32], w: pl.Tensor[[1, BIG_COLS], pl.FP32],
+                       y: pl.Out[pl.Tensor[[BIG_ROWS, BIG_COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        total = pl.row_sum(x[:, 0:BIG_COLS])
+        for hb in pl.range(BIG_COLS // H):
+            h0 = hb * H
+            t = pl.row_expand_mul(x[:, h0 : h0 + H], total)
+            y[:, h0 : h0 + H] = pl.col_expand_mul(t, w[:, h0 : h0 + H])
+    return y
+
+
+def test_a_merged_tile_loop_in_pieces_matches_the_reference():
+    x, w = torch.randn(BIG_ROWS, BIG_COLS), torch.randn(1, BIG_COLS)
+    want, got = torch.zeros(BIG_ROWS, BIG_COLS), torch.zeros(BIG_ROWS, BIG_COLS)
+    with config.scope(EXECUTOR="reference"):
+        scale_wide_columns(x, w, want)
+    with config.scope(REPLAY="0", COALESCE_CHUNK_MB="1"):
+        scale_wide_columns(x, w, got)
     assert torch.equal(got, want)

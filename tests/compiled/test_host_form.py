@@ -199,3 +199,44 @@ def test_ranks_forked_after_the_host_used_openmp_run_parallel_sized_torch_ops(tm
     proc, elapsed, _ = _run(tmp_path, program=program, env={"PYPTO_TIMEOUT_S": "30"}, timeout=100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert elapsed < 60
+
+
+SHAPED = textwrap.dedent('''
+    import torch
+    import pypto.language as pl
+    from pypto.ir.distributed_compiled_program import DistributedConfig
+    from golden import TensorSpec, run_jit
+
+    N, SIZE = 2, 8
+
+    @pl.jit
+    def add_one(inp: pl.Tensor[[1, 2 * SIZE], pl.FP32], out: pl.Out[pl.Tensor[[1, 2 * SIZE], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_one"):
+            out[:, :] = pl.add(inp[:, :], 1.0)
+        return out
+
+    @pl.jit.host
+    def each(inputs: pl.Tensor[[N, 1, SIZE], pl.FP32], outputs: pl.Out[pl.Tensor[[N, 1, SIZE], pl.FP32]]):
+        for r in pl.range(N):
+            add_one(inputs[r], outputs[r], device=r)   # DISPATCH
+
+    def golden(values):
+        values["outputs"][:] = values["inputs"] + 1
+
+    specs = [TensorSpec("inputs", [N, 1, SIZE], torch.float32, init_value=torch.randn),
+             TensorSpec("outputs", [N, 1, SIZE], torch.float32, is_output=True)]
+    result = run_jit(fn=each, specs=specs, golden_fn=golden,
+                     compile_cfg=dict(distributed_config=DistributedConfig(device_ids=list(range(N)))))
+    raise SystemExit(0 if result.passed else 1)
+''')
+
+
+@pytest.mark.timeout(120)
+def test_a_dispatch_of_another_shape_than_annotated_warns_once_at_the_dispatch_line(tmp_path):
+    """Every rank binds the same shapes; the host gives their EntryShapeWarning once, where the host program
+    dispatched."""
+    proc, _, path = _run(tmp_path, program=SHAPED)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(i for i, text in enumerate(SHAPED.splitlines(), 1) if text.endswith("# DISPATCH"))
+    assert proc.stderr.count("EntryShapeWarning") == 1, proc.stderr[-3000:]
+    assert f"{path}:{line}: EntryShapeWarning: add_one: 'inp' has shape [1, 8]" in proc.stderr, proc.stderr[-3000:]

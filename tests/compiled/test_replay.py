@@ -584,3 +584,22 @@ def test_an_entry_returning_a_value_read_from_data_gives_a_plain_number_and_is_n
         assert type(got) is float and got == 0.5 * i, f"call {i}: {got!r}"
     (mode,) = modes(returns_a_read)
     assert mode.startswith("engine (the entry returns a value read from tensor data"), mode
+
+
+def make_local_kernel():
+    @pl.jit
+    def local_add(x: pl.Tensor[[4, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add"):
+            y[:, :] = pl.add(x[:, :], 1.0)
+        return y
+    return local_add
+
+
+def test_a_kernel_defined_in_a_function_replays():
+    """Its qualified name (`make_local_kernel.<locals>.local_add`) names the generated replay function."""
+    kernel = make_local_kernel()
+    for _ in range(CALLS):
+        x, y = torch.randn(4, 8), torch.zeros(4, 8)
+        kernel(x, y)
+        assert torch.equal(y, x + 1.0)
+    assert modes(kernel)[0].startswith("replay of")
