@@ -103,6 +103,11 @@ class InWriteWarning(UserWarning):
     """A kernel wrote into a tensor parameter annotated In: fine as scratch, lost as a result on the device."""
 
 
+class StyleWarning(UserWarning):
+    """Code the real compiler accepts but the style guide places elsewhere (e.g. `pl.parallel` inside a
+    `pl.at` body); it runs as the real compiler runs it."""
+
+
 def _snippet(span: Span) -> list[str]:
     text = linecache.getline(span.file, span.line).rstrip("\n")
     if not text:

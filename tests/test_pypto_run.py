@@ -122,7 +122,7 @@ def test_pipeline_without_stage_is_reported(tmp_path, executor):
     assert "pypto_rt/" not in proc.stderr
 
 
-def test_pipeline_outside_incore_code_is_a_placement_error(tmp_path):
+def test_pipeline_outside_incore_code_runs_with_a_style_warning(tmp_path):
     script = tmp_path / "placement.py"
     script.write_text(textwrap.dedent('''
         import torch

@@ -15,6 +15,7 @@ import sys
 
 from pypto_rt import config
 from pypto_rt.errors import Span
+from pypto_rt.frontend.notes import StyleNote
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.incore_compiler.accesses import Access
 from pypto_rt.incore_compiler.compiler import KernelArtifact
@@ -38,7 +39,7 @@ def folder() -> str | None:
 
 
 def load(kernel, make_program):
-    """The cached program of `kernel`, rebuilt with `make_program(kernels, host_factory, host_source)`."""
+    """The cached program of `kernel`, rebuilt with `make_program(kernels, host_factory, host_source, notes)`."""
     path = _path(kernel)
     if path is None or not os.path.exists(path):
         return None
@@ -51,7 +52,8 @@ def load(kernel, make_program):
         module_globals = kernel.fn.__globals__
         kernels = [_artifact(k, env, module_globals) for k in entry["kernels"]]
         host = Factory(entry["host"], tuple(entry["host_names"]))
-        return make_program(kernels, host, entry["source"])
+        notes = tuple(StyleNote(*n) for n in entry["notes"])   # its compile's style warnings, given again
+        return make_program(kernels, host, entry["source"], notes)
     except Exception:  # noqa: BLE001 - a damaged or foreign entry is a miss
         return None
 
@@ -61,7 +63,8 @@ def store(kernel, program) -> None:
     if path is None:
         return
     entry = {"format": _FORMAT, "host": program.factory.code, "host_names": list(program.factory.names),
-             "source": program.source, "kernels": [_describe(a) for a in program.kernels]}
+             "source": program.source, "kernels": [_describe(a) for a in program.kernels],
+             "notes": [[n.message, n.file, n.line] for n in program.notes]}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         partial = f"{path}.{os.getpid()}.tmp"
