@@ -87,6 +87,11 @@ class NotSupportedError(PyptoError):
     """A real PyPTO feature that this runtime does not implement yet."""
 
 
+class RealPyptoOnlyError(PyptoError, ModuleNotFoundError):
+    """An import of a `pypto.*` module that only the real PyPTO stack has (`pypto.runtime`, `pypto.backend`,
+    ...). Still a ModuleNotFoundError, so `try: import pypto.runtime except ImportError:` keeps working."""
+
+
 class OutsideKernelError(PyptoError):
     """A `pl` op or scope used in plain Python, outside any running kernel."""
 
