@@ -168,7 +168,8 @@ class _RegionFinder:
         kind = callee(self.env, loop.iter)
         if kind is not scopes.parallel and kind is not scopes.unroll:
             return
-        for node in _own_loop_control(loop.body):
+        node = next(_own_loop_control(loop.body), None)
+        if node is not None:
             word = type(node).__name__.lower()
             raise DSLError(f"`{word}` in a pl.{LOOPS[kind]} loop", span_of(self.file, node),
                            f"`{word}` can only be used in a pl.range loop or a Python while loop")
