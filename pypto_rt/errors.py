@@ -87,6 +87,11 @@ class NotSupportedError(PyptoError):
     """A real PyPTO feature that this runtime does not implement yet."""
 
 
+class RealPyptoOnlyError(PyptoError, ModuleNotFoundError):
+    """An import of a `pypto.*` module that only the real PyPTO stack has (`pypto.runtime`, `pypto.backend`,
+    ...). Still a ModuleNotFoundError, so `try: import pypto.runtime except ImportError:` keeps working."""
+
+
 class OutsideKernelError(PyptoError):
     """A `pl` op or scope used in plain Python, outside any running kernel."""
 
@@ -105,6 +110,11 @@ class InWriteWarning(UserWarning):
 
 class EntryShapeWarning(UserWarning):
     """An entry tensor whose shape differs from its static annotation: the call runs for the shape passed."""
+
+
+class StyleWarning(UserWarning):
+    """Code the real compiler accepts but the style guide places elsewhere (e.g. `pl.parallel` inside a
+    `pl.at` body); it runs as the real compiler runs it."""
 
 
 def _snippet(span: Span) -> list[str]:

@@ -1,8 +1,11 @@
 """From a kernel function to its IR: find the InCore regions, check placement, outline inputs and results.
 
-Placement rules the real compiler enforces are errors here, at the user's file:line:col:
-`pl.parallel` / `pl.spmd` / a nested `pl.at` inside InCore code, `pl.pipeline` outside it, and
-control flow (`return`, `break`, `continue`) that would leave an InCore region.
+Only what the real compiler rejects is an error here, at the user's file:line:col: `pl.spmd` or a
+nested `pl.at` inside InCore code, control flow (`return`, `break`, `continue`) that would leave an
+InCore region, and `break` / `continue` directly in a `pl.parallel` or `pl.unroll` loop. What it accepts
+but the style guide places elsewhere is a style note (frontend.notes) and runs as the real compiler
+runs it: `pl.parallel` inside InCore code is a sequential loop there, `pl.pipeline` outside it a
+sequential loop. Where each rule comes from: notes/semantics_decisions.md.
 """
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import ast
 from pypto_rt.errors import DSLError, UnknownOpError
 from pypto_rt.frontend import names
 from pypto_rt.frontend.ir import FunctionIR, Region
-from pypto_rt.frontend.resolve import UNRESOLVED, Env, callee
+from pypto_rt.frontend.notes import StyleNote
+from pypto_rt.frontend.resolve import LOOPS, UNRESOLVED, Env, callee
 from pypto_rt.frontend.source import parse_function, span_of
 from pypto_rt.language import scopes
 from pypto_rt.language.enums import Level
@@ -23,6 +27,19 @@ _PL_MODULES = {"pypto.language", "pypto_rt.language", "pypto.language.distribute
 
 def analyze(kernel, context: str = "host") -> FunctionIR:
     """The IR of `kernel` (a KernelFunction) compiled for `context`: "host" or "incore"."""
+    ir = _find_regions(kernel, context)
+    if context == "host":
+        _outline(ir)
+    return ir
+
+
+def placement_notes(kernel, context: str = "host") -> list[StyleNote]:
+    """The placement checks alone, for executors that run the source as written: raises a placement error,
+    returns the style notes."""
+    return _find_regions(kernel, context).notes
+
+
+def _find_regions(kernel, context: str) -> FunctionIR:
     fn = kernel.fn
     parsed = parse_function(fn)
     env = Env(fn)
@@ -34,8 +51,6 @@ def analyze(kernel, context: str = "host") -> FunctionIR:
                     set(params) | names.stored_names(tree.body))
     finder = _RegionFinder(env, parsed.file, ir)
     finder.block(tree.body, incore=(context == "incore"), host_loop=False)
-    if context == "host":
-        _outline(ir)
     return ir
 
 
@@ -66,6 +81,8 @@ class _RegionFinder:
         if in_region and not loop_in_region and isinstance(stmt, (ast.Break, ast.Continue)):
             raise DSLError(f"`{type(stmt).__name__.lower()}` inside an InCore region leaves the region",
                            span_of(self.file, stmt), "move the loop control outside the pl.at body")
+        if isinstance(stmt, ast.For):
+            self._check_loop_control(stmt)
         if incore and isinstance(stmt, ast.With) and self._is_incore_scope(stmt):
             raise DSLError("a pl.at(level=CORE_GROUP) region nested inside another InCore region",
                            span_of(self.file, stmt), "an InCore region cannot contain another; merge them")
@@ -129,15 +146,33 @@ class _RegionFinder:
 
     def _check_call(self, node: ast.Call, incore: bool):
         target = callee(self.env, node)
-        span = span_of(self.file, node)
-        if incore and target in (scopes.parallel, scopes.spmd):
-            what = "pl.parallel" if target is scopes.parallel else "pl.spmd"
-            raise DSLError(f"{what} inside an InCore region (a pl.at or pl.spmd body or an InCore function)", span,
-                           f"put the {what} loop outside the region, one region per iteration; use pl.range "
-                           "for a sequential loop inside")
+        if incore and target is scopes.spmd:
+            raise DSLError("pl.spmd inside an InCore region (a pl.at or pl.spmd body or an InCore function)",
+                           span_of(self.file, node), "put the pl.spmd loop outside the region: it dispatches "
+                           "InCore blocks; use pl.range for a sequential loop inside")
+        if incore and target is scopes.parallel:
+            self._note(node, "pl.parallel inside InCore code (a pl.at or pl.spmd body or an InCore function) runs "
+                             "as a sequential loop on its core, as the real compiler lowers it; the style guide "
+                             "puts pl.parallel in orchestration code: write pl.range here, or put the pl.parallel "
+                             "loop around the region")
         if not incore and target is scopes.pipeline:
-            raise DSLError("pl.pipeline outside InCore code (it software-pipelines a loop inside a pl.at body)",
-                           span, "use pl.range here, or move the loop into a pl.at(level=pl.Level.CORE_GROUP) body")
+            self._note(node, "pl.pipeline outside InCore code runs as a sequential loop, as the real compiler "
+                             "lowers it; the style guide puts pl.pipeline inside a pl.at body (it software-"
+                             "pipelines an InCore loop): write pl.range here, or move the loop into the region")
+
+    def _note(self, node: ast.AST, message: str):
+        self.ir.notes.append(StyleNote(message, self.file, node.lineno))
+
+    def _check_loop_control(self, loop: ast.For):
+        """`break` / `continue` directly in a pl.parallel or pl.unroll loop: the real parser rejects both."""
+        kind = callee(self.env, loop.iter)
+        if kind is not scopes.parallel and kind is not scopes.unroll:
+            return
+        node = next(_own_loop_control(loop.body), None)
+        if node is not None:
+            word = type(node).__name__.lower()
+            raise DSLError(f"`{word}` in a pl.{LOOPS[kind]} loop", span_of(self.file, node),
+                           f"`{word}` can only be used in a pl.range loop or a Python while loop")
 
     def _check_known(self, node: ast.Attribute):
         base = self.env.resolve(node.value)
@@ -150,6 +185,20 @@ class _RegionFinder:
             message = e.message if isinstance(e, UnknownOpError) else f"unknown op pl.{node.attr}"
             hint = e.hint if isinstance(e, UnknownOpError) else None
             raise UnknownOpError(message, span_of(self.file, node), hint) from None
+
+
+def _own_loop_control(stmts):
+    """The `break` / `continue` statements of a loop body that act on that loop (not on a loop inside it)."""
+    for stmt in stmts:
+        if isinstance(stmt, (ast.Break, ast.Continue)):
+            yield stmt
+        elif not isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+                                   ast.ClassDef)):
+            for _, value in ast.iter_fields(stmt):
+                if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                    yield from _own_loop_control(value)
+            for handler in getattr(stmt, "handlers", []):
+                yield from _own_loop_control(handler.body)
 
 
 def _outline(ir: FunctionIR) -> None:

@@ -41,3 +41,4 @@ class FunctionIR:
     regions: list[Region]
     local_names: set[str]
     unbound_guard: list[str] = field(default_factory=list)   # locals pre-bound to a sentinel in host code
+    notes: list = field(default_factory=list)      # frontend.notes.StyleNote: style warnings, not errors

@@ -15,6 +15,7 @@ from typing import Callable
 from pypto_rt import config
 from pypto_rt.frontend.analyze import analyze
 from pypto_rt.frontend.ir import FunctionIR, Region
+from pypto_rt.frontend.notes import warn_once
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.frontend.source import span_of
 from pypto_rt.incore_compiler import pycode
@@ -82,6 +83,7 @@ def incore_kernel(kernel, backend: str = "torch", traced: bool = False) -> Kerne
     if artifact is None:
         start = time.perf_counter()
         ir = analyze(kernel, context="incore")
+        warn_once(kernel, ir.notes)
         artifact = compile_function(ir, Env(kernel.fn), kernel.fn.__globals__, backend, traced)
         artifact.compile_ms = (time.perf_counter() - start) * 1e3
         if not traced:

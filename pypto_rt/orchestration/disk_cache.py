@@ -25,6 +25,7 @@ import warnings
 
 from pypto_rt import config
 from pypto_rt.errors import Span, user_span
+from pypto_rt.frontend.notes import StyleNote
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.incore_compiler.accesses import Access
 from pypto_rt.incore_compiler.compiler import KernelArtifact
@@ -34,8 +35,8 @@ from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES
 from pypto_rt.language import _runtime
 from pypto_rt.ops import OPS
 
-_FORMAT = 5   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired;
-              # 5: accesses say which are atomic adds
+_FORMAT = 6   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired;
+              # 5: accesses say which are atomic adds; 6: entries carry their compile's style warnings
 _COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration")
 _compiler_stamp: str | None = None
 _warned: set[str] = set()   # folders this process has warned about (once each)
@@ -54,7 +55,7 @@ def folder() -> str | None:
 
 
 def load(kernel, make_program):
-    """The cached program of `kernel`, rebuilt with `make_program(kernels, host_factory, host_source)`."""
+    """The cached program of `kernel`, rebuilt with `make_program(kernels, host_factory, host_source, notes)`."""
     where, name = _place(kernel)
     folder_fd = _open_folder(where, create=False)
     if folder_fd is None:
@@ -67,7 +68,8 @@ def load(kernel, make_program):
         module_globals = kernel.fn.__globals__
         kernels = [_artifact(k, env, module_globals) for k in entry["kernels"]]
         host = Factory(entry["host"], tuple(entry["host_names"]))
-        return make_program(kernels, host, entry["source"])
+        notes = tuple(StyleNote(*n) for n in entry["notes"])   # its compile's style warnings, given again
+        return make_program(kernels, host, entry["source"], notes)
     except Exception:  # noqa: BLE001 - a damaged or foreign entry is a miss
         return None
     finally:
@@ -77,7 +79,8 @@ def load(kernel, make_program):
 def store(kernel, program) -> None:
     where, name = _place(kernel)
     entry = {"format": _FORMAT, "host": program.factory.code, "host_names": list(program.factory.names),
-             "source": program.source, "kernels": [_describe(a) for a in program.kernels]}
+             "source": program.source, "kernels": [_describe(a) for a in program.kernels],
+             "notes": [[n.message, n.file, n.line] for n in program.notes]}
     folder_fd = _open_folder(where, create=True)
     if folder_fd is None:
         return

@@ -31,7 +31,7 @@ from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.incore_compiler.executor import refuse_replay_of_plain_python
 from pypto_rt.language import distributed as pld
 from pypto_rt.language.decorators import KernelFunction
-from pypto_rt.language.enums import FunctionType, Level
+from pypto_rt.language.enums import Level
 from pypto_rt.language.ops import Namespace, OpStub
 from pypto_rt.language.scopes import Spmd
 from pypto_rt.ops import OPS, replay_guard
@@ -40,16 +40,13 @@ from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.atomic_order import AtomicOrder
 from pypto_rt.orchestration.program import host_program
 from pypto_rt.orchestration.task_runner import TaskRunner
-from pypto_rt.reference.executor import ReferenceExecutor, warn_directions_on_inline
+from pypto_rt.reference.executor import ReferenceExecutor, is_incore, warn_directions_on_inline
 
 # host ops that only make views, shapes or bookkeeping: no tensor data is touched, nothing waits
 _NO_WAIT = {"slice", "reshape", "reinterpret_view", "transpose_view", "dim", "set_validshape", "__getitem__",
             "create_tensor", "create", "full", "create_tile", "arange", "array.create", "no_dep", "dump_tag",
             "func_attr", "static_print", "static_assert", "prefetch.make_context", "prefetch.async_prefetch",
             "system.fence", "system.cacheinvalid", "ci", "tri", "expands"}
-_INCORE_TYPES = (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV, FunctionType.Group, FunctionType.Spmd)
-
-
 _READS = {"read", "tensor.read", "tile.read"}
 _READ = OPS["read"]
 
@@ -401,10 +398,6 @@ def _reads_one_element(args) -> bool:
         return False
     key = args[1] if isinstance(args[1], tuple) else (args[1],)
     return len(key) == args[0].data.dim() and all(isinstance(k, int) for k in key)
-
-
-def is_incore(kernel) -> bool:
-    return kernel.kind == "incore" or (kernel.kind == "function" and kernel.options.get("type") in _INCORE_TYPES)
 
 
 def _tile_bytes(artifact, others, offset, extent) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from typing import Callable
 from pypto_rt import config
 from pypto_rt.frontend.analyze import analyze, enclosing_statement
 from pypto_rt.frontend.ir import FunctionIR
+from pypto_rt.frontend.notes import warn_once
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.incore_compiler import pycode, traced_code
 from pypto_rt.incore_compiler.coalesce import plan_coalescing
@@ -35,6 +36,7 @@ class HostProgram:
     compile_ms: float
     factory: pycode.Factory
     coalesce: str = "1"             # PYPTO_COALESCE when compiled (its traced variant is compiled the same way)
+    notes: tuple = ()               # frontend.notes.StyleNote found when compiling (kept in the disk cache)
 
 
 def host_program(kernel, traced: bool = False) -> HostProgram:
@@ -51,11 +53,12 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
     if program is None:
         with _gc_paused():
             start = time.perf_counter()
-            program = disk_cache.load(kernel, lambda kernels, factory, source: _from_factory(
-                kernel, kernels, factory, source, start))
+            program = disk_cache.load(kernel, lambda kernels, factory, source, notes: _from_factory(
+                kernel, kernels, factory, source, start, notes))
             if program is None:
                 program = _compile_host_now(kernel)
                 disk_cache.store(kernel, program)
+        warn_once(kernel, program.notes)
         for index, artifact in enumerate(program.kernels):
             artifact.traced_variant = functools.partial(_traced_kernel, kernel, index)
         kernel.cache["host_program"] = program
@@ -66,10 +69,10 @@ def _traced_kernel(kernel, index: int) -> KernelArtifact:
     return host_program(kernel, traced=True).kernels[index]
 
 
-def _from_factory(kernel, kernels, factory, source, start) -> HostProgram:
+def _from_factory(kernel, kernels, factory, source, start, notes=()) -> HostProgram:
     (run,) = factory.instantiate(disk_cache.host_values(kernels, Env(kernel.fn)), kernel.fn.__globals__)
     return HostProgram(None, run, kernels, source, (time.perf_counter() - start) * 1e3, factory,
-                       config.COALESCE.get())
+                       config.COALESCE.get(), tuple(notes))
 
 
 def _compile_host(kernel, traced: bool = False) -> HostProgram:
@@ -109,7 +112,7 @@ def _compile_host_now(kernel, traced: bool = False) -> HostProgram:
     factory, (run,) = pycode.build_functions([tree], values, ir.file, module_globals, tree)
     source = pycode.source_of([tree], f"# pypto-rt host program of {ir.name} ({ir.file})")
     program = HostProgram(ir, run, kernels, source, (time.perf_counter() - start) * 1e3, factory,
-                          config.COALESCE.get())
+                          config.COALESCE.get(), tuple(ir.notes))
     if not traced:
         dump(ir, "host", source, [k.kernel.source for k in kernels])
     return program

@@ -3,7 +3,9 @@
 It is the semantic oracle every other executor is checked against (like Triton's interpreter).
 Loops iterate in order, `pl.parallel` iterations and spmd blocks run one after another, and
 scheduling hints (`deps=`, scopes, task_dummy, prefetch) are genuine no-ops: sequential program
-order is a legal schedule of every task graph.
+order is a legal schedule of every task graph. Before a kernel function first runs in a context
+(host or InCore code) it passes the front end's placement checks, as it does when compiled: the
+same errors, and the same style warnings once per function.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 from pypto_rt.errors import (
     DSLError, InWriteWarning, NotSupportedError, OpError, PyptoError, UnknownOpError, user_span,
 )
-from pypto_rt.language.enums import SplitMode
+from pypto_rt.frontend.analyze import placement_notes
+from pypto_rt.frontend.notes import warn_once
+from pypto_rt.language.enums import FunctionType, Level, SplitMode
 from pypto_rt.language.scopes import Loop, Spmd
 from pypto_rt.language.types import TensorType
 from pypto_rt.ops import OPS
@@ -50,6 +54,7 @@ class ReferenceExecutor:
         self.block_num = 1
         self.subblock_idx = 0
         self.carried: list[_Carried] = []
+        self.incore_depth = 0   # > 0 while running InCore code (a pl.at or pl.spmd body, an InCore function)
 
     # -- entry -----------------------------------------------------------------------------------
     def run_entry(self, kernel):
@@ -62,13 +67,22 @@ class ReferenceExecutor:
         if "device" in kwargs:
             raise NotSupportedError(f"not supported yet: dispatching {kernel.name} with device= (multi-rank host "
                                     "programs come with the multi-rank runtime)", user_span())
+        incore = is_incore(kernel)
+        context = "incore" if incore or self.incore_depth else "host"
+        if f"reference_{context}" not in kernel.cache:   # placement depends on where the function runs
+            warn_once(kernel, placement_notes(kernel, context))
+            kernel.cache[f"reference_{context}"] = True
         fn = kernel.cache.get("reference")
         if fn is None:
             if kernel.kind == "inline":
                 warn_directions_on_inline(kernel)
             fn = rewrite_spmd_with(kernel.fn) or kernel.fn
             kernel.cache["reference"] = fn
-        return fn(*args, **kwargs)
+        self.incore_depth += incore
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.incore_depth -= incore
 
     # -- ops -------------------------------------------------------------------------------------
     def call_op(self, name, args, kwargs):
@@ -140,12 +154,14 @@ class ReferenceExecutor:
     def _spmd_blocks(self, dispatch: Spmd):
         n = int(dispatch.core_num)
         saved = self.block_idx, self.block_num
+        self.incore_depth += 1
         try:
             for b in range(n):
                 self.block_idx, self.block_num = b, n
                 yield b
         finally:
             self.block_idx, self.block_num = saved
+            self.incore_depth -= 1
 
     def _aiv_lanes(self, loop: Loop):
         lanes = range(int(loop.stop)) if loop.mode in (None, SplitMode.NONE) else range(1)
@@ -163,10 +179,11 @@ class ReferenceExecutor:
         return values[0] if len(values) == 1 else tuple(values)
 
     def enter_scope(self, scope):
+        self.incore_depth += _opens_incore(scope)
         return TaskToken(getattr(scope, "name_hint", "") or "")
 
     def exit_scope(self, scope, failed):
-        return None
+        self.incore_depth -= _opens_incore(scope)
 
     def bind_dynamic(self, value, dim, var):
         extent = value.shape[int(dim)]
@@ -202,6 +219,18 @@ class ReferenceExecutor:
     def _syncall(self, *args, **kwargs):
         raise NotSupportedError("not supported yet: pl.system.syncall (a barrier between concurrently running spmd "
                                 "blocks; the reference executor runs blocks one after another)", user_span())
+
+
+_INCORE_TYPES = (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV, FunctionType.Group, FunctionType.Spmd)
+
+
+def is_incore(kernel) -> bool:
+    """A kernel function whose whole body is InCore code (`@pl.jit.incore`, an InCore-typed `pl.function`)."""
+    return kernel.kind == "incore" or (kernel.kind == "function" and kernel.options.get("type") in _INCORE_TYPES)
+
+
+def _opens_incore(scope) -> bool:
+    return getattr(scope, "kind", None) == "at" and scope.level in (None, Level.CORE_GROUP)
 
 
 _TARGET_POSITIONS: dict[str, int] = {}
