@@ -33,7 +33,7 @@ import runpy
 import sys
 import time
 
-from pypto_rt.errors import find_wait
+from pypto_rt.errors import error_chain, find_wait
 from pypto_rt.launch import contract, files
 from pypto_rt.pypto_run import format_user_error, prepare
 
@@ -138,17 +138,8 @@ def _fail(code: int, error_type: str, message: str, exc: BaseException | None = 
 
 
 def _peer_caused(exc: BaseException | None) -> bool:
-    """Whether `exc`'s chain (as `find_wait` walks it) holds a PeerAbortedError."""
-    todo, seen = [exc], set()
-    while todo:
-        e = todo.pop(0)
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if any(cls.__name__ == "PeerAbortedError" for cls in type(e).__mro__):
-            return True
-        todo += [getattr(e, "error", None), e.__cause__, e.__context__]
-    return False
+    """Whether `exc`'s chain holds a PeerAbortedError (by name: a rank need not have imported torch)."""
+    return any(any(cls.__name__ == "PeerAbortedError" for cls in type(e).__mro__) for e in error_chain(exc))
 
 
 def _exit_code(code) -> tuple[int, str | None]:

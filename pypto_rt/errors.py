@@ -175,17 +175,19 @@ def strip_internal_frames(tb: types.TracebackType | None) -> types.TracebackType
     return new_tb
 
 
-def find_wait(exc: BaseException | None) -> dict | None:
-    """The `.wait` dict (a communication wait's report) of the first exception in `exc`'s chain that has one:
-    breadth first through `.error` (a failed task's own error), `__cause__` and `__context__`, each visited once."""
+def error_chain(exc: BaseException | None):
+    """The exceptions of `exc`'s chain, `exc` first: breadth first through `.error` (a failed task's own error),
+    `__cause__` and `__context__`, each yielded once."""
     todo, seen = [exc], set()
     while todo:
         e = todo.pop(0)
         if not isinstance(e, BaseException) or id(e) in seen:
             continue
         seen.add(id(e))
-        wait = getattr(e, "wait", None)
-        if isinstance(wait, dict):
-            return wait
+        yield e
         todo += [getattr(e, "error", None), e.__cause__, e.__context__]
-    return None
+
+
+def find_wait(exc: BaseException | None) -> dict | None:
+    """The `.wait` dict (a communication wait's report) of the first exception in `exc`'s chain that has one."""
+    return next((e.wait for e in error_chain(exc) if isinstance(getattr(e, "wait", None), dict)), None)

@@ -22,6 +22,7 @@ without ending the job (SIGKILL), its ranks end at once and the last one out rem
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import secrets
@@ -37,7 +38,7 @@ from pypto_rt.aicpu.failures import StallError
 from pypto_rt.collective import merge_reports, process
 from pypto_rt.collective.base import CommTimeoutError
 from pypto_rt.collective.segments import remove_segments
-from pypto_rt.errors import EntryShapeWarning, NotSupportedError, PyptoError, find_wait, user_span
+from pypto_rt.errors import EntryShapeWarning, NotSupportedError, PyptoError, error_chain, find_wait, user_span
 from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.host_lifeline import Lifeline
@@ -312,6 +313,9 @@ def _kernel_ref(kernel, span):
 
 def _rank_main(rank: int, world_size: int, conn, binding, inherited, lifeline) -> None:
     """A rank process (forked): serve the host's requests until it says exit, or until the host is gone."""
+    # the host's objects are never collected here: a C++ one among its garbage (a store, a process group) would
+    # join a thread this process does not have in its destructor and abort the rank (std::system_error)
+    gc.freeze()
     for host_end in inherited:   # else this process itself keeps its pipes open, and a dead host is never seen
         host_end.close()
     watch = lifeline.watch()   # before this rank creates any segment
@@ -432,14 +436,5 @@ def _report(error: BaseException, failed_at: float) -> dict:
 
 
 def _stalled(error: BaseException) -> bool:
-    """Whether `error`'s chain (as find_wait walks it) holds a timed-out wait or an engine stall."""
-    todo, seen = [error], set()
-    while todo:
-        e = todo.pop(0)
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        if isinstance(e, (CommTimeoutError, StallError)):
-            return True
-        seen.add(id(e))
-        todo += [getattr(e, "error", None), e.__cause__, e.__context__]
-    return False
+    """Whether `error`'s chain holds a timed-out wait or an engine stall."""
+    return any(isinstance(e, (CommTimeoutError, StallError)) for e in error_chain(error))

@@ -11,6 +11,7 @@ PYPTO_TIMEOUT_S in the ranks (default 5 s here) < the harness deadline < the tes
 from __future__ import annotations
 
 import datetime
+import gc
 import multiprocessing as mp
 import os
 import secrets
@@ -59,6 +60,7 @@ def new_prefix() -> str:
 
 
 def _child(fn, rank, world_size, conn, queue, env, prefix, owner_unlinks):
+    gc.freeze()   # pytest's garbage is never collected here (a C++ object's destructor would join a missing thread)
     code = 0
     try:
         os.environ.update(env)
