@@ -9,7 +9,7 @@ every op in the body treats that dimension independently (elementwise ops, reduc
 broadcasts along the other dimension, matmuls whose tiled operand is on the tiled side), running
 the body once on `k * ROW_TILE` rows computes exactly what `k` iterations compute. The host splits
 the iteration space into one chunk per worker, more when a chunk would span more than
-PYPTO_COALESCE_CHUNK_MB of tile data (`chunk_count`); with `__extent = ROW_TILE` the kernel is the original
+PYPTO_COALESCE_CHUNK_MB of tile data (`chunks.chunk_count`); with `__extent = ROW_TILE` the kernel is the original
 region, so the host can always fall back to one task per iteration.
 """
 from __future__ import annotations
@@ -17,12 +17,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from pypto_rt import config
 from pypto_rt.frontend.names import loaded_names, stored_names
 from pypto_rt.frontend.resolve import UNRESOLVED, Env, callee, is_loop, op_name
 from pypto_rt.incore_compiler.pycode import clone
 from pypto_rt.incore_compiler.shapes import _SAME_SHAPE, ShapeInference, arg, base_op
-from pypto_rt.ops.value import TensorValue
 
 EXTENT = "__extent"
 OFFSET = "__offset"
@@ -39,41 +37,6 @@ _SHAPE_ARGS = {"slice": (1, "shape"), "load": (2, "shapes"), "full": (0, "shape"
                "create_tensor": (0, "shape"), "reshape": (1, "shape")}
 _OFFSET_ARGS = {"slice": (2, "offset"), "load": (1, "offsets"), "assemble": (2, "offset"), "store": (1, "offsets")}
 _PY_BUILTINS = {"int", "float", "min", "max", "len", "range", "abs", "bool"}
-
-
-# a coalesced chunk writes at least this much: smaller ones cost more in thread hand-offs than they gain
-MIN_CHUNK_BYTES = 256 * 1024
-
-
-def chunk_count(n: int, workers: int, written: int, per_iteration: int, cap: int) -> int:
-    """How many tasks a coalesced loop of `n` iterations (writing `written` bytes in all) runs as: one per worker
-    when each still writes MIN_CHUNK_BYTES, and enough that no task spans more than `cap` bytes of tile data, each
-    iteration adding `per_iteration` (0: no bound). The bound keeps a loop's temporaries (a tile's copy, an op's
-    result) to a fixed working set per worker, whatever the tensor's size."""
-    count = min(n, workers, max(1, written // MIN_CHUNK_BYTES))
-    if cap and per_iteration:
-        most = max(1, cap // per_iteration)   # iterations one task may take
-        count = max(count, -(-n // most))
-    return count
-
-
-def chunk_cap() -> int:
-    """PYPTO_COALESCE_CHUNK_MB in bytes (0: no bound)."""
-    mb = config.get_int(config.COALESCE_CHUNK_MB)
-    return (int(config.COALESCE_CHUNK_MB.default) if mb is None else mb) * 2**20
-
-
-def wide_chunks(count, step, tensors: tuple) -> list[tuple[int, int]]:
-    """(offset, width) pieces of a merged tile loop of `count` steps of `step`: one, or as many as keep the
-    tensors its body touches (TensorValues) at most `chunk_cap()` bytes per piece when the loop spans them."""
-    count, step = int(count), int(step)   # (int() pins a bound read from data, as loop_range does)
-    cap = chunk_cap()
-    total = sum(t.data.numel() * t.data.element_size() for t in tensors if type(t) is TensorValue) if cap else 0
-    pieces = min(count, -(-total // cap)) if total > cap else 1
-    if pieces <= 1:
-        return [(0, count * step)]
-    most = -(-count // pieces)
-    return [(first * step, min(most, count - first) * step) for first in range(0, count, most)]
 
 
 @dataclass

@@ -16,7 +16,7 @@ import builtins
 
 from pypto_rt.frontend.resolve import Env, callee, is_loop, op_name
 from pypto_rt.incore_compiler import pycode, traced_code
-from pypto_rt.incore_compiler.coalesce import wide_chunks
+from pypto_rt.incore_compiler.chunks import wide_chunks
 from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS

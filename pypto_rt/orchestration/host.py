@@ -26,7 +26,7 @@ from pypto_rt.aicpu import Access as EngineAccess
 from pypto_rt.aicpu import Task, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
-from pypto_rt.incore_compiler.coalesce import chunk_cap, chunk_count
+from pypto_rt.incore_compiler.chunks import chunk_cap, chunk_count
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.incore_compiler.executor import refuse_replay_of_plain_python
 from pypto_rt.language import distributed as pld

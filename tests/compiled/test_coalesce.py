@@ -337,7 +337,7 @@ def test_a_coalesced_task_spans_at_most_the_chunk_bound_of_tile_data(capsys, cap
 
 
 def test_the_chunk_bound_splits_by_what_each_iteration_adds():
-    from pypto_rt.incore_compiler.coalesce import chunk_count
+    from pypto_rt.incore_compiler.chunks import chunk_count
     mib = 2**20
     assert chunk_count(512, 2, 512 * mib, 2 * mib, 0) == 2              # no bound: one chunk per worker
     assert chunk_count(512, 2, 512 * mib, 2 * mib, 64 * mib) == 16      # 32 iterations (64 MiB) per task
@@ -346,7 +346,7 @@ def test_the_chunk_bound_splits_by_what_each_iteration_adds():
 
 
 def test_a_merged_tile_loop_runs_in_pieces_of_at_most_the_chunk_bound():
-    from pypto_rt.incore_compiler.coalesce import wide_chunks
+    from pypto_rt.incore_compiler.chunks import wide_chunks
     from pypto_rt.ops.value import TensorValue
     mib_each = [TensorValue(torch.zeros(1024, 256), pl.FP32) for _ in range(2)]   # 1 MiB each
     with config.scope(COALESCE_CHUNK_MB="0"):
