@@ -283,23 +283,26 @@ class _Job:
                 proc.kill()
 
     def close(self) -> None:
-        """End the ranks (an exit barrier when healthy), then remove every segment of the job."""
-        for conn in self.conns:
-            try:
-                conn.send(("exit",))
-            except (BrokenPipeError, OSError):
-                pass
-        deadline = time.monotonic() + _EXIT_GRACE_S
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        self.kill()
-        for proc in self.procs:
-            proc.join(1)
-        for conn in self.conns:
-            conn.close()
-        remove_segments(self.prefix)
-        self.lifeline.close()
-        del self.store
+        """End the ranks (an exit barrier when healthy), then remove every segment of the job, also when a signal
+        (SIGTERM, Ctrl-C) interrupts the ending: the ranks may be gone by then, leaving nobody else to remove them."""
+        try:
+            for conn in self.conns:
+                try:
+                    conn.send(("exit",))
+                except (BrokenPipeError, OSError):
+                    pass
+            deadline = time.monotonic() + _EXIT_GRACE_S
+            for proc in self.procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            self.kill()
+            for proc in self.procs:
+                proc.join(1)
+            for conn in self.conns:
+                conn.close()
+            remove_segments(self.prefix)
+            self.lifeline.close()
+            self.store = None
 
 
 def _kernel_ref(kernel, span):

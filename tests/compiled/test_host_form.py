@@ -240,3 +240,35 @@ def test_a_dispatch_of_another_shape_than_annotated_warns_once_at_the_dispatch_l
     line = next(i for i, text in enumerate(SHAPED.splitlines(), 1) if text.endswith("# DISPATCH"))
     assert proc.stderr.count("EntryShapeWarning") == 1, proc.stderr[-3000:]
     assert f"{path}:{line}: EntryShapeWarning: add_one: 'inp' has shape [1, 8]" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_signal_while_the_job_ends_still_removes_its_segments():
+    # SIGTERM arriving while the host waits for its ranks to leave (seen with `timeout` on a library model): the
+    # ranks had been told to exit and were gone, so the job's segments had nobody left to remove them
+    from pypto_rt.collective.segments import list_segments, path_of, segment_name
+    from pypto_rt.orchestration.host_form import _Job
+    from pypto_rt.orchestration.host_lifeline import Lifeline
+
+    class RankLeaving:
+        signalled = False
+
+        def join(self, timeout=None):
+            if not self.signalled:   # the signal arrives once, in the first wait for the rank
+                self.signalled = True
+                raise SystemExit(143)   # what pypto-run's SIGTERM handler raises on the host thread
+
+        def is_alive(self):
+            return False
+
+    job = _Job.__new__(_Job)
+    job.prefix = f"pypto-test-{os.getpid()}-closing"
+    job.conns, job.procs, job.store = [], [RankLeaving()], None
+    job.lifeline = Lifeline(job.prefix)
+    open(path_of(segment_name(job.prefix, "w0-r0")), "w").close()
+    try:
+        with pytest.raises(SystemExit):
+            job.close()
+        assert list_segments(job.prefix) == []
+    finally:
+        for leftover in glob.glob(f"/dev/shm/{job.prefix}*"):
+            os.unlink(leftover)
