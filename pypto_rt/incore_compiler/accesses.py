@@ -17,6 +17,7 @@ from pypto_rt.frontend import names
 from pypto_rt.frontend.resolve import Env, callee, op_name
 from pypto_rt.incore_compiler.shapes import ShapeInference, arg, base_op, subscript_box
 from pypto_rt.ops import OPS
+from pypto_rt.ops.opdef import opdef
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 
 
@@ -29,8 +30,6 @@ class Access:
     line: int = 0                   # the line of a definite write (0: the write is only assumed)
     atomic: bool = False            # an atomic add (`atomic=` other than None_), or maybe one (a helper's): mode "rw"
 
-
-_VIEW_OPS = {"slice", "reshape", "transpose_view", "reinterpret_view", "view", "bits_as"}
 
 
 def plan_accesses(env: Env, body, params: list[str], block_var: str | None = None,
@@ -123,7 +122,8 @@ class _Planner(ast.NodeVisitor):
             if base is not None:
                 view = Access(base.param, "r", *(self._box(*box) if box else (None, None)))
         elif isinstance(value, ast.Call) and value.args:
-            op = base_op(op_name(callee(self.env, value)))
+            qual = op_name(callee(self.env, value))
+            op, d = base_op(qual), opdef(qual)
             base = self._target(value.args[0])
             if base is not None and op == "slice":
                 offsets = arg(value, 2, "offset")
@@ -132,7 +132,7 @@ class _Planner(ast.NodeVisitor):
                     view = Access(base.param, "r", *self._box(offsets.elts, shape.elts))
                 else:
                     view = Access(base.param, "r")
-            elif base is not None and op in _VIEW_OPS:
+            elif base is not None and d is not None and d.is_view:
                 view = Access(base.param, "r")
         if view is not None:
             self.aliases[name] = view

@@ -20,24 +20,12 @@ from dataclasses import dataclass
 from pypto_rt.frontend.names import loaded_names, stored_names
 from pypto_rt.frontend.resolve import UNRESOLVED, Env, callee, is_loop, op_name
 from pypto_rt.incore_compiler.pycode import clone
-from pypto_rt.incore_compiler.shapes import _SAME_SHAPE, ShapeInference, arg, base_op
+from pypto_rt.incore_compiler.independence import TiledDimCheck
+from pypto_rt.incore_compiler.shapes import base_op
 
 EXTENT = "__extent"
 OFFSET = "__offset"
 WIDE_OFFSET, WIDTH = "__w0", "__w"   # one piece of a merged tile loop (merge_tile_loops)
-
-_ANY_DIM = (_SAME_SHAPE - {"row_expand", "col_expand"}) | {
-    "slice", "load", "assemble", "store", "fillpad", "fillpad_inplace", "cast", "full", "create_tile",
-    "create_tensor"}
-_BY_DIM = {
-    0: _ANY_DIM | {"row_sum", "row_max", "row_min", "row_prod", "row_expand", "matmul", "matmul_acc", "reshape"},
-    1: _ANY_DIM | {"col_sum", "col_max", "col_min", "col_prod", "col_expand", "matmul", "matmul_acc"},
-}
-_SHAPE_ARGS = {"slice": (1, "shape"), "load": (2, "shapes"), "full": (0, "shape"), "create_tile": (0, "shape"),
-               "create_tensor": (0, "shape"), "reshape": (1, "shape")}
-_OFFSET_ARGS = {"slice": (2, "offset"), "load": (1, "offsets"), "assemble": (2, "offset"), "store": (1, "offsets")}
-_PY_BUILTINS = {"int", "float", "min", "max", "len", "range", "abs", "bool"}
-
 
 @dataclass
 class Coalescing:
@@ -80,7 +68,7 @@ def plan_coalescing(env: Env, region, loop) -> Coalescing | None:
 def _accepting_dim(env: Env, var: str, step, body) -> tuple[int, tuple[str, ...]] | None:
     """(the dim the body coalesces along, the inputs the host must find of extent 1 there), or None."""
     for dim in (0, 1):
-        checker = _Checker(env, var, step, dim, body)
+        checker = TiledDimCheck(env, var, step, dim, body)
         if checker.accepts(body):
             return dim, tuple(sorted(checker.untiled))
     return None
@@ -184,7 +172,7 @@ def _plan_spmd_grid(env: Env, region) -> Coalescing | None:
             or t0 == c0 or ast.dump(s0) == ast.dump(s1)):
         return None
     rest = body[2:]
-    columns, rows = _Checker(env, c0, s1, 1, rest), _Checker(env, t0, s0, 0, rest)
+    columns, rows = TiledDimCheck(env, c0, s1, 1, rest), TiledDimCheck(env, t0, s0, 0, rest)
     if not (columns.accepts(rest) and rows.accepts(rest)) or columns.untiled:   # columns always merge: no fallback
         return None
     width = ast.BinOp(clone(per_row), ast.Mult(), clone(s1))
@@ -268,7 +256,7 @@ def _merged_loop(env: Env, loop: ast.For, kernel_body: list, after: list):
     if not written or written & _read_bases(rest, written):
         return None
     for dim in (1, 0):
-        checker = _Checker(env, var, step, dim, rest, context=kernel_body)
+        checker = TiledDimCheck(env, var, step, dim, rest, context=kernel_body)
         if checker.accepts(rest) and not checker.untiled:
             break
     else:
@@ -355,202 +343,3 @@ def coalesced_body(coalescing: Coalescing):
             return super().visit(node)
 
     return [Replace().visit(s) for s in clone(body)]
-
-
-class _Checker:
-    """Every use of the loop variable and of the step is a tile offset/extent along `dim`; every op keeps that
-    dimension independent; the tiled operand of a matmul is on the tiled side."""
-
-    def __init__(self, env: Env, var: str, step: ast.expr, dim: int, body, context=None):
-        """`context`: the code around `body` (a whole kernel), whose names' shapes it may use."""
-        self.env, self.var, self.dim = env, var, dim
-        self.shapes = ShapeInference(env, context if context is not None else body)
-        self.step = ast.dump(step)
-        self.covered: set[int] = set()
-        self.tiled: set[str] = set()     # names holding values tiled along `dim`
-        self.untiled: set[str] = set()   # inputs combined with tiled values: must have extent 1 along `dim`
-        self.local = stored_names(body)
-
-    def accepts(self, body) -> bool:
-        module = ast.Module(body=body, type_ignores=[])
-        try:
-            for node in ast.walk(module):
-                self._visit(node)
-            self._settle_tiled(module)
-            for node in ast.walk(module):
-                if isinstance(node, ast.Call) and base_op(op_name(callee(self.env, node))) in _BROADCASTING:
-                    self._operands(node)
-        except _Reject:
-            return False
-        uses = [n for n in ast.walk(module) if self._is_var(n) or self._is_step(n)]
-        return all(id(n) in self.covered for n in uses)
-
-    def _settle_tiled(self, module) -> None:
-        """`tiled` to a fixpoint: the walk above meets assignments breadth-first, not in program order."""
-        assigns = [n for n in ast.walk(module) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-                   and n.value is not None]
-        while True:
-            grown = {name for n in assigns if self._mentions_tiled(n.value)
-                     for name in stored_names(n.targets if isinstance(n, ast.Assign) else [n.target])}
-            if grown <= self.tiled:
-                return
-            self.tiled |= grown
-
-    def _operands(self, node: ast.Call) -> None:
-        """An op mixing tiled values with an untiled tensor broadcasts that tensor against one tile; merged
-        tiles would meet it at another extent. Allowed: scalars, extent 1 along `dim`, an extent that is the step
-        itself (rewritten with the tiles), and inputs the host checks when it runs the loop (`untiled`)."""
-        operands = list(node.args) + [k.value for k in node.keywords if k.arg not in _NOT_OPERANDS]
-        if not any(self._mentions_tiled(o) for o in operands):
-            return
-        for o in operands:
-            if self._mentions_tiled(o) or self._is_scalar(o):
-                continue
-            shape = self.shapes.of(o)
-            extent = None
-            if shape is not None:
-                extent = shape[self.dim] if len(shape) == 2 else ast.Constant(1) if len(shape) == 1 and \
-                    self.dim == 0 else None
-            if extent is not None:
-                if self._is_step(extent) or (isinstance(extent, ast.Constant) and extent.value == 1):
-                    continue
-                raise _Reject
-            base = o.value if isinstance(o, ast.Subscript) else o
-            if (isinstance(base, ast.Name) and base.id not in self.local and self.env.lookup(base.id) is UNRESOLVED
-                    and (o is base or self._whole_along_dim(o))):
-                self.untiled.add(base.id)   # a kernel input (all of it along `dim`): the host looks at its shape
-                continue
-            raise _Reject
-
-    def _whole_along_dim(self, sub: ast.Subscript) -> bool:
-        items = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else [sub.slice]
-        if len(items) <= self.dim:
-            return True
-        item = items[self.dim]
-        return (isinstance(item, ast.Slice) and item.upper is None and item.step is None
-                and (item.lower is None or (isinstance(item.lower, ast.Constant) and item.lower.value == 0)))
-
-    def _is_scalar(self, node) -> bool:
-        """A number known before the kernel runs: literals, module constants, arithmetic of those."""
-        if isinstance(node, ast.Constant):
-            return isinstance(node.value, (int, float, bool))
-        if isinstance(node, (ast.Name, ast.Attribute)) and not (isinstance(node, ast.Name) and node.id in self.local):
-            value = self.env.resolve(node)
-            return isinstance(value, (int, float, bool))
-        if isinstance(node, ast.BinOp):
-            return self._is_scalar(node.left) and self._is_scalar(node.right)
-        if isinstance(node, ast.UnaryOp):
-            return self._is_scalar(node.operand)
-        return False
-
-    def _is_var(self, node) -> bool:
-        return isinstance(node, ast.Name) and node.id == self.var
-
-    def _is_step(self, node) -> bool:
-        return isinstance(node, ast.expr) and ast.dump(node) == self.step
-
-    def _mentions_tiled(self, node) -> bool:
-        return any(self._is_var(n) or (isinstance(n, ast.Name) and n.id in self.tiled) for n in ast.walk(node))
-
-    def _visit(self, node):
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            bound = stored_names(targets)
-            if self.var in bound:
-                raise _Reject
-            if node.value is not None and self._mentions_tiled(node.value):
-                self.tiled |= bound
-        elif isinstance(node, ast.Subscript):
-            self._subscript(node)
-        elif isinstance(node, ast.Call):
-            self._call(node)
-        elif isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Lambda, ast.FunctionDef)):
-            raise _Reject
-
-    def _subscript(self, node: ast.Subscript):
-        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if not any(self._is_var(n) for n in ast.walk(node.slice)):
-            return
-        if len(items) <= self.dim:
-            raise _Reject
-        item = items[self.dim]
-        if not (isinstance(item, ast.Slice) and item.step is None and self._is_var(item.lower)
-                and isinstance(item.upper, ast.BinOp) and isinstance(item.upper.op, ast.Add)
-                and self._is_var(item.upper.left) and self._is_step(item.upper.right)):
-            raise _Reject
-        self.covered |= {id(item.lower), id(item.upper.left), id(item.upper.right)}
-
-    def _call(self, node: ast.Call):
-        target = callee(self.env, node)
-        if is_loop(target) or getattr(target, "__name__", None) in _PY_BUILTINS and not op_name(target):
-            return
-        op = base_op(op_name(target))
-        if op is None or op not in _BY_DIM[self.dim]:
-            raise _Reject
-        if op in _SHAPE_ARGS:
-            self._shape(arg(node, *_SHAPE_ARGS[op]), op)
-        valid = next((k.value for k in node.keywords if k.arg == "valid_shape"), None)
-        if valid is not None:
-            self._shape(valid, op)
-        if op in _OFFSET_ARGS and self._offsets(arg(node, *_OFFSET_ARGS[op])):
-            self._tile_extent(node, op, valid)
-        if op in ("matmul", "matmul_acc"):
-            self._matmul(node, op)
-
-    def _shape(self, literal, op):
-        """A tile shape: the extent along `dim` may be the step; [1, step] / [step, 1] vectors too (dim 0)."""
-        if not isinstance(literal, (ast.List, ast.Tuple)):
-            if literal is not None and self._mentions_tiled(literal):
-                raise _Reject
-            return
-        elts = literal.elts
-        steps = [i for i, e in enumerate(elts) if self._is_step(e)]
-        if not steps:
-            return
-        others_one = all(isinstance(e, ast.Constant) and e.value == 1 for i, e in enumerate(elts) if i not in steps)
-        vector = self.dim == 0 and len(elts) == 2 and len(steps) == 1 and others_one
-        if not (steps == [self.dim] and op != "reshape") and not vector:
-            raise _Reject
-        self.covered |= {id(elts[i]) for i in steps}
-
-    def _offsets(self, literal) -> bool:
-        """True when the offset along `dim` is the loop variable (a tiled access)."""
-        if not isinstance(literal, (ast.List, ast.Tuple)) or len(literal.elts) <= self.dim:
-            return False
-        e = literal.elts[self.dim]
-        if self._is_var(e):
-            self.covered.add(id(e))
-            return True
-        return False
-
-    def _tile_extent(self, node, op, valid):
-        """A tiled access moves exactly one step along `dim` (and its valid box spans it)."""
-        if op in ("slice", "load"):
-            extents = [arg(node, *_SHAPE_ARGS[op])] + ([valid] if valid is not None else [])
-            extents = [e.elts[self.dim] if isinstance(e, (ast.List, ast.Tuple)) and len(e.elts) > self.dim
-                       else None for e in extents]
-        else:
-            source = arg(node, 1, "source") if op == "assemble" else arg(node, 0, "tile")
-            shape = self.shapes.of(source)
-            extents = [shape[self.dim] if shape and len(shape) > self.dim else None]
-        if not all(e is not None and self._is_step(e) for e in extents):
-            raise _Reject
-
-    def _matmul(self, node, op):
-        lhs, rhs = (arg(node, 0, "lhs"), arg(node, 1, "rhs")) if op == "matmul" else (
-            arg(node, 1, "lhs"), arg(node, 2, "rhs"))
-        flags = {k.arg: k.value for k in node.keywords}
-        transposed = "a_trans" in flags if self.dim == 0 else "b_trans" in flags
-        tiled_side, other_side = (lhs, rhs) if self.dim == 0 else (rhs, lhs)
-        if transposed or other_side is None or self._mentions_tiled(other_side) or tiled_side is None:
-            raise _Reject
-
-
-# ops whose tensor operands broadcast against each other; keywords of them that are not operands
-_BROADCASTING = _SAME_SHAPE - {"cast", "fillpad", "fillpad_inplace", "set_validshape", "move", "no_dep",
-                               "aiv_shard", "aic_gather", "expands"}
-_NOT_OPERANDS = {"target_type", "mode", "pad_value", "dtype", "valid_shape", "shape", "name_hint"}
-
-
-class _Reject(Exception):
-    pass

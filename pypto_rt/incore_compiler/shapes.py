@@ -10,19 +10,7 @@ from __future__ import annotations
 import ast
 
 from pypto_rt.frontend.resolve import Env, callee, op_name
-
-# ops whose result has the shape of their first tensor argument
-_SAME_SHAPE = set("""abs add addc adds addsc and_ ands cast cmp cmps col_expand col_expand_add col_expand_div
-col_expand_expdif col_expand_max col_expand_min col_expand_mul col_expand_sub cos div divs exp expands
-fillpad fillpad_inplace fmod fmods lrelu log max maximum maximums maxs min minimum minimums mins move mul
-muls neg not_ or_ ors prelu recip relu rem rems row_expand row_expand_add row_expand_div row_expand_expdif
-row_expand_max row_expand_min row_expand_mul row_expand_sub rsqrt sel sels shl shls shr shrs sin sqrt sub
-subc subs subsc xor xors no_dep aiv_shard aic_gather set_validshape""".split())
-_ROW_REDUCE = {"row_sum", "row_max", "row_min", "row_prod", "row_argmax", "row_argmin"}
-_COL_REDUCE = {"col_sum", "col_max", "col_min", "col_prod", "col_argmax", "col_argmin"}
-# op -> (position, keyword) of its literal shape argument
-_SHAPE_ARG = {"load": (2, "shapes"), "slice": (1, "shape"), "full": (0, "shape"), "create_tile": (0, "shape"),
-              "create_tensor": (0, "shape"), "reshape": (1, "shape")}
+from pypto_rt.ops.opdef import Shape, opdef
 
 
 def base_op(qualname: str | None) -> str | None:
@@ -62,24 +50,25 @@ class ShapeInference:
             return box[1] if box and all(isinstance(i, ast.Slice) for i in items) else None
         if not isinstance(node, ast.Call):
             return None
-        op = base_op(op_name(callee(self.env, node)))
-        if op in _SHAPE_ARG:
-            literal = arg(node, *_SHAPE_ARG[op])
+        d = opdef(op_name(callee(self.env, node)))
+        rule = d.shape if d is not None else Shape.OTHER
+        if rule is Shape.FROM_ARG:
+            literal = arg(node, *d.shape_arg)
             return list(literal.elts) if isinstance(literal, (ast.List, ast.Tuple)) else None
         first = self.of(node.args[0]) if node.args else None
-        if op in _SAME_SHAPE:
+        if rule is Shape.SAME:
             return first or next((s for s in map(self.of, node.args[1:]) if s), None)
-        if op in _ROW_REDUCE and first and len(first) == 2:
+        if rule is Shape.ROW_REDUCE and first and len(first) == 2:
             return [first[0], ast.Constant(1)]
-        if op in _COL_REDUCE and first and len(first) == 2:
+        if rule is Shape.COL_REDUCE and first and len(first) == 2:
             return [ast.Constant(1), first[1]]
-        if op in ("matmul", "matmul_acc", "assemble"):
-            return self._matmul(node, op, first)
+        if rule is Shape.FIRST:
+            return first
+        if rule is Shape.MATMUL:
+            return self._matmul(node, first)
         return None
 
-    def _matmul(self, node, op, first):
-        if op in ("matmul_acc", "assemble"):
-            return first
+    def _matmul(self, node, first):
         rhs = self.of(arg(node, 1, "rhs"))
         if not first or not rhs or len(first) != 2 or len(rhs) != 2:
             return None

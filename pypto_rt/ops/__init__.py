@@ -6,7 +6,8 @@ backends, is tested against it). Importing this package registers every op in
 `pld` ops (windows and communicators).
 """
 from pypto_rt.ops import (  # noqa: F401  (imported for registration)
-    access, cast, create, distributed, elementwise, gather, matmul, reduce, sort, system, views,
+    access, bitwise, cast, compare, create, distributed, elementwise, gather, matmul, reduce, sort, system, unary,
+    views,
 )
 from pypto_rt.ops.registry import OPS
 from pypto_rt.ops.value import TensorValue

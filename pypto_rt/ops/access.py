@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pypto_rt.errors import OpError
 from pypto_rt.ops import replay_guard
-from pypto_rt.ops.registry import op, writes
+from pypto_rt.ops.registry import op
 from pypto_rt.ops.traced_scalar import integral
 from pypto_rt.ops.value import TensorValue
 
@@ -33,7 +33,7 @@ def _to_python(v, dtype):
     return int(v)
 
 
-@op("read", "tensor.read", "tile.read")
+@op("read", "tensor.read", "tile.read", reads_data=True)
 def read(src, indices):
     """The element at `indices` as a Python scalar of the element type (while a run is recorded for replay, it may
     come as a TracedInt or TracedFloat, which the replay reads again)."""
@@ -46,8 +46,7 @@ def read(src, indices):
     return _to_python(src.data[index].item(), src.dtype)
 
 
-@writes("dst")
-@op("write", "tensor.write", "tile.write")
+@op("write", "tensor.write", "tile.write", writes="dst")
 def write(dst, indices, value):
     """Store one element in place; the value is converted to dst's dtype."""
     dst.data[_index(dst, indices, "write")] = value

@@ -21,6 +21,7 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.language.enums import CastMode
 from pypto_rt.ops.dtype_rules import int_range, storage_dtype, to_dtype
+from pypto_rt.ops.opdef import ANY_DIM, Shape
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.traced_scalar import TracedInt
 from pypto_rt.ops.value import TensorValue
@@ -42,7 +43,7 @@ def _mode(mode) -> CastMode:
     raise OpError(f"pl.cast: unknown mode {mode!r}", hint=f"use one of {_MODE_NAMES}")
 
 
-@op("cast", "tensor.cast", "tile.cast")
+@op("cast", "tensor.cast", "tile.cast", shape=Shape.SAME, coalesce=ANY_DIM)
 def cast(input, target_type, mode="round"):
     """Convert a tensor/tile (any mode) or a Python number (default mode only) to `target_type`."""
     dtype = to_dtype(target_type)

@@ -17,6 +17,7 @@ import torch
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import storage_dtype, to_dtype
+from pypto_rt.ops.opdef import ANY_DIM, Shape
 from pypto_rt.ops.registry import not_supported, op
 from pypto_rt.ops.value import TensorValue, broadcast_shape, valid_mask
 
@@ -133,7 +134,7 @@ def _two_d(name: str, **values) -> None:
 
 
 # ----------------------------------------------------------------------------------- tensor forms
-@op("matmul", "tensor.matmul")
+@op("matmul", "tensor.matmul", shape=Shape.MATMUL, coalesce=ANY_DIM)
 def matmul(lhs, rhs, out_dtype=None, a_trans=False, b_trans=False, c_matrix_nz=False):
     """[M,K] @ [K,N] (a_trans: lhs stored [K,M]; b_trans: rhs stored [N,K]); 1-D and batched operands too."""
     _check_operands("matmul", lhs=lhs, rhs=rhs)
@@ -142,7 +143,7 @@ def matmul(lhs, rhs, out_dtype=None, a_trans=False, b_trans=False, c_matrix_nz=F
     return _result(prod, dtype, lhs if lhs.is_tile else rhs)
 
 
-@op("matmul_acc", "tensor.matmul_acc")
+@op("matmul_acc", "tensor.matmul_acc", shape=Shape.FIRST, coalesce=ANY_DIM)
 def matmul_acc(acc, lhs, rhs, a_trans=False, b_trans=False, init_cond=None):
     """acc + lhs @ rhs as a new value in acc's dtype (FP32 or INT32); init_cond truthy -> lhs @ rhs."""
     _check_operands("matmul_acc", acc=acc, lhs=lhs, rhs=rhs)
@@ -151,7 +152,7 @@ def matmul_acc(acc, lhs, rhs, a_trans=False, b_trans=False, init_cond=None):
 
 
 # ------------------------------------------------------------------------------------- tile forms
-@op("tile.matmul")
+@op("tile.matmul", shape=Shape.MATMUL, coalesce=ANY_DIM)
 def tile_matmul(lhs, rhs):
     """2-D tile matmul; FP32 result for float tiles, INT32 for integer tiles."""
     _check_operands("tile.matmul", lhs=lhs, rhs=rhs)
@@ -160,7 +161,7 @@ def tile_matmul(lhs, rhs):
     return _result(_product("tile.matmul", lhs, rhs), _acc_dtype(lhs), lhs)
 
 
-@op("tile.matmul_acc")
+@op("tile.matmul_acc", shape=Shape.FIRST, coalesce=ANY_DIM)
 def tile_matmul_acc(acc, lhs, rhs, init_cond=None):
     """acc + lhs @ rhs on 2-D tiles (acc FP32/INT32)."""
     _check_operands("tile.matmul_acc", acc=acc, lhs=lhs, rhs=rhs)

@@ -17,6 +17,7 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import highest, lowest, promote, storage_dtype
 from pypto_rt.ops.flush import exp_ftz
+from pypto_rt.ops.opdef import ANY_DIM, COLS, NO_DIM, ROWS, Shape
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue, broadcast_shape
 
@@ -96,7 +97,10 @@ def _reduction(name: str, axis: int, kind: str):
     what = f"index (INT32, first occurrence) of the {kind[3:]}" if kind.startswith("arg") else kind
     axis_name = "each row (last axis)" if axis == -1 else "each column (axis -2)"
     impl.__doc__ = f"The {what} over the valid part of {axis_name}; `tmp_tile` is ignored."
-    return op(*_all(name))(impl)
+    shape = Shape.ROW_REDUCE if axis == -1 else Shape.COL_REDUCE
+    # a value reduction keeps the other axis independent (coalescing); arg reductions are left alone
+    dims = NO_DIM if kind.startswith("arg") else ROWS if axis == -1 else COLS
+    return op(*_all(name), shape=shape, coalesce=dims)(impl)
 
 
 row_sum = _reduction("row_sum", -1, "sum")
@@ -168,7 +172,7 @@ def _expand_op(side: str, what: str):
     vec = "[M, 1] per-row" if side == "row" else "[1, N] per-column"
     formula = "exp(x - v)" if what == "expdif" else f"x {what} v"
     impl.__doc__ = f"{formula} with a {vec} vector v broadcast over x; promoted dtype, x's valid box."
-    return op(*_all(name))(impl)
+    return op(*_all(name), shape=Shape.SAME, coalesce=ANY_DIM, broadcasts=True)(impl)
 
 
 row_expand_add = _expand_op("row", "add")
@@ -187,13 +191,13 @@ col_expand_min = _expand_op("col", "min")
 col_expand_expdif = _expand_op("col", "expdif")
 
 
-@op(*_all("row_expand"))
+@op(*_all("row_expand"), shape=Shape.SAME, coalesce=ROWS, broadcasts=True)
 def row_expand(target, row_vec):
     """row_vec[..., M, 1] broadcast to target's shape (target's values unused); promoted dtype."""
     return _expand("row_expand", target, row_vec, -1, lambda a, b: b.expand(a.shape).clone())
 
 
-@op(*_all("col_expand"))
+@op(*_all("col_expand"), shape=Shape.SAME, coalesce=COLS, broadcasts=True)
 def col_expand(target, col_vec):
     """col_vec[..., 1, N] broadcast to target's shape (target's values unused); promoted dtype."""
     return _expand("col_expand", target, col_vec, -2, lambda a, b: b.expand(a.shape).clone())

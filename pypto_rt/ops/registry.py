@@ -1,27 +1,40 @@
-"""Name -> implementation table of the op library.
+"""Name -> implementation table of the op library, and each op's `OpDef` (ops/opdef.py).
 
 An op is registered under every qualified name it answers to: `"add"` (pl.add),
 `"tensor.add"` (pl.tensor.add), `"tile.add"` (pl.tile.add), `"system.task_dummy"`, ...
 Implementations take `TensorValue`s and Python scalars with the op's real signature,
 raise `OpError` for misuse (the executor attaches the user's line), and return a
-`TensorValue`, a scalar, or the in-place target. Filled at import, never mutated after.
+`TensorValue`, a scalar, or the in-place target. The registration also declares what the
+compiler and the host need to know about the op (`@op(..., shape=SAME, broadcasts=True)`), and
+gives the implementation the op's user-facing doc (language/opdocs.py, which `help(pl.<op>)` shows).
+Filled at import, never mutated after.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from pypto_rt.errors import NotSupportedError
+from pypto_rt.language.opdocs import doc_of
+from pypto_rt.ops.opdef import OpDef, declare
 
 OPS: dict[str, Callable] = {}
+# In-place ops: name -> the parameter holding the tensor they write (OpDef.writes). Executors check that the
+# target does not alias an entry parameter annotated In (DESIGN.md, "Directions").
+IN_PLACE_TARGETS: dict[str, str] = {}
 
 
-def op(*names: str):
-    """Register the decorated function under each of `names`."""
+def op(*names: str, **facts):
+    """Register the decorated function under each of `names`, with the OpDef fields in `facts`."""
     def deco(fn):
         for name in names:
             if name in OPS:
                 raise RuntimeError(f"op {name!r} registered twice")
             OPS[name] = fn
+        opdef = declare(OpDef(names, doc=doc_of(names[0]), **facts))
+        if opdef.writes is not None:
+            IN_PLACE_TARGETS.update(dict.fromkeys(names, opdef.writes))
+        if opdef.doc:
+            fn.__doc__ = opdef.doc
         return fn
     return deco
 
@@ -34,18 +47,3 @@ def not_supported(*names: str, why: str = ""):
         fail.not_supported = True
         op(name)(fail)
 
-
-# In-place ops: name -> the parameter holding the tensor they write. Executors check that the
-# target does not alias an entry parameter annotated In (DESIGN.md, "Directions").
-IN_PLACE_TARGETS: dict[str, str] = {}
-
-
-def writes(param: str):
-    """Mark the decorated op (all its registered names) as writing into argument `param`."""
-    def deco(fn):
-        for name, impl in list(OPS.items()):
-            if impl is fn:
-                IN_PLACE_TARGETS[name] = param
-        fn.__pypto_writes__ = param
-        return fn
-    return deco

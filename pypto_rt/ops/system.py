@@ -9,6 +9,7 @@ import itertools
 
 from pypto_rt.errors import OpError
 from pypto_rt.ops import dtype_rules, replay_guard
+from pypto_rt.ops.opdef import ANY_DIM, Shape
 from pypto_rt.ops.registry import op
 
 _ids = itertools.count(1)
@@ -38,7 +39,7 @@ def task_dummy(*, deps=None):
     return TaskToken("task_dummy")
 
 
-@op("array.create")
+@op("array.create", waits_on_host=False)
 def array_create(n, dtype):
     """A length-n array: TaskId slots start empty (None), integer slots start at 0."""
     dtype = dtype_rules.to_dtype(dtype)
@@ -49,13 +50,13 @@ def array_create(n, dtype):
     return [fill] * n
 
 
-@op("no_dep")
+@op("no_dep", shape=Shape.SAME, coalesce=ANY_DIM, waits_on_host=False)
 def no_dep(t):
     """Mark `t` as carrying no dependency (a scheduling hint)."""
     return t
 
 
-@op("dump_tag")
+@op("dump_tag", waits_on_host=False)
 def dump_tag(t, *args, **kwargs):
     """Tag `t` for a debug dump (a hint)."""
     return t
@@ -65,57 +66,57 @@ class PrefetchContext:
     __slots__ = ()
 
 
-@op("prefetch.make_context")
+@op("prefetch.make_context", waits_on_host=False)
 def prefetch_make_context(*args, **kwargs):
     """A prefetch context (a hint)."""
     return PrefetchContext()
 
 
-@op("prefetch.async_prefetch")
+@op("prefetch.async_prefetch", waits_on_host=False)
 def prefetch_async_prefetch(t, ctx=None, *args, **kwargs):
     """Prefetch `t` into L2 (a hint)."""
     return None
 
 
-@op("system.cacheinvalid")
+@op("system.cacheinvalid", waits_on_host=False)
 def cacheinvalid(*args, **kwargs):
     """Invalidate caches (nothing to do on the CPU)."""
     return None
 
 
-@op("system.fence")
+@op("system.fence", waits_on_host=False)
 def fence(*args, **kwargs):
     """Memory fence (program order already holds)."""
     return None
 
 
-@op("aiv_shard", "tile.aiv_shard")
+@op("aiv_shard", "tile.aiv_shard", shape=Shape.SAME, coalesce=ANY_DIM)
 def aiv_shard(x):
     """Marks a cube->vector crossing: an identity."""
     return x
 
 
-@op("aic_gather", "tile.aic_gather")
+@op("aic_gather", "tile.aic_gather", shape=Shape.SAME, coalesce=ANY_DIM)
 def aic_gather(x):
     """Marks a vector->cube crossing: an identity."""
     return x
 
 
-@op("static_print")
+@op("static_print", waits_on_host=False)
 def static_print(*args):
     """Print at compile time (here: when the line runs)."""
     replay_guard.refuse("pl.static_print prints")
     print(*args)
 
 
-@op("static_assert")
+@op("static_assert", waits_on_host=False)
 def static_assert(cond, msg: str = "static_assert failed"):
     """Fail with `msg` when `cond` is false."""
     if not cond:
         raise OpError(f"pl.static_assert: {msg}")
 
 
-@op("func_attr")
+@op("func_attr", waits_on_host=False)
 def func_attr(attrs=None):
     """Function attributes (no effect here)."""
     return None

@@ -15,7 +15,8 @@ from pypto_rt.errors import OpError
 from pypto_rt.language.enums import AtomicType, PadValue
 from pypto_rt.ops import dtype_rules
 from pypto_rt.ops.accumulate import atomic_add_
-from pypto_rt.ops.registry import op, writes
+from pypto_rt.ops.opdef import ANY_DIM, ROWS, Shape
+from pypto_rt.ops.registry import op
 from pypto_rt.ops.traced_scalar import TracedInt, integral
 from pypto_rt.ops.value import TensorValue, valid_mask, valid_region
 
@@ -49,7 +50,8 @@ def _window(x: TensorValue, shape, offset, opname: str) -> TensorValue:
     return TensorValue(data, x.dtype, valid, x.is_tile, x.pad)
 
 
-@op("slice", "tensor.slice", "tile.slice")
+@op("slice", "tensor.slice", "tile.slice", shape=Shape.FROM_ARG, shape_arg=(1, "shape"), offset_arg=(2, "offset"),
+    coalesce=ANY_DIM, waits_on_host=False, is_view=True)
 def slice_(x, shape, offset, valid_shape=None, drop_dims=None, pad_value=None, clamp=False):
     """Window view of `x` (shape before offset); `valid_shape` narrows the valid box, never widens."""
     out = _window(x, shape, offset, "slice")
@@ -120,7 +122,7 @@ def _in_bounds_slices(key, shape) -> bool:
     return True
 
 
-@op("__getitem__")
+@op("__getitem__", waits_on_host=False)
 def subscript_read(x: TensorValue, key):
     """`x[a:b, c]`: a window view; scalar indices drop their axis; all-scalar full rank reads one element."""
     key = key if isinstance(key, tuple) else (key,)
@@ -136,8 +138,7 @@ def subscript_read(x: TensorValue, key):
     return _drop_axes(out, scalar_axes, "subscript") if scalar_axes else out
 
 
-@writes("dst")
-@op("__setitem__")
+@op("__setitem__", writes="dst")
 def subscript_write(dst: TensorValue, key, src) -> None:
     """`dst[a:b, c:d] = src`: assemble src's valid box into the window."""
     key = key if isinstance(key, tuple) else (key,)
@@ -189,8 +190,8 @@ def _write_box(target: TensorValue, src: TensorValue, offset, opname: str, atomi
         region.copy_(values)
 
 
-@writes("target")
-@op("assemble", "tensor.assemble", "tile.assemble")
+@op("assemble", "tensor.assemble", "tile.assemble", shape=Shape.FIRST, offset_arg=(2, "offset"), coalesce=ANY_DIM,
+    writes="target")
 def assemble(target, source, offset, *, atomic=AtomicType.None_):
     """Write `source`'s valid box into `target` at `offset` in place; returns `target`."""
     if not isinstance(source, TensorValue):
@@ -199,7 +200,8 @@ def assemble(target, source, offset, *, atomic=AtomicType.None_):
     return target
 
 
-@op("reshape", "tensor.reshape", "tile.reshape")
+@op("reshape", "tensor.reshape", "tile.reshape", shape=Shape.FROM_ARG, shape_arg=(1, "shape"), coalesce=ROWS,
+    waits_on_host=False, is_view=True)
 def reshape(x, shape):
     """Aliasing view of `x` with a new shape of the same element count; the valid box is remapped."""
     shape = _ints(shape, "shape", "reshape")
@@ -242,7 +244,7 @@ def transpose(x, axis1, axis2, tmp_tile=None):
     return TensorValue(x.data.transpose(a, b).contiguous(), x.dtype, valid, x.is_tile)
 
 
-@op("tile.transpose_view")
+@op("tile.transpose_view", waits_on_host=False, is_view=True)
 def transpose_view(x):
     """Zero-copy swap of the last two axes."""
     valid = list(x.valid_shape)
@@ -260,7 +262,7 @@ def concat(a, b):
     return TensorValue(torch.cat([a.data.to(t), b.data.to(t)], dim=-1), dtype, None, a.is_tile)
 
 
-@op("reinterpret_view", "tensor.reinterpret_view", "tile.reinterpret_view")
+@op("reinterpret_view", "tensor.reinterpret_view", "tile.reinterpret_view", waits_on_host=False, is_view=True)
 def reinterpret_view(x, dtype, *, shape=None):
     """Reinterpret the bits of `x` as `dtype`; the last axis scales by the byte ratio."""
     dtype = dtype_rules.to_dtype(dtype)
@@ -281,7 +283,8 @@ def bits_as(data: torch.Tensor, src, dst) -> torch.Tensor:
     return data.view(out_t)
 
 
-@op("set_validshape", "tensor.set_validshape", "tile.set_validshape")
+@op("set_validshape", "tensor.set_validshape", "tile.set_validshape", shape=Shape.SAME, coalesce=ANY_DIM,
+    waits_on_host=False)
 def set_validshape(x, valid_rows, valid_cols):
     """New valid box (2-D only); no data movement."""
     if x.ndim != 2:
@@ -306,7 +309,7 @@ def pad_scalar(pad_value, dtype):
     raise OpError(f"pad_value must be a pl.PadValue, 0, math.inf or -math.inf, got {pad_value!r}")
 
 
-@op("fillpad", "tensor.fillpad", "tile.fillpad")
+@op("fillpad", "tensor.fillpad", "tile.fillpad", shape=Shape.SAME, coalesce=ANY_DIM)
 def fillpad(x, pad_value=PadValue.zero):
     """Copy of `x` with everything outside the valid box set to the pad; the result is fully valid."""
     fill = pad_scalar(pad_value, x.dtype)
@@ -315,8 +318,7 @@ def fillpad(x, pad_value=PadValue.zero):
     return TensorValue(data, x.dtype, None, x.is_tile)
 
 
-@writes("x")
-@op("fillpad_inplace", "tile.fillpad_inplace", "tensor.fillpad_inplace")
+@op("fillpad_inplace", "tile.fillpad_inplace", "tensor.fillpad_inplace", shape=Shape.SAME, coalesce=ANY_DIM, writes="x")
 def fillpad_inplace(x, pad_value=PadValue.zero):
     """`fillpad` written into `x` itself; `x` becomes fully valid."""
     mask = valid_mask(x)
@@ -338,7 +340,7 @@ def fillpad_expand(x, shape, pad_value=PadValue.zero):
     return TensorValue(data, x.dtype, None, x.is_tile)
 
 
-@op("dim", "tensor.dim", "tile.dim")
+@op("dim", "tensor.dim", "tile.dim", waits_on_host=False)
 def dim(t, axis):
     """Runtime extent of axis `axis` (negative allowed)."""
     if not -t.ndim <= int(axis) < t.ndim:

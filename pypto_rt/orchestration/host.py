@@ -35,6 +35,7 @@ from pypto_rt.language.enums import Level
 from pypto_rt.language.ops import Namespace, OpStub
 from pypto_rt.language.scopes import Spmd
 from pypto_rt.ops import OPS, replay_guard
+from pypto_rt.ops.opdef import names_where
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.atomic_order import AtomicOrder
@@ -43,16 +44,9 @@ from pypto_rt.orchestration.task_runner import TaskRunner
 from pypto_rt.reference.executor import ReferenceExecutor, is_incore, warn_directions_on_inline
 
 # host ops that only make views, shapes or bookkeeping: no tensor data is touched, nothing waits
-_NO_WAIT = {"slice", "reshape", "reinterpret_view", "transpose_view", "dim", "set_validshape", "__getitem__",
-            "create_tensor", "create", "full", "create_tile", "arange", "array.create", "no_dep", "dump_tag",
-            "func_attr", "static_print", "static_assert", "prefetch.make_context", "prefetch.async_prefetch",
-            "system.fence", "system.cacheinvalid", "ci", "tri", "expands"}
-_READS = {"read", "tensor.read", "tile.read"}
+_NO_WAIT = names_where(lambda d: not d.waits_on_host)
+_READS = names_where(lambda d: d.reads_data)
 _READ = OPS["read"]
-
-
-def _base(name: str) -> str:
-    return name.split(".", 1)[1] if name.startswith(("tensor.", "tile.")) else name
 
 
 class HostExecutor(ReferenceExecutor):
@@ -266,7 +260,7 @@ class HostExecutor(ReferenceExecutor):
                 raise e.at(user_span()) from None
         if name == "__getitem__" and _reads_one_element(args):   # `x[i, j]` on the host reads data
             self._wait_element(args[0], args[1] if isinstance(args[1], tuple) else (args[1],))
-        elif name not in self.INTRINSICS and _base(name) not in _NO_WAIT:
+        elif name not in self.INTRINSICS and name not in _NO_WAIT:
             self._wait_operands(name, args, kwargs)
         return super().call_op(name, args, kwargs)
 
@@ -284,7 +278,7 @@ class HostExecutor(ReferenceExecutor):
         writes = name in IN_PLACE_TARGETS
         if self.last_comm is not None and name.startswith("pld."):
             self.engine.wait([self.last_comm])   # communication on the host comes after the chain, in program order
-        if _base(name) == "read" and args and isinstance(args[0], TensorValue) and len(args) > 1:
+        if name in _READS and args and isinstance(args[0], TensorValue) and len(args) > 1:
             self._wait_element(args[0], args[1])
             return
         for value in list(args) + list(kwargs.values()):

@@ -379,3 +379,29 @@ def test_a_merged_tile_loop_in_pieces_matches_the_reference():
     with config.scope(REPLAY="0", COALESCE_CHUNK_MB="1"):
         scale_wide_columns(x, w, got)
     assert torch.equal(got, want)
+
+
+# What an op allows comes from its OpDef (pypto_rt/ops/opdef.py), under every name it answers to: the hand-written
+# base-name sets this replaced missed `pl.tensor.create` (an alias of `pl.create_tensor`), and counted every
+# keyword outside a fixed list as a tensor operand, so `cmp_type="gt"` stopped a loop from merging.
+@pl.jit
+def adds_a_created_zero_tile(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="plus_zero"):
+            y[r : r + TILE, :] = pl.add(x[r : r + TILE, :], pl.tensor.create([TILE, COLS], pl.FP32))
+    return y
+
+
+@pl.jit
+def positive_mask(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    for r in pl.parallel(0, ROWS, TILE):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="positive"):
+            y[r : r + TILE, :] = pl.cmp(x[r : r + TILE, :], 0.0, cmp_type="gt")
+    return y
+
+
+@pytest.mark.parametrize("kernel", [adds_a_created_zero_tile, positive_mask], ids=lambda k: k.fn.__name__)
+def test_op_aliases_and_attribute_keywords_do_not_stop_coalescing(kernel):
+    c = plan(kernel)
+    assert c is not None and (c.var, c.dim) == ("r", 0)
+    assert_matches_reference(kernel, torch.randn(ROWS, COLS))

@@ -4,7 +4,10 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
+from pypto_rt.ops import bitwise as B
+from pypto_rt.ops import compare as CS
 from pypto_rt.ops import elementwise as E
+from pypto_rt.ops import unary as U
 from pypto_rt.ops.registry import OPS
 from pypto_rt.ops.value import TensorValue
 
@@ -145,7 +148,7 @@ def test_part_ops_combine_over_the_union_of_valid_boxes():
 
 def test_unary_keeps_box_and_tensor_scalar_keeps_lhs_box():
     x = tv(rand(8, 8, seed=15).abs() + 0.1, valid=(8, 3), tile=True)
-    for out in (E.exp(x), E.neg(x), E.sqrt(x), E.mul(x, 3.0), E.subs(x, 1.0)):
+    for out in (U.exp(x), U.neg(x), U.sqrt(x), E.mul(x, 3.0), E.subs(x, 1.0)):
         assert out.valid == (8, 3) and out.is_tile
 
 
@@ -165,35 +168,35 @@ def test_unary_math_matches_torch():
                       ("recip", torch.reciprocal), ("abs", torch.abs), ("neg", torch.neg),
                       ("sin", torch.sin), ("cos", torch.cos), ("relu", torch.relu)):
         assert torch.equal(OPS[name](tv(x)).data, ref(x)), name
-    assert torch.equal(E.log(tv(x), high_precision=True).data, torch.log(x))
+    assert torch.equal(U.log(tv(x), high_precision=True).data, torch.log(x))
 
 
 def test_math_on_bf16_computes_in_fp32():
     x = rand(8, 8, seed=19, dtype=torch.bfloat16)
-    out = E.exp(tv(x))
+    out = U.exp(tv(x))
     assert out.dtype == D.BF16 and torch.equal(out.data, torch.exp(x.float()).to(torch.bfloat16))
 
 
 def test_math_rejects_integers_and_sin_needs_fp32():
     with pytest.raises(OpError, match="pl.exp"):
-        E.exp(tv(torch.ones(2, 2, dtype=torch.int32)))
+        U.exp(tv(torch.ones(2, 2, dtype=torch.int32)))
     with pytest.raises(OpError, match="pl.sin"):
-        E.sin(tv(torch.ones(2, 2, dtype=torch.bfloat16)))
+        U.sin(tv(torch.ones(2, 2, dtype=torch.bfloat16)))
 
 
 def test_rsqrt_high_precision_is_tensor_only_but_tile_tmp_is_ignored():
     x = torch.full((2, 2), 4.0)
     with pytest.raises(OpError, match="pl.rsqrt"):
-        E.rsqrt(tv(x, tile=True), high_precision=True)
+        U.rsqrt(tv(x, tile=True), high_precision=True)
     tmp = tv(torch.zeros(2, 2), tile=True)
     assert torch.equal(OPS["tile.rsqrt"](tv(x, tile=True), tmp).data, torch.full((2, 2), 0.5))
 
 
 def test_lrelu_and_prelu():
     x = torch.tensor([[-2.0, -0.5, 0.0, 3.0]])
-    assert torch.equal(E.lrelu(tv(x), 0.1).data, torch.where(x > 0, x, x * 0.1))
+    assert torch.equal(U.lrelu(tv(x), 0.1).data, torch.where(x > 0, x, x * 0.1))
     slope = torch.tensor([[0.5, 0.25, 0.5, 0.5]])
-    assert torch.equal(E.prelu(tv(x), tv(slope), None).data, torch.where(x > 0, x, x * slope))
+    assert torch.equal(U.prelu(tv(x), tv(slope), None).data, torch.where(x > 0, x, x * slope))
 
 
 # ------------------------------------------------------------------------------------ compare / select
@@ -202,26 +205,26 @@ def test_lrelu_and_prelu():
 def test_cmp_codes(code, ref):
     a = torch.tensor([[1.0, 2.0, 3.0, 2.0]])
     b = torch.tensor([[2.0, 2.0, 2.0, 1.0]])
-    out = E.cmp(tv(a), tv(b), cmp_type=code)
+    out = CS.cmp(tv(a), tv(b), cmp_type=code)
     assert out.dtype == D.FP32  # tensor form: numeric 0/1 in the operand dtype
     assert torch.equal(out.data, ref(a, b).float())
-    scalar = E.cmp(tv(a, valid=(1, 2)), 2.0, code)
+    scalar = CS.cmp(tv(a, valid=(1, 2)), 2.0, code)
     assert torch.equal(scalar.data, ref(a, 2.0).float()) and scalar.valid is None
 
 
 def test_cmp_rejects_bad_code():
     with pytest.raises(OpError, match="cmp_type"):
-        E.cmp(tv(torch.ones(1, 2)), 1.0, cmp_type=6)
+        CS.cmp(tv(torch.ones(1, 2)), 1.0, cmp_type=6)
 
 
 def test_tile_cmp_gives_mask_for_sel_and_sels():
     a, b = rand(4, 8, seed=20, dtype=torch.float16), rand(4, 8, seed=21, dtype=torch.float16)
-    mask = E.cmp(tv(a, tile=True), tv(b, tile=True), 4)
+    mask = CS.cmp(tv(a, tile=True), tv(b, tile=True), 4)
     assert mask.dtype == D.BOOL and mask.is_tile
-    picked = E.sel(mask, tv(a, tile=True), tv(b, tile=True), None)
+    picked = CS.sel(mask, tv(a, tile=True), tv(b, tile=True), None)
     assert torch.equal(picked.data, torch.maximum(a, b))
-    smask = E.cmps(tv(a, tile=True), 0.0, 5)
-    relu = E.sels(smask, tv(a, tile=True), None, 0.0)
+    smask = CS.cmps(tv(a, tile=True), 0.0, 5)
+    relu = CS.sels(smask, tv(a, tile=True), None, 0.0)
     assert relu.dtype == D.FP16 and torch.equal(relu.data, torch.where(a >= 0, a, torch.zeros_like(a)))
 
 
@@ -230,31 +233,31 @@ def test_tile_cmp_gives_mask_for_sel_and_sels():
 def test_bitwise_and_shifts_keep_lhs_dtype():
     a = torch.tensor([[0b1100, -8, 7, 255]], dtype=torch.int32)
     b = torch.tensor([[0b1010, 3, 1, 15]], dtype=torch.int32)
-    assert torch.equal(E.and_(tv(a), tv(b)).data, a & b)
-    assert torch.equal(E.or_(tv(a), tv(b)).data, a | b)
-    assert torch.equal(E.xor(tv(a), tv(b), None).data, a ^ b)
-    assert torch.equal(E.shl(tv(a), tv(b)).data, a << b)
-    assert torch.equal(E.shrs(tv(a), 2).data, a >> 2)  # arithmetic shift for signed
-    out = E.ands(tv(a), 6)
+    assert torch.equal(B.and_(tv(a), tv(b)).data, a & b)
+    assert torch.equal(B.or_(tv(a), tv(b)).data, a | b)
+    assert torch.equal(B.xor(tv(a), tv(b), None).data, a ^ b)
+    assert torch.equal(B.shl(tv(a), tv(b)).data, a << b)
+    assert torch.equal(B.shrs(tv(a), 2).data, a >> 2)  # arithmetic shift for signed
+    out = B.ands(tv(a), 6)
     assert out.dtype == D.INT32 and torch.equal(out.data, a & 6)
 
 
 def test_shift_wraps_to_lhs_width():
     a = torch.tensor([[0x40000000, 1]], dtype=torch.int32)
-    assert E.shls(tv(a), 1).data.tolist() == [[-(1 << 31), 2]]
+    assert B.shls(tv(a), 1).data.tolist() == [[-(1 << 31), 2]]
 
 
 def test_not_is_int16_only_and_bitwise_rejects_mismatch():
     a = torch.tensor([[0, -1, 5]], dtype=torch.int16)
-    assert torch.equal(E.not_(tv(a)).data, ~a)
+    assert torch.equal(B.not_(tv(a)).data, ~a)
     with pytest.raises(OpError, match="pl.not_"):
-        E.not_(tv(torch.zeros(1, 2, dtype=torch.int32)))
+        B.not_(tv(torch.zeros(1, 2, dtype=torch.int32)))
     with pytest.raises(OpError, match="pl.and_"):
-        E.and_(tv(torch.zeros(2, 4, dtype=torch.int32)), tv(torch.zeros(1, 4, dtype=torch.int32)))
+        B.and_(tv(torch.zeros(2, 4, dtype=torch.int32)), tv(torch.zeros(1, 4, dtype=torch.int32)))
     with pytest.raises(OpError, match="pl.shls"):
-        E.shls(tv(torch.zeros(1, 2, dtype=torch.int16)), 16)
+        B.shls(tv(torch.zeros(1, 2, dtype=torch.int16)), 16)
     with pytest.raises(OpError, match="pl.ors"):
-        E.ors(tv(torch.zeros(1, 2, dtype=torch.float32)), 1)
+        B.ors(tv(torch.zeros(1, 2, dtype=torch.float32)), 1)
 
 
 # ---------------------------------------------------------------------------------------- scalar min/max

@@ -1,0 +1,72 @@
+"""Compare and select (spec §4.3): `cmp`/`cmps` (codes 0..5 = eq, ne, lt, le, gt, ge) and `sel`/`sels`.
+
+The tensor `cmp` returns numeric 0/1 in the promoted operand dtype; the tile forms return a BOOL mask, which only
+`sel`/`sels` consume. `cmp` never propagates a valid box; `sel`/`sels` keep their first value operand's box.
+"""
+from __future__ import annotations
+
+import torch
+
+from pypto_rt.errors import OpError
+from pypto_rt.language import dtypes as D
+from pypto_rt.ops.dtype_rules import promote
+from pypto_rt.ops.elementwise_core import (
+    ELEMENTWISE, binary, dtype_of, names_all, names_tile, need_scalar, need_value,
+)
+from pypto_rt.ops.registry import op
+from pypto_rt.ops.value import broadcast_shape
+
+_CMP_TYPE = frozenset({"cmp_type"})
+_CMP = (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge)
+_CMP_NAMES = {"eq": 0, "ne": 1, "lt": 2, "le": 3, "gt": 4, "ge": 5}
+
+
+def _cmp_fn(name: str, cmp_type):
+    code = _CMP_NAMES.get(cmp_type.lower(), -1) if isinstance(cmp_type, str) else cmp_type
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 5:
+        raise OpError(f"pl.{name}: cmp_type must be 0..5 (eq, ne, lt, le, gt, ge), got {cmp_type!r}")
+    return _CMP[code]
+
+
+def _compare(name, lhs, rhs, cmp_type):
+    """Tensor form: numeric 0/1 in the promoted operand dtype. Tile form: a BOOL mask for pl.sel."""
+    fn = _cmp_fn(name, cmp_type)
+    need_value(name, lhs, "first operand")
+    out_dtype = D.BOOL if lhs.is_tile else promote(lhs.dtype, dtype_of(rhs))
+    return binary(name, lhs, rhs, fn, out_dtype=out_dtype, valid=None)
+
+
+@op(*names_all("cmp"), **ELEMENTWISE, non_operands=_CMP_TYPE)
+def cmp(lhs, rhs, cmp_type=0):
+    return _compare("cmp", lhs, rhs, cmp_type)
+
+
+@op(*names_tile("cmps"), **ELEMENTWISE, non_operands=_CMP_TYPE)
+def cmps(lhs, rhs, cmp_type=0):
+    need_scalar("cmps", rhs, "cmp")
+    return _compare("cmps", lhs, rhs, cmp_type)
+
+
+def _mask(name: str, mask, shape) -> torch.Tensor:
+    need_value(name, mask, "mask")
+    try:
+        broadcast_shape(mask.shape, shape)
+    except ValueError:
+        raise OpError(f"pl.{name}: mask shape {list(mask.shape)} does not match operand shape {list(shape)}") \
+            from None
+    return mask.data != 0
+
+
+@op(*names_tile("sel"), **ELEMENTWISE)
+def sel(mask, lhs, rhs, tmp=None):
+    need_value("sel", lhs, "lhs")
+    m = _mask("sel", mask, lhs.shape)
+    return binary("sel", lhs, rhs, lambda a, b: torch.where(m, a, b), valid=lhs.valid)
+
+
+@op(*names_tile("sels"), **ELEMENTWISE)
+def sels(mask, src, tmp=None, scalar=None):
+    need_value("sels", src, "src")
+    need_scalar("sels", scalar, "sel")
+    m = _mask("sels", mask, src.shape)
+    return binary("sels", src, scalar, lambda a, b: torch.where(m, a, b), keep_lhs=True)
