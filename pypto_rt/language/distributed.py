@@ -118,7 +118,8 @@ def window(buf, shape, dtype: DataType):
 
 
 class _CollectiveStub(OpStub):
-    """A collective: an op inside kernels; in plain Python of a launched rank it runs at once on torch tensors."""
+    # A collective: an op inside kernels; in plain Python of a launched rank it runs at once on torch tensors.
+    # (A comment: each stub's __doc__ is its op's own doc, see OpStub.)
     __slots__ = ()
 
     def __call__(self, *args, **kwargs):

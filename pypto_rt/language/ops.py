@@ -4,16 +4,23 @@ from __future__ import annotations
 from pypto_rt.errors import UnknownOpError, user_span
 from pypto_rt.language import _runtime
 from pypto_rt.language.enums import MaskPattern
+from pypto_rt.language.opdocs import doc_of
 
 
 class OpStub:
-    """`pl.<name>`: runs on the active executor; outside a kernel it says so."""
-    __slots__ = ("qualname", "__name__", "__qualname__")
+    # `pl.<name>`: runs on the active executor; outside a kernel it says so. Each stub carries its op's own doc
+    # (language/opdocs.py) as `__doc__`, so `help(pl.add)` describes pl.add (hence no class docstring here).
+    __slots__ = ("qualname", "__name__", "__qualname__", "__doc__")
 
     def __init__(self, qualname: str):
         self.qualname = qualname
         self.__name__ = qualname.rsplit(".", 1)[-1]
         self.__qualname__ = qualname
+        self.__doc__ = doc_of(qualname)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.__doc__ = OpStub.__dict__["__doc__"]   # a class-level doc (even None) would hide each stub's own
 
     def __call__(self, *args, **kwargs):
         return _runtime.current(spelled(self.qualname)).call_op(self.qualname, args, kwargs)

@@ -35,8 +35,8 @@ def _to_python(v, dtype):
 
 @op("read", "tensor.read", "tile.read", reads_data=True)
 def read(src, indices):
-    """The element at `indices` as a Python scalar of the element type (while a run is recorded for replay, it may
-    come as a TracedInt or TracedFloat, which the replay reads again)."""
+    # while a run is recorded for replay, the element may come as a TracedInt or TracedFloat,
+    # which the replay reads again
     index = _index(src, indices, "read")
     if replay_guard.recording() and src.dtype.name != "BOOL" and src.data.is_floating_point() == src.dtype.is_float():
         traced = replay_guard.read_scalar(src.data, index)
@@ -48,6 +48,5 @@ def read(src, indices):
 
 @op("write", "tensor.write", "tile.write", writes="dst")
 def write(dst, indices, value):
-    """Store one element in place; the value is converted to dst's dtype."""
     dst.data[_index(dst, indices, "write")] = value
     return dst

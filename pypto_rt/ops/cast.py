@@ -45,7 +45,6 @@ def _mode(mode) -> CastMode:
 
 @op("cast", "tensor.cast", "tile.cast", shape=Shape.SAME, coalesce=ANY_DIM)
 def cast(input, target_type, mode="round"):
-    """Convert a tensor/tile (any mode) or a Python number (default mode only) to `target_type`."""
     dtype = to_dtype(target_type)
     m = _mode(mode)
     if isinstance(input, TensorValue):
@@ -60,7 +59,6 @@ def cast(input, target_type, mode="round"):
 
 @op("const")
 def const(value, dtype):
-    """`pl.const(value, dtype)`: the Python number as a scalar of `dtype` (converted like a scalar cast)."""
     if not isinstance(value, numbers.Real):
         raise OpError(f"pl.const expects a number, got {type(value).__name__}")
     return _cast_scalar(value, to_dtype(dtype))

@@ -35,31 +35,26 @@ _CREATION = dict(shape=Shape.FROM_ARG, shape_arg=(0, "shape"), coalesce=ANY_DIM,
 
 @op("create_tensor", "tensor.create", "tensor.create_tensor", **_CREATION)
 def create_tensor(shape, dtype, layout=TensorLayout.ND, manual_dep=False, init_value=None):
-    """A new tensor; zeros unless `init_value` is given."""
     return _filled(shape, dtype, 0 if init_value is None else init_value, False, "create_tensor")
 
 
 @op("full", "tensor.full", **_CREATION)
 def full(shape, dtype, value):
-    """A tensor of `shape` with every element `value` (a runtime scalar is fine)."""
     return _filled(shape, dtype, value, False, "full")
 
 
 @op("tile.full", **_CREATION)
 def tile_full(shape, dtype, value):
-    """A tile of `shape` with every element `value`."""
     return _filled(shape, dtype, value, True, "tile.full")
 
 
 @op("create_tile", "tile.create", "tile.create_tile", **_CREATION)
 def create_tile(shape, dtype, target_memory=MemorySpace.Vec, transpose=None, *, flat_layout=None):
-    """A scratch tile (zeros here; undefined on the device)."""
     return _filled(shape, dtype, 0, True, "create_tile")
 
 
 @op("create_l1", "tile.create_l1")
 def create_l1(shape, dtype, transpose=False):
-    """An on-chip matmul operand buffer (zeros here)."""
     return _filled(shape, dtype, 0, True, "create_l1")
 
 
@@ -78,21 +73,18 @@ def _arange(start, shape, dtype, descending, is_tile, opname):
 
 @op("arange", "tensor.arange", "tensor.ci", waits_on_host=False)
 def arange(start, shape, dtype=None, descending=False):
-    """`out[0, k] = start ± k` (default dtype INT32)."""
     from pypto_rt.language.dtypes import INT32
     return _arange(start, shape, dtype or INT32, descending, False, "arange")
 
 
 @op("tile.arange", "tile.ci", waits_on_host=False)
 def tile_arange(start, shape, dtype=None, descending=False):
-    """Tile form of `pl.arange`."""
     from pypto_rt.language.dtypes import INT32
     return _arange(start, shape, dtype or INT32, descending, True, "tile.arange")
 
 
 @op("tri", "tile.tri", waits_on_host=False)
 def tri(diagonal, shape, valid_shape=None, dtype=None, upper=False):
-    """1 where j <= i + diagonal (lower) or j >= i + diagonal (upper), else 0."""
     from pypto_rt.language.dtypes import INT32
     dtype = dtype_rules.to_dtype(dtype or INT32)
     shape = _shape(shape, "tri")
@@ -106,7 +98,6 @@ def tri(diagonal, shape, valid_shape=None, dtype=None, upper=False):
 @op("expands", "tensor.expands", "tile.expands", shape=Shape.SAME, coalesce=ANY_DIM,
     waits_on_host=False)
 def expands(target, scalar):
-    """A value shaped and typed like `target`, every element `scalar`."""
     if not target.dtype.is_float():
         scalar = int(scalar)
     return TensorValue(torch.full(target.shape, scalar, dtype=target.data.dtype), target.dtype, target.valid,
@@ -115,7 +106,6 @@ def expands(target, scalar):
 
 @op("expand_clone", "tensor.expand_clone", "tile.expand_clone")
 def expand_clone(src, target):
-    """`src` broadcast to `target`'s shape (a copy)."""
     try:
         data = src.data.expand(target.shape).clone()
     except RuntimeError:
@@ -126,7 +116,6 @@ def expand_clone(src, target):
 @op("load", "tile.load", shape=Shape.FROM_ARG, shape_arg=(2, "shapes"), offset_arg=(1, "offsets"),
     coalesce=ANY_DIM)
 def load(tensor, offsets, shapes, valid_shape=None, target_memory=MemorySpace.Vec, clamp=False):
-    """Copy a window of `tensor` into a tile (offsets before shapes); outside the valid box is zero."""
     win = _window(tensor, shapes, offsets, "load")
     valid = win.valid_shape
     if valid_shape is not None:
@@ -138,20 +127,17 @@ def load(tensor, offsets, shapes, valid_shape=None, target_memory=MemorySpace.Ve
 
 @op("store", "tile.store", offset_arg=(1, "offsets"), coalesce=ANY_DIM, writes="output_tensor")
 def store(tile, offsets, output_tensor, shapes=None, *, atomic=AtomicType.None_):
-    """Write the tile's valid box into `output_tensor` at `offsets` (in place); returns the tensor."""
     _write_box(output_tensor, tile, offsets, "pl.store", atomic)
     return output_tensor
 
 
 @op("move", "tile.move", shape=Shape.SAME, coalesce=ANY_DIM)
 def move(tile, target_memory=None, blayout=None, slayout=None):
-    """Move between on-chip memories: an identity here."""
     return tile
 
 
 @op("gather_row", "tile.gather_row", "tensor.gather_row", writes="acc")
 def gather_row(acc, src, dst_offset, src_offset, shapes, transpose=False, *, valid_shape=None):
-    """`acc[dst window] = src[src window]` in place (transpose places a [r, c] window as [c, r])."""
     shapes = _shape(shapes, "gather_row")
     piece = _window(src, shapes, src_offset, "gather_row")
     if valid_shape is not None:

@@ -93,7 +93,6 @@ def _cell(name: str, x, offsets, what: str):
 
 @op("pld.system.notify")
 def notify(target, peer, offsets, value=1, op=NotifyOp.AtomicAdd):
-    """Atomically add `value` to (or set) the INT32 cell target[offsets] on rank `peer`."""
     buf, offset, _ = _cell("system.notify", target, offsets, "target")
     kind = "set" if op in (NotifyOp.Set, "set") else "atomic_add"
     buf.comm.notify(buf.window, _peer("system.notify", buf, peer), offset, int(value), kind)
@@ -101,7 +100,6 @@ def notify(target, peer, offsets, value=1, op=NotifyOp.AtomicAdd):
 
 @op("pld.system.wait")
 def wait(signal, offsets, expected, cmp=WaitCmp.Ge):
-    """Block until this rank's INT32 cell signal[offsets] is >= (Ge) or == (Eq) `expected`."""
     buf, offset, cell = _cell("system.wait", signal, offsets, "signal")
     kind = "eq" if cmp in (WaitCmp.Eq, "eq") else "ge"
     comm = buf.comm
@@ -137,7 +135,6 @@ def _is_add(atomic) -> bool:
 
 @op("pld.tile.remote_load")
 def remote_load(target, peer, offsets, shape, valid_shape=None):
-    """A tile holding a copy of rank `peer`'s target[offsets : +shape]."""
     buf, _ = _window("tile.remote_load", target, "target")
     view = _box("tile.remote_load", _tensor(target), offsets, shape, "target")
     data = _load(buf, _peer("tile.remote_load", buf, peer), view)
@@ -147,7 +144,6 @@ def remote_load(target, peer, offsets, shape, valid_shape=None):
 
 @op("pld.tile.remote_store", "pld.tensor.remote_store")
 def remote_store(src, target, peer, offsets, atomic=None):
-    """Write (atomic=pl.AtomicType.Add: add) `src` into rank `peer`'s target[offsets : +src.shape]."""
     buf, _ = _window("remote_store", target, "target")
     values = _tensor(src)
     view = _box("remote_store", _tensor(target), offsets, list(values.shape), "target")
@@ -156,7 +152,6 @@ def remote_store(src, target, peer, offsets, atomic=None):
 
 @op("pld.tensor.put")
 def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=None, **_hints):
-    """Local src[src_offsets : +shape] into rank `peer`'s window dst at dst_offsets."""
     buf, _ = _window("tensor.put", dst, "dst")
     local = _tensor(src)
     values = _box("tensor.put", local, src_offsets or [0] * local.dim(), shape, "src")
@@ -166,7 +161,6 @@ def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=N
 
 @op("pld.tensor.get")
 def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, **_hints):
-    """Rank `peer`'s window src[src_offsets : +shape] into the local dst at dst_offsets; returns dst."""
     buf, _ = _window("tensor.get", src, "src")
     view = _box("tensor.get", _tensor(src), src_offsets or [0] * _tensor(src).dim(), shape, "src")
     local = _tensor(dst)
@@ -191,35 +185,30 @@ def _comm(name: str):
 
 @op("pld.allreduce")
 def allreduce(data, signal=None, op=ReduceOp.Sum, **_hints):
-    """In place: every rank's `data` becomes the element-wise reduction over all ranks."""
     _comm("allreduce").allreduce(_tensor(data), _reduce(op), label=process.current_label())
     return data
 
 
 @op("pld.allgather")
 def allgather(out, inp, signal=None, **_hints):
-    """out[r] = rank r's inp, on every rank (out has a leading world-size axis)."""
     _comm("allgather").allgather(_tensor(out), _tensor(inp), label=process.current_label())
     return out
 
 
 @op("pld.reduce_scatter")
 def reduce_scatter(out, inp, signal=None, op=ReduceOp.Sum, **_hints):
-    """out = the reduction over ranks of inp's chunk (along axis 0) for this rank."""
     _comm("reduce_scatter").reduce_scatter(_tensor(out), _tensor(inp), _reduce(op), label=process.current_label())
     return out
 
 
 @op("pld.all_to_all")
 def all_to_all(out, inp, signal=None, **_hints):
-    """Chunk r (axis 0) of inp goes to rank r; out's chunk s comes from rank s."""
     _comm("all_to_all").all_to_all(_tensor(out), _tensor(inp), label=process.current_label())
     return out
 
 
 @op("pld.all_to_all_v")
 def all_to_all_v(out, inp, send_counts, recv_counts, signal=None, **_hints):
-    """Like all_to_all with send_counts[r] rows (axis 0) to rank r; only the live rows travel."""
     counts = [[int(c) for c in _tensor(x).reshape(-1).tolist()] if hasattr(_tensor(x), "tolist") else list(x)
               for x in (send_counts, recv_counts)]
     _comm("all_to_all_v").all_to_all_v(_tensor(out), _tensor(inp), counts[0], counts[1],
@@ -229,14 +218,12 @@ def all_to_all_v(out, inp, send_counts, recv_counts, signal=None, **_hints):
 
 @op("pld.broadcast")
 def broadcast(data, signal=None, root=0, **_hints):
-    """In place: every rank's `data` becomes rank `root`'s."""
     _comm("broadcast").broadcast(_tensor(data), int(root), label=process.current_label())
     return data
 
 
 @op("pld.barrier")
 def barrier(signal=None, **_hints):
-    """Every rank waits until all have arrived."""
     _comm("barrier").barrier(label=process.current_label())
 
 

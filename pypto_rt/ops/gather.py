@@ -186,8 +186,6 @@ def _gather_compare(name: str, x: TensorValue, kvalue, cmp_mode, out_cols, offse
 @op("gather", "tensor.gather")
 def gather(input, dim=None, index=None, *, mask_pattern=None, output_dtype=None, kvalue=None, cmp_mode=None,
            out_cols=None, offset=0, count_dtype=None):
-    """Index form `gather(x, dim=-1, index=idx)`, mask form `gather(x, mask_pattern=P)` or compare form
-    `gather(x, kvalue=, cmp_mode=, out_cols=)` (returns (indices, counts))."""
     _check_value("gather", "input", input)
     forms = [f for f, on in (("index (dim=, index=)", dim is not None or index is not None),
                              ("mask (mask_pattern=)", mask_pattern is not None or output_dtype is not None),
@@ -211,7 +209,6 @@ def gather(input, dim=None, index=None, *, mask_pattern=None, output_dtype=None,
 
 @op("tile.gather")
 def tile_gather(src, indices=None, tmp=None, *, mask_pattern=None, output_dtype=None):
-    """`dst[i, j] = src.flat[indices[i, j]]` (flat indices); with mask_pattern= the mask form."""
     _check_value("tile.gather", "src", src)
     if mask_pattern is not None:
         if indices is not None:
@@ -228,14 +225,12 @@ def tile_gather(src, indices=None, tmp=None, *, mask_pattern=None, output_dtype=
 
 @op("tile.gather_mask")
 def tile_gather_mask(src, mask_pattern, *, output_dtype=None):
-    """Mask-form gather at tile level."""
     _check_value("tile.gather_mask", "src", src)
     return _gather_mask("tile.gather_mask", src, mask_pattern, output_dtype)
 
 
 @op("tile.gather_compare")
 def tile_gather_compare(src, kvalue, tmp=None, *, cmp_mode="eq", offset=0, out_cols=None, count_dtype=None):
-    """Compare-form gather at tile level: returns (indices [rows, out_cols] INT32, counts [1, rows])."""
     _check_value("tile.gather_compare", "src", src)
     return _gather_compare("tile.gather_compare", src, kvalue, cmp_mode, out_cols, offset, count_dtype)
 
@@ -272,8 +267,6 @@ def _scatter_index(name: str, x: TensorValue, dim, index: TensorValue, src: Tens
 
 @op("scatter", "tensor.scatter")
 def scatter(input, dim=None, index=None, src=None, *, mask_pattern=None, dst=None):
-    """Index form `scatter(x, dim=-1, index=idx, src=s)` -> copy of x with out[b, idx[b,k]] = s[b,k];
-    mask form `scatter(src, mask_pattern=P, dst=buf)` writes src into P's columns of buf in place, returns buf."""
     _check_value("scatter", "input", input)
     is_index = dim is not None or index is not None or src is not None
     is_mask = mask_pattern is not None or dst is not None
@@ -291,7 +284,6 @@ def scatter(input, dim=None, index=None, src=None, *, mask_pattern=None, dst=Non
 
 @op("tile.scatter")
 def tile_scatter(dst, src, indexes):
-    """`dst.flat[indexes[i, j]] = src[i, j]` in place; returns dst."""
     for arg, v in (("dst", dst), ("src", src), ("indexes", indexes)):
         _check_value("tile.scatter", arg, v)
     if indexes.shape != src.shape:
@@ -304,14 +296,12 @@ def tile_scatter(dst, src, indexes):
 
 @op("tile.scatter_mask")
 def tile_scatter_mask(dst, src, mask_pattern):
-    """Write src into the mask-selected columns of dst in place; returns dst."""
     _check_value("tile.scatter_mask", "src", src)
     return _scatter_mask("tile.scatter_mask", src, mask_pattern, dst)
 
 
 @op("mscatter", "tile.mscatter")
 def mscatter(src, idx, output_tensor):
-    """`output_tensor.flat[idx[i, j]] = src[i, j]` in place over src's valid box; returns output_tensor."""
     for arg, v in (("src", src), ("idx", idx), ("output_tensor", output_tensor)):
         _check_value("mscatter", arg, v)
     if idx.shape != src.shape:
@@ -341,7 +331,6 @@ def _scatter_update_args(args, kwargs):
 
 @op("scatter_update", "tensor.scatter_update", "tile.scatter_update")
 def scatter_update(input, *args, **kwargs):
-    """Row scatter in place: row index.flat[n] of input ([rows, d] or paged [blocks, bs, 1, d]) <- src row n."""
     index, src = _scatter_update_args(args, kwargs)
     for arg, v in (("input", input), ("index", index), ("src", src)):
         _check_value("scatter_update", arg, v)
@@ -368,7 +357,6 @@ def scatter_update(input, *args, **kwargs):
 # ---------------------------------------------------------------------- block / memory gathers
 @op("gatherb", "tile.gatherb")
 def gatherb(src, offset, *, output_dtype=None):
-    """Copy one 32-byte block of src per UINT32 byte offset: out row r, block b <- src bytes[off:off+32]."""
     _check_value("gatherb", "src", src)
     _check_value("gatherb", "offset", offset)
     out_dt = src.dtype if output_dtype is None else to_dtype(output_dtype)
@@ -407,8 +395,6 @@ def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, 
 @op("mgather", "tile.mgather")
 def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=None, scratch=None,
             valid_shape=None):
-    """Gather-load from a tensor: coalesce="row" -> out[i, :] = mem[idx.flat[i], :]; "elem" -> out = mem.flat[idx].
-    Indices are read as uint32; entries outside idx's valid box give zero rows/elements."""
     _check_value("mgather", "mem", mem)
     _check_value("mgather", "idx", idx)
     mode = {0: "row", 1: "elem"}.get(coalesce, coalesce)
@@ -441,8 +427,6 @@ def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=N
 @op("paged_gather", "tensor.paged_gather", "tile.paged_gather")
 def paged_gather(src, indices, block_table, block_size, size, max_indices, *, space=None, col_off=0,
                  is_trans=False, is_b_matrix=False):
-    """Rows phys = table[idx // bs] * bs + idx % bs of a 2-D pool; result [max_indices, size] (transposed with
-    is_trans), zero beyond the given indices."""
     for arg, v in (("src", src), ("indices", indices), ("block_table", block_table)):
         _check_value("paged_gather", arg, v)
     if src.ndim != 2 or indices.ndim not in (1, 2) or (indices.ndim == 2 and indices.shape[0] != 1):

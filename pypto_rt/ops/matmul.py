@@ -136,7 +136,6 @@ def _two_d(name: str, **values) -> None:
 # ----------------------------------------------------------------------------------- tensor forms
 @op("matmul", "tensor.matmul", shape=Shape.MATMUL, coalesce=ANY_DIM)
 def matmul(lhs, rhs, out_dtype=None, a_trans=False, b_trans=False, c_matrix_nz=False):
-    """[M,K] @ [K,N] (a_trans: lhs stored [K,M]; b_trans: rhs stored [N,K]); 1-D and batched operands too."""
     _check_operands("matmul", lhs=lhs, rhs=rhs)
     prod = _product("matmul", lhs, rhs, a_trans, b_trans)
     dtype = _acc_dtype(lhs, rhs) if out_dtype is None else to_dtype(out_dtype)
@@ -145,7 +144,6 @@ def matmul(lhs, rhs, out_dtype=None, a_trans=False, b_trans=False, c_matrix_nz=F
 
 @op("matmul_acc", "tensor.matmul_acc", shape=Shape.FIRST, coalesce=ANY_DIM)
 def matmul_acc(acc, lhs, rhs, a_trans=False, b_trans=False, init_cond=None):
-    """acc + lhs @ rhs as a new value in acc's dtype (FP32 or INT32); init_cond truthy -> lhs @ rhs."""
     _check_operands("matmul_acc", acc=acc, lhs=lhs, rhs=rhs)
     prod = _product("matmul_acc", lhs, rhs, a_trans, b_trans)
     return _accumulate("matmul_acc", acc, prod, (lhs, rhs), init_cond)
@@ -154,7 +152,6 @@ def matmul_acc(acc, lhs, rhs, a_trans=False, b_trans=False, init_cond=None):
 # ------------------------------------------------------------------------------------- tile forms
 @op("tile.matmul", shape=Shape.MATMUL, coalesce=ANY_DIM)
 def tile_matmul(lhs, rhs):
-    """2-D tile matmul; FP32 result for float tiles, INT32 for integer tiles."""
     _check_operands("tile.matmul", lhs=lhs, rhs=rhs)
     _two_d("tile.matmul", lhs=lhs, rhs=rhs)
     _same_dtype("tile.matmul", lhs, rhs)
@@ -163,7 +160,6 @@ def tile_matmul(lhs, rhs):
 
 @op("tile.matmul_acc", shape=Shape.FIRST, coalesce=ANY_DIM)
 def tile_matmul_acc(acc, lhs, rhs, init_cond=None):
-    """acc + lhs @ rhs on 2-D tiles (acc FP32/INT32)."""
     _check_operands("tile.matmul_acc", acc=acc, lhs=lhs, rhs=rhs)
     _two_d("tile.matmul_acc", acc=acc, lhs=lhs, rhs=rhs)
     _same_dtype("tile.matmul_acc", lhs, rhs)
@@ -179,7 +175,6 @@ def _add_bias(name: str, prod: torch.Tensor, bias: TensorValue) -> torch.Tensor:
 
 @op("matmul_bias", "tile.matmul_bias")
 def matmul_bias(lhs, rhs, bias):
-    """lhs @ rhs + bias[1, N] in the accumulator dtype (FP32 / INT32)."""
     _check_operands("matmul_bias", lhs=lhs, rhs=rhs, bias=bias)
     _two_d("matmul_bias", lhs=lhs, rhs=rhs)
     _same_dtype("matmul_bias", lhs, rhs)
@@ -189,7 +184,6 @@ def matmul_bias(lhs, rhs, bias):
 
 @op("batch_matmul", "tile.batch_matmul")
 def batch_matmul(lhs, rhs):
-    """Batched [..., M, K] @ [..., K, N] with broadcast batch dims; FP32 / INT32 result."""
     _check_operands("batch_matmul", lhs=lhs, rhs=rhs)
     if lhs.ndim < 2 or rhs.ndim < 2:
         raise OpError(f"pl.batch_matmul: operands must be at least 2-D, got lhs {_shape(lhs)}, rhs {_shape(rhs)}")
@@ -199,7 +193,6 @@ def batch_matmul(lhs, rhs):
 
 @op("tile.batch_matmul_acc")
 def batch_matmul_acc(acc, lhs, rhs):
-    """acc + batched lhs @ rhs."""
     _check_operands("tile.batch_matmul_acc", acc=acc, lhs=lhs, rhs=rhs)
     _same_dtype("tile.batch_matmul_acc", lhs, rhs)
     prod = _product("tile.batch_matmul_acc", lhs, rhs)
@@ -221,14 +214,12 @@ def _gemv_product(name: str, lhs, rhs, acc_phase) -> torch.Tensor:
 
 @op("gemv", "tile.gemv")
 def gemv(lhs, rhs, acc_phase=None):
-    """[1, K] @ [K, N] -> [1, N]; INT32 for INT8 operands, else FP32."""
     _check_operands("gemv", lhs=lhs, rhs=rhs)
     return _result(_gemv_product("gemv", lhs, rhs, acc_phase), _acc_dtype(lhs), lhs)
 
 
 @op("gemv_acc", "tile.gemv_acc")
 def gemv_acc(acc, lhs, rhs, acc_phase=None):
-    """acc[1, N] + lhs[1, K] @ rhs[K, N]."""
     _check_operands("gemv_acc", acc=acc, lhs=lhs, rhs=rhs)
     prod = _gemv_product("gemv_acc", lhs, rhs, acc_phase)
     return _accumulate("gemv_acc", acc, prod, (lhs, rhs))
@@ -236,7 +227,6 @@ def gemv_acc(acc, lhs, rhs, acc_phase=None):
 
 @op("gemv_bias", "tile.gemv_bias")
 def gemv_bias(lhs, rhs, bias, acc_phase=None):
-    """lhs[1, K] @ rhs[K, N] + bias[1, N]."""
     _check_operands("gemv_bias", lhs=lhs, rhs=rhs, bias=bias)
     prod = _add_bias("gemv_bias", _gemv_product("gemv_bias", lhs, rhs, acc_phase), bias)
     return _result(prod, _acc_dtype(lhs), lhs)

@@ -94,9 +94,6 @@ def _reduction(name: str, axis: int, kind: str):
     def impl(input, tmp_tile=None):
         return _reduce(name, input, axis, kind)
     impl.__name__ = impl.__qualname__ = name
-    what = f"index (INT32, first occurrence) of the {kind[3:]}" if kind.startswith("arg") else kind
-    axis_name = "each row (last axis)" if axis == -1 else "each column (axis -2)"
-    impl.__doc__ = f"The {what} over the valid part of {axis_name}; `tmp_tile` is ignored."
     shape = Shape.ROW_REDUCE if axis == -1 else Shape.COL_REDUCE
     # a value reduction keeps the other axis independent (coalescing); arg reductions are left alone
     dims = NO_DIM if kind.startswith("arg") else ROWS if axis == -1 else COLS
@@ -169,9 +166,6 @@ def _expand_op(side: str, what: str):
         def impl(lhs, rhs):
             return _expand(name, lhs, rhs, axis, fn)
     impl.__name__ = impl.__qualname__ = name
-    vec = "[M, 1] per-row" if side == "row" else "[1, N] per-column"
-    formula = "exp(x - v)" if what == "expdif" else f"x {what} v"
-    impl.__doc__ = f"{formula} with a {vec} vector v broadcast over x; promoted dtype, x's valid box."
     return op(*_all(name), shape=Shape.SAME, coalesce=ANY_DIM, broadcasts=True)(impl)
 
 
@@ -193,11 +187,9 @@ col_expand_expdif = _expand_op("col", "expdif")
 
 @op(*_all("row_expand"), shape=Shape.SAME, coalesce=ROWS, broadcasts=True)
 def row_expand(target, row_vec):
-    """row_vec[..., M, 1] broadcast to target's shape (target's values unused); promoted dtype."""
     return _expand("row_expand", target, row_vec, -1, lambda a, b: b.expand(a.shape).clone())
 
 
 @op(*_all("col_expand"), shape=Shape.SAME, coalesce=COLS, broadcasts=True)
 def col_expand(target, col_vec):
-    """col_vec[..., 1, N] broadcast to target's shape (target's values unused); promoted dtype."""
     return _expand("col_expand", target, col_vec, -2, lambda a, b: b.expand(a.shape).clone())

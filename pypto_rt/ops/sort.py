@@ -68,7 +68,6 @@ def _sort_groups(v: TensorValue, group_elems: int) -> torch.Tensor:
 
 @op("sort32", "tensor.sort32", "tile.sort32")
 def sort32(src, idx):
-    """[rows, N] values (FP32|FP16) + [rows, N] indices -> [rows, 2N] pairs, each 32-element block descending."""
     for arg, v in (("src", src), ("idx", idx)):
         if not isinstance(v, TensorValue):
             raise OpError(f"pl.sort32: `{arg}` must be a tensor or tile, got {type(v).__name__}")
@@ -102,8 +101,6 @@ def _block_len(block_len) -> int:
 
 @op("mrgsort", "tensor.mrgsort", "tile.mrgsort")
 def mrgsort(src0, src1=None, src2=None, src3=None, tmp=None, exhausted=False, *, block_len=None):
-    """Format 1 `mrgsort(s, block_len=B)`: merge every 4 adjacent runs of B positions. Format 2
-    `mrgsort(a, b[, c[, d]])` (tile form also takes `tmp=`; `exhausted` is ignored): merge sorted rows."""
     srcs = [s for s in (src0, src1, src2, src3) if s is not None]
     if block_len is not None:
         if len(srcs) != 1:

@@ -34,14 +34,12 @@ def _check_deps(deps, opname):
 
 @op("system.task_dummy")
 def task_dummy(*, deps=None):
-    """A task that does nothing but join `deps`; returns its TaskId."""
     _check_deps(deps, "system.task_dummy")
     return TaskToken("task_dummy")
 
 
 @op("array.create", waits_on_host=False)
 def array_create(n, dtype):
-    """A length-n array: TaskId slots start empty (None), integer slots start at 0."""
     dtype = dtype_rules.to_dtype(dtype)
     n = int(n)
     if n < 0:
@@ -52,13 +50,11 @@ def array_create(n, dtype):
 
 @op("no_dep", shape=Shape.SAME, coalesce=ANY_DIM, waits_on_host=False)
 def no_dep(t):
-    """Mark `t` as carrying no dependency (a scheduling hint)."""
     return t
 
 
 @op("dump_tag", waits_on_host=False)
 def dump_tag(t, *args, **kwargs):
-    """Tag `t` for a debug dump (a hint)."""
     return t
 
 
@@ -68,55 +64,46 @@ class PrefetchContext:
 
 @op("prefetch.make_context", waits_on_host=False)
 def prefetch_make_context(*args, **kwargs):
-    """A prefetch context (a hint)."""
     return PrefetchContext()
 
 
 @op("prefetch.async_prefetch", waits_on_host=False)
 def prefetch_async_prefetch(t, ctx=None, *args, **kwargs):
-    """Prefetch `t` into L2 (a hint)."""
     return None
 
 
 @op("system.cacheinvalid", waits_on_host=False)
 def cacheinvalid(*args, **kwargs):
-    """Invalidate caches (nothing to do on the CPU)."""
     return None
 
 
 @op("system.fence", waits_on_host=False)
 def fence(*args, **kwargs):
-    """Memory fence (program order already holds)."""
     return None
 
 
 @op("aiv_shard", "tile.aiv_shard", shape=Shape.SAME, coalesce=ANY_DIM)
 def aiv_shard(x):
-    """Marks a cube->vector crossing: an identity."""
     return x
 
 
 @op("aic_gather", "tile.aic_gather", shape=Shape.SAME, coalesce=ANY_DIM)
 def aic_gather(x):
-    """Marks a vector->cube crossing: an identity."""
     return x
 
 
 @op("static_print", waits_on_host=False)
 def static_print(*args):
-    """Print at compile time (here: when the line runs)."""
     replay_guard.refuse("pl.static_print prints")
     print(*args)
 
 
 @op("static_assert", waits_on_host=False)
 def static_assert(cond, msg: str = "static_assert failed"):
-    """Fail with `msg` when `cond` is false."""
     if not cond:
         raise OpError(f"pl.static_assert: {msg}")
 
 
 @op("func_attr", waits_on_host=False)
 def func_attr(attrs=None):
-    """Function attributes (no effect here)."""
     return None

@@ -53,7 +53,6 @@ def _window(x: TensorValue, shape, offset, opname: str) -> TensorValue:
 @op("slice", "tensor.slice", "tile.slice", shape=Shape.FROM_ARG, shape_arg=(1, "shape"), offset_arg=(2, "offset"),
     coalesce=ANY_DIM, waits_on_host=False, is_view=True)
 def slice_(x, shape, offset, valid_shape=None, drop_dims=None, pad_value=None, clamp=False):
-    """Window view of `x` (shape before offset); `valid_shape` narrows the valid box, never widens."""
     out = _window(x, shape, offset, "slice")
     if valid_shape is not None:
         narrowed = _ints(valid_shape, "valid_shape", "slice")
@@ -124,7 +123,6 @@ def _in_bounds_slices(key, shape) -> bool:
 
 @op("__getitem__", waits_on_host=False)
 def subscript_read(x: TensorValue, key):
-    """`x[a:b, c]`: a window view; scalar indices drop their axis; all-scalar full rank reads one element."""
     key = key if isinstance(key, tuple) else (key,)
     if x.valid is None and _in_bounds_slices(key, x.data.shape):   # fast path, same result as the window below
         return TensorValue(x.data[key], x.dtype, None, x.is_tile, x.pad)
@@ -140,7 +138,6 @@ def subscript_read(x: TensorValue, key):
 
 @op("__setitem__", writes="dst")
 def subscript_write(dst: TensorValue, key, src) -> None:
-    """`dst[a:b, c:d] = src`: assemble src's valid box into the window."""
     key = key if isinstance(key, tuple) else (key,)
     if (isinstance(src, TensorValue) and src.valid is None and len(key) == src.data.dim() == dst.data.dim()
             and _in_bounds_slices(key, dst.data.shape)):
@@ -193,7 +190,6 @@ def _write_box(target: TensorValue, src: TensorValue, offset, opname: str, atomi
 @op("assemble", "tensor.assemble", "tile.assemble", shape=Shape.FIRST, offset_arg=(2, "offset"), coalesce=ANY_DIM,
     writes="target")
 def assemble(target, source, offset, *, atomic=AtomicType.None_):
-    """Write `source`'s valid box into `target` at `offset` in place; returns `target`."""
     if not isinstance(source, TensorValue):
         raise OpError(f"pl.assemble: source must be a tensor or tile, got {type(source).__name__}")
     _write_box(target, source, offset, "pl.assemble", atomic)
@@ -203,7 +199,6 @@ def assemble(target, source, offset, *, atomic=AtomicType.None_):
 @op("reshape", "tensor.reshape", "tile.reshape", shape=Shape.FROM_ARG, shape_arg=(1, "shape"), coalesce=ROWS,
     waits_on_host=False, is_view=True)
 def reshape(x, shape):
-    """Aliasing view of `x` with a new shape of the same element count; the valid box is remapped."""
     shape = _ints(shape, "shape", "reshape")
     if math.prod(shape) != x.data.numel() and -1 not in shape:
         raise OpError(f"pl.reshape: cannot reshape {list(x.shape)} ({x.data.numel()} elements) to {shape}")
@@ -235,7 +230,6 @@ def _remap_valid(x: TensorValue, new_shape):
 
 @op("transpose", "tensor.transpose", "tile.transpose")
 def transpose(x, axis1, axis2, tmp_tile=None):
-    """Swap two axes (negative axes allowed); returns a new value."""
     a, b = int(axis1) % x.ndim, int(axis2) % x.ndim
     if a == b:
         raise OpError(f"pl.transpose: axis1 and axis2 are the same axis ({axis1}, {axis2})")
@@ -246,7 +240,6 @@ def transpose(x, axis1, axis2, tmp_tile=None):
 
 @op("tile.transpose_view", waits_on_host=False, is_view=True)
 def transpose_view(x):
-    """Zero-copy swap of the last two axes."""
     valid = list(x.valid_shape)
     valid[-1], valid[-2] = valid[-2], valid[-1]
     return TensorValue(x.data.mT, x.dtype, valid, x.is_tile)
@@ -254,7 +247,6 @@ def transpose_view(x):
 
 @op("concat", "tensor.concat", "tile.concat")
 def concat(a, b):
-    """Concatenate along the last axis."""
     if a.shape[:-1] != b.shape[:-1]:
         raise OpError(f"pl.concat: shapes {list(a.shape)} and {list(b.shape)} differ outside the last axis")
     dtype = dtype_rules.promote(a.dtype, b.dtype)
@@ -264,7 +256,6 @@ def concat(a, b):
 
 @op("reinterpret_view", "tensor.reinterpret_view", "tile.reinterpret_view", waits_on_host=False, is_view=True)
 def reinterpret_view(x, dtype, *, shape=None):
-    """Reinterpret the bits of `x` as `dtype`; the last axis scales by the byte ratio."""
     dtype = dtype_rules.to_dtype(dtype)
     data = bits_as(x.data, x.dtype, dtype)
     if shape is not None:
@@ -286,7 +277,6 @@ def bits_as(data: torch.Tensor, src, dst) -> torch.Tensor:
 @op("set_validshape", "tensor.set_validshape", "tile.set_validshape", shape=Shape.SAME, coalesce=ANY_DIM,
     waits_on_host=False)
 def set_validshape(x, valid_rows, valid_cols):
-    """New valid box (2-D only); no data movement."""
     if x.ndim != 2:
         raise OpError(f"pl.set_validshape: needs a 2-D value, got shape {list(x.shape)}")
     return TensorValue(x.data, x.dtype, (int(valid_rows), int(valid_cols)), x.is_tile, x.pad)
@@ -311,7 +301,6 @@ def pad_scalar(pad_value, dtype):
 
 @op("fillpad", "tensor.fillpad", "tile.fillpad", shape=Shape.SAME, coalesce=ANY_DIM)
 def fillpad(x, pad_value=PadValue.zero):
-    """Copy of `x` with everything outside the valid box set to the pad; the result is fully valid."""
     fill = pad_scalar(pad_value, x.dtype)
     mask = valid_mask(x)
     data = x.data.clone() if mask is None else torch.where(mask, x.data, torch.full((), fill, dtype=x.data.dtype))
@@ -320,7 +309,6 @@ def fillpad(x, pad_value=PadValue.zero):
 
 @op("fillpad_inplace", "tile.fillpad_inplace", "tensor.fillpad_inplace", shape=Shape.SAME, coalesce=ANY_DIM, writes="x")
 def fillpad_inplace(x, pad_value=PadValue.zero):
-    """`fillpad` written into `x` itself; `x` becomes fully valid."""
     mask = valid_mask(x)
     if mask is not None:
         x.data.masked_fill_(~mask.expand(x.shape), pad_scalar(pad_value, x.dtype))
@@ -330,7 +318,6 @@ def fillpad_inplace(x, pad_value=PadValue.zero):
 
 @op("fillpad_expand", "tensor.fillpad_expand", "tile.fillpad_expand")
 def fillpad_expand(x, shape, pad_value=PadValue.zero):
-    """A `shape` buffer holding x's valid box top-left, the pad everywhere else."""
     shape = _ints(shape, "shape", "fillpad_expand")
     box = x.valid_shape
     if len(shape) != x.ndim or any(b > s for b, s in zip(box, shape)):
@@ -342,7 +329,6 @@ def fillpad_expand(x, shape, pad_value=PadValue.zero):
 
 @op("dim", "tensor.dim", "tile.dim", waits_on_host=False)
 def dim(t, axis):
-    """Runtime extent of axis `axis` (negative allowed)."""
     if not -t.ndim <= int(axis) < t.ndim:
         raise OpError(f"pl.tensor.dim: axis {axis} out of range for shape {list(t.shape)}")
     return int(t.shape[int(axis)])
