@@ -2,8 +2,9 @@
 
 The one place op semantics live. Every executor calls it (or, for compiled
 backends, is tested against it). Importing this package registers every op in
-`registry.OPS`. Imports only `errors` and `language` (dtypes, enums) from pypto_rt, and `collective` for the
-`pld` ops (windows and communicators).
+`registry.OPS` and its OpDef in `opdef.OPDEFS` (what the compiler and the host know about it). Imports only
+`errors` and `language` (dtypes, enums, opdocs) from pypto_rt, and `collective` for the `pld` ops (windows and
+communicators).
 """
 from pypto_rt.ops import (  # noqa: F401  (imported for registration)
     access, bitwise, cast, compare, create, distributed, elementwise, gather, matmul, reduce, sort, system, unary,
