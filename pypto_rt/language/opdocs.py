@@ -8,6 +8,7 @@ semantics are those of the spec (`pl_api.md`) as this runtime implements them. K
 """
 from __future__ import annotations
 
+import re
 from textwrap import dedent, fill
 
 DOCS: dict[str, str] = {}
@@ -21,6 +22,12 @@ def doc_of(qualname: str) -> str:
     return DOCS.get(base, "") if namespace in ("tensor", "tile") else ""
 
 
+def _wrap(paragraph: str) -> str:
+    """The paragraph filled to 100 columns, never breaking inside a bracketed shape such as [1, N]."""
+    glued = re.sub(r"\[[^\]]*\]", lambda m: m.group().replace(" ", "\0"), " ".join(paragraph.split()))
+    return fill(glued, 100).replace("\0", " ")
+
+
 def _spelled(name: str) -> str:
     return name if name.startswith("pld.") else f"pl.{name}"
 
@@ -30,7 +37,7 @@ def _doc(names: str, signature: str, text: str) -> None:
     first, *aliases = names.split()
     header = _spelled(first) + signature + "".join(f"\n(also {_spelled(a)})" for a in aliases)
     paragraphs = dedent(text).strip().split("\n\n")
-    doc = "\n\n".join([header] + [fill(" ".join(p.split()), 100) for p in paragraphs])
+    doc = "\n\n".join([header] + [_wrap(p) for p in paragraphs])
     for name in names.split():
         assert name not in DOCS, f"{name} documented twice"
         DOCS[name] = doc
