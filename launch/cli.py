@@ -32,6 +32,8 @@ _FLAGS = {
 }
 _TEE_ENV = "PYPTO_TEE"
 _SECRET_ENV = "PYPTO_JOB_SECRET"  # environment only: a command line is readable by every user in /proc
+# every variable the CLI reads (a caller that wants none of them in force clears these)
+ENVIRONMENT = tuple(env for env, _ in _FLAGS.values()) + (_TEE_ENV, _SECRET_ENV)
 
 
 class UsageError(Exception):
