@@ -3,10 +3,12 @@
 Uses only the package's public names (`launch`, `JobResult`, `JobFailed`, `ConfigError`)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -64,6 +66,29 @@ def test_a_rank_killed_by_a_signal_reports_the_signal(program):
     assert result.exit_code == 1
     assert (root.rank, root.exit_code, root.signal) == (0, None, signal.SIGKILL)
     assert root.error == "rank 0 was killed by SIGKILL"
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_during_a_job_ends_every_rank_and_says_so(program, tmp_path):
+    prog = program("""
+    import os, sys, time
+    open(os.path.join(sys.argv[1], "started" + os.environ["RANK"]), "w").close()
+    time.sleep(60)
+    """)
+
+    def interrupt_once_both_ranks_run():   # not earlier: before the job watches signals, it would end pytest
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all((tmp_path / f"started{r}").exists() for r in (0, 1)):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_both_ranks_run, daemon=True).start()
+    result = launch(prog, tmp_path, nproc=2)
+    assert (result.exit_code, result.interrupted_by, result.root_cause) == (130, signal.SIGINT, None)
+    assert [r.state for r in result.ranks] == ["killed", "killed"]
+    assert "interrupted by SIGINT" in result.report
 
 
 @pytest.mark.timeout(30)
