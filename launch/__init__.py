@@ -1,13 +1,24 @@
 """pypto-launch: starts the ranks of a multi-rank program and reports failures; installed as pypto_rt.launch.
 
-Modules, one job each: `cli` (flags and PYPTO_* variables -> `LaunchConfig`), `config` (that dataclass),
-`contract` (the environment every rank gets), `job` (one job: store, ranks, report, cleanup), `rendezvous`
-(the TCPStore node 0 hosts), `gateway` (authenticated store connections between hosts), `supervisor` (rank processes: start, watch, end), `output` (rank output to logs
-and terminal), `signals` (Ctrl-C/SIGTERM to the launcher), `report` (first failure and the summary), `shm`
-(the job's /dev/shm segments), `files` (the log folder's checks and link-proof opens), `rank_main` (the entry each
-rank runs). Importing this package is cheap:
-ranks import it, and must not pay for torch.
-"""
-from pypto_rt.launch.config import LaunchConfig
+From Python, `launch(program, *args, nproc=N, ...)` (or `run(LaunchConfig(...))`) runs one job and returns its
+`JobResult`: the exit code `pypto-launch` would give, each rank's end (`RankExit`: exit code or signal, whether
+it is the root cause, its error and log) and `root_cause`, the rank the failure report names first:
 
-__all__ = ["LaunchConfig"]
+    from pypto_rt.launch import launch
+    result = launch("train.py", "--steps", 10, nproc=4, log_dir="logs")
+    if not result.passed:
+        print(result.root_cause.rank, result.root_cause.error)
+
+Modules, one job each: `api` (`launch`, `run`), `cli` (flags and PYPTO_* variables -> `LaunchConfig`, then
+`api.run`), `config` (that dataclass), `result` (`JobResult`), `contract` (the environment every rank gets), `job`
+(one job: store, ranks, report, cleanup), `rendezvous` (the TCPStore node 0 hosts), `gateway` (authenticated
+store connections between hosts), `supervisor` (rank processes: start, watch, end), `output` (rank output to
+logs and terminal), `signals` (Ctrl-C/SIGTERM to the launcher), `report` (first failure and the summary), `shm`
+(the job's /dev/shm segments), `files` (the log folder's checks and link-proof opens), `rank_main` (the entry
+each rank runs). Importing this package is cheap: ranks import it, and must not pay for torch.
+"""
+from pypto_rt.launch.api import ConfigError, launch, run
+from pypto_rt.launch.config import LaunchConfig
+from pypto_rt.launch.result import JobFailed, JobResult, RankExit
+
+__all__ = ["ConfigError", "JobFailed", "JobResult", "LaunchConfig", "RankExit", "launch", "run"]

@@ -1,8 +1,8 @@
 """`pypto-launch [flags] prog.py args...` (or `-m module args...`): flags -> a validated `LaunchConfig` -> a job.
 
 Every flag falls back to a `PYPTO_*` environment variable (the flag wins); kebab-case and snake_case spellings
-are both accepted, as torchrun does. Exit codes: what `job.run_job` returns (0 all ranks passed, 1 a rank
-failed, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP), 2 for a usage error.
+are both accepted, as torchrun does. A thin wrapper over `api.run`: it prints the job's report and exits with its
+code (0 all ranks passed, 1 a rank failed, 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP), 2 for a usage error.
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ _FLAGS = {
 }
 _TEE_ENV = "PYPTO_TEE"
 _SECRET_ENV = "PYPTO_JOB_SECRET"  # environment only: a command line is readable by every user in /proc
+# every variable the CLI reads (a caller that wants none of them in force clears these)
+ENVIRONMENT = tuple(env for env, _ in _FLAGS.values()) + (_TEE_ENV, _SECRET_ENV)
 
 
 class UsageError(Exception):
@@ -159,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: --comm {cfg.comm}: {problem}; use --comm gloo (CPU, any host) or shm (one host)",
                   file=sys.stderr)
             return 2
-        from pypto_rt.launch.job import run_job
-        return run_job(cfg)
+        from pypto_rt.launch.api import run
+        result = run(cfg)
+        if result.report:
+            print(result.report, file=sys.stderr)
+        return result.exit_code
     except KeyboardInterrupt:  # only before the job installs its own handlers; it cleans up after itself
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -4,6 +4,8 @@ Ownership: the launcher owns the job's temporary folder, the rendezvous store an
 named `pypto-<job id>+*`; all are gone when `run_job` returns, however the job ended (a SIGKILLed launcher
 excepted). Exit codes: 0 every rank exited 0; 1 a rank failed (or could not start); 128+N the launcher got
 signal N (130 for Ctrl-C, 143 for SIGTERM); 2 the job could not be set up (log folder, store port).
+The job prints nothing of its own at its end: what the launcher has to say (the failure summary, a setup error)
+is the `report` of the `JobResult` it returns, which the CLI prints and a Python caller may.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pypto_rt.launch.config import LaunchConfig
 from pypto_rt.launch.output import TAIL_BYTES
 from pypto_rt.launch.rendezvous import LOOPBACK
 from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
+from pypto_rt.launch.result import JobResult, job_result
 from pypto_rt.launch.shm import remove_segments
 from pypto_rt.launch.signals import SignalWatch
 from pypto_rt.launch.supervisor import RankProc, RankSpec, Supervisor
@@ -29,8 +32,9 @@ from pypto_rt.launch.supervisor import RankProc, RankSpec, Supervisor
 WAIT_SETTLE_S = 2.0
 
 
-def run_job(cfg: LaunchConfig) -> int:
-    """Run the job described by `cfg` to its end; returns the launcher's exit code."""
+def run_job(cfg: LaunchConfig) -> JobResult:
+    """Run the job described by `cfg` to its end; returns its result (the launcher's exit code, each rank's end,
+    the report to print)."""
     start_time = time.time()
     tmp_dir = job_store = None
     try:
@@ -39,21 +43,21 @@ def run_job(cfg: LaunchConfig) -> int:
                 os.makedirs(cfg.log_dir, mode=0o755, exist_ok=True)
                 files.check_folder(cfg.log_dir)
             except files.UnsafeFolder as e:
-                return _setup_error(str(e))
+                return _setup_error(cfg, str(e))
             except OSError as e:
-                return _setup_error(f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
+                return _setup_error(cfg, f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
         else:
             tmp_dir = tempfile.mkdtemp(prefix=f"pypto-launch-{cfg.job_id}-")
         from pypto_rt.launch.rendezvous import StoreError, open_job_store
         try:
             job_store = open_job_store(cfg)
         except StoreError as e:
-            return _setup_error(str(e))
+            return _setup_error(cfg, str(e))
         try:
             specs = [_spec(cfg, local_rank, job_store.port, start_time, cfg.log_dir or tmp_dir)
                      for local_rank in range(cfg.nproc)]
         except OSError as e:
-            return _setup_error(f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
+            return _setup_error(cfg, f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
         nodes = _Nodes(cfg, job_store.store) if cfg.nnodes > 1 else None
         with SignalWatch() as watch:
             return _supervise(cfg, specs, watch, job_store.store, nodes)
@@ -110,15 +114,14 @@ class _Nodes:
 
 
 def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, store,
-               nodes: _Nodes | None = None) -> int:
+               nodes: _Nodes | None = None) -> JobResult:
     sup = Supervisor(specs, watch, remote_failure=nodes.failed_elsewhere if nodes else None,
                      on_exit=lambda r: _mark_exited(store, r))
     try:
         try:
             sup.start()
         except OSError as e:
-            print(f"pypto-launch: cannot start the ranks ({sys.executable}): {e}", file=sys.stderr)
-            return 1
+            return JobResult(1, cfg.job_id, report=f"pypto-launch: cannot start the ranks ({sys.executable}): {e}")
         got_signal = sup.run()
         first = first_failure([_result(r) for r in sup.ranks if r.returncode is not None])
         if nodes is not None and first is not None:
@@ -133,18 +136,26 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, sto
         if not _text(r.spec.stack_file):
             with contextlib.suppress(OSError):
                 files.remove(r.spec.stack_file)
+    remote = sup.remote if first is None else None   # another node's failure ended this node's ranks
+    code, report = _ending(cfg, results, got_signal, remote)
+    root = None if remote else first_failure(results)   # the rank the report names, if any
+    return job_result(code, cfg.job_id, results, root, got_signal, report)
+
+
+def _ending(cfg: LaunchConfig, results: list[RankResult], got_signal: int | None,
+            remote: str | None) -> tuple[int, str]:
+    """The exit code of a job whose ranks ended as `results`, and what the launcher says at its end ("" when
+    nothing). `remote`: another node's failure that ended this node's ranks before any of them failed itself."""
     if got_signal is None and all(r.returncode == 0 for r in results):
         strays = [str(r.rank) for r in results if r.left_processes]
         if strays:
-            print(f"pypto-launch: rank(s) {', '.join(strays)} exited 0 but left processes running; the launcher "
-                  "ended them (wait for your child processes before exiting)", file=sys.stderr)
-        return 0
-    if sup.remote and first is None:
-        print(f"pypto-launch: job {cfg.job_id}: ended this node's ranks because another node failed — {sup.remote} "
-              "(its launcher's summary has the error)", file=sys.stderr)
-        return 1
-    print(summarize(results, cfg.job_id, got_signal), file=sys.stderr)
-    return 128 + got_signal if got_signal is not None else 1
+            return 0, (f"pypto-launch: rank(s) {', '.join(strays)} exited 0 but left processes running; the "
+                       "launcher ended them (wait for your child processes before exiting)")
+        return 0, ""
+    if remote:
+        return 1, (f"pypto-launch: job {cfg.job_id}: ended this node's ranks because another node failed — "
+                   f"{remote} (its launcher's summary has the error)")
+    return 128 + got_signal if got_signal is not None else 1, summarize(results, cfg.job_id, got_signal)
 
 
 def _mark_exited(store, r: RankProc) -> None:
@@ -185,6 +196,5 @@ def _text(path: str | None) -> str:
         return ""
 
 
-def _setup_error(message: str) -> int:
-    print(f"pypto-launch: {message}", file=sys.stderr)
-    return 2
+def _setup_error(cfg: LaunchConfig, message: str) -> JobResult:
+    return JobResult(2, cfg.job_id, report=f"pypto-launch: {message}")

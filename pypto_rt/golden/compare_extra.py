@@ -41,13 +41,7 @@ def mapped_pool_ratio_allclose(mapping_name: str, *, mapping_shape: tuple[int, .
         The comparator.
     """
     mapping_shape = tuple(mapping_shape)
-    if not mapping_shape or any(d <= 0 for d in mapping_shape):
-        raise ValueError(f"mapping_shape must contain positive dimensions, got {mapping_shape}")
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    if leading_rank_axis and len(mapping_shape) < 2:
-        raise ValueError(
-            f"leading_rank_axis needs mapping_shape with a rank axis and an item axis, got {mapping_shape}")
+    _check_pool_arguments(mapping_shape, block_size, leading_rank_axis)
     inner = ratio_allclose(atol=atol, rtol=rtol, max_error_ratio=max_error_ratio)
 
     def cmp(actual: torch.Tensor, expected: torch.Tensor, **kw: Any) -> tuple[bool, str]:
@@ -64,13 +58,9 @@ def mapped_pool_ratio_allclose(mapping_name: str, *, mapping_shape: tuple[int, .
                                      leading_rank_axis)
         if err:
             return False, err
-        stray = ~written & ~(a_rows == e_rows).all(dim=-1)
-        if stray.any():
-            rank, row = stray.nonzero()[0].tolist()
-            changed = int((a_rows[rank, row] != e_rows[rank, row]).count_nonzero())
-            rank_txt = f" rank={rank}" if leading_rank_axis else ""
-            return False, (f"    unmapped physical {pool_name} row changed:{rank_txt} row={row} "
-                           f"changed_values={changed} mapping='{mapping_name}'")
+        err = _stray_row_error(a_rows, e_rows, written, leading_rank_axis, pool_name, mapping_name)
+        if err:
+            return False, err
         if not written.any():
             return True, ""
         ok, detail = inner(a_rows[written], e_rows[written], **kw)
@@ -80,6 +70,29 @@ def mapped_pool_ratio_allclose(mapping_name: str, *, mapping_shape: tuple[int, .
                     f"block_size={block_size}, leading_rank_axis={leading_rank_axis}, "
                     f"atol={atol}, rtol={rtol}, max_error_ratio={max_error_ratio})")
     return cmp
+
+
+def _check_pool_arguments(mapping_shape: tuple[int, ...], block_size: int, leading_rank_axis: bool) -> None:
+    if not mapping_shape or any(d <= 0 for d in mapping_shape):
+        raise ValueError(f"mapping_shape must contain positive dimensions, got {mapping_shape}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if leading_rank_axis and len(mapping_shape) < 2:
+        raise ValueError(
+            f"leading_rank_axis needs mapping_shape with a rank axis and an item axis, got {mapping_shape}")
+
+
+def _stray_row_error(a_rows: torch.Tensor, e_rows: torch.Tensor, written: torch.Tensor, ranked: bool,
+                     pool_name: str, mapping_name: str) -> str:
+    """The first row no mapping entry names that differs from the golden (those must match exactly), or ""."""
+    stray = ~written & ~(a_rows == e_rows).all(dim=-1)
+    if not stray.any():
+        return ""
+    rank, row = stray.nonzero()[0].tolist()
+    changed = int((a_rows[rank, row] != e_rows[rank, row]).count_nonzero())
+    rank_txt = f" rank={rank}" if ranked else ""
+    return (f"    unmapped physical {pool_name} row changed:{rank_txt} row={row} "
+            f"changed_values={changed} mapping='{mapping_name}'")
 
 
 def _pool_layout_error(actual: torch.Tensor, expected: torch.Tensor, block_size: int, ranked: bool, ranks: int,

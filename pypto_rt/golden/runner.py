@@ -335,7 +335,7 @@ def _distributed(compile_cfg):
 
 
 def _program_entry(program: Any) -> Callable:
-    """The entry callable of a `@pl.program` class (indirection kept small so tests can replace it)."""
+    """The entry callable of a `@pl.program` class (the language is imported only when a program runs)."""
     from pypto_rt.language.decorators import program_entry
 
     return program_entry(program)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -179,16 +181,24 @@ def test_the_host_leaves_queued_blocks_to_busy_workers_beyond_their_number():
             e.close()
 
 
-def test_the_heap_padding_knob_is_applied_once_and_a_bad_value_says_which_knob(monkeypatch):
-    from pypto_rt.aicpu import heap
-    from pypto_rt.errors import PyptoError
-    monkeypatch.setattr(heap, "_applied", False)
-    with config.scope(HEAP_PAD_MB="lots"):
-        with pytest.raises(PyptoError, match="PYPTO_HEAP_PAD_MB='lots' must be an integer"):
-            Engine(num_workers=1).close()
-    monkeypatch.setattr(heap, "_applied", False)
-    with config.scope(HEAP_PAD_MB="64"):
-        Engine(num_workers=1).close()
-    assert heap._applied
-    with config.scope(HEAP_PAD_MB="lots"):   # read once per process: later engines do not ask again
-        Engine(num_workers=1).close()
+def test_the_heap_padding_knob_is_applied_once_and_a_bad_value_says_which_knob():
+    # in a process of its own: the first engine of a process reads the knob (a malformed value fails every
+    # engine until one applies a good value), later engines do not ask again
+    code = """if True:
+        from pypto_rt import config
+        from pypto_rt.aicpu import Engine
+        from pypto_rt.errors import PyptoError
+        for raw in ("lots", "64", "lots"):
+            with config.scope(HEAP_PAD_MB=raw):
+                try:
+                    Engine(num_workers=1).close()
+                    print(raw, "ok")
+                except PyptoError as e:
+                    print(raw, "error", " ".join(str(e).split()))
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PYPTO_HEAP_PAD_MB"})
+    assert done.returncode == 0, done.stderr
+    bad, good, again = done.stdout.splitlines()
+    assert bad.startswith("lots error") and "PYPTO_HEAP_PAD_MB='lots' must be an integer" in bad
+    assert (good, again) == ("64 ok", "lots ok")

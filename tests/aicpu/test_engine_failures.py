@@ -68,7 +68,7 @@ def test_stuck_task_raises_a_stall_report_naming_it_and_its_waiter():
         start = time.monotonic()
         with pytest.raises(StallError) as info:
             e.finish()
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 30   # its 1 s deadline, not the 300 s default (generous: loaded hosts)
     finally:
         e.close()
         never.set()
@@ -104,7 +104,7 @@ def test_ring_that_can_never_drain_raises_at_once():
             start = time.monotonic()
             with pytest.raises(RingOverflowError) as info:
                 e.submit("t2", lambda b: None)
-            assert time.monotonic() - start < 0.5
+            assert time.monotonic() - start < 5   # at once, not after a stall deadline (generous: loaded hosts)
     err = info.value
     assert "scope 'loop body' at prog.py:7:1 holds 2 tasks" in err.message and "(2 slots)" in err.message
     assert "PYPTO_RING_SIZE" in err.hint and err.span == Span("prog.py", 7)

@@ -121,7 +121,7 @@ def test_a_stuck_task_ends_with_a_stall_report(tmp_path):
 
         k(torch.zeros(8, 8), torch.zeros(8, 8))
     ''', env={"PYPTO_TIMEOUT_S": "1"})
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 50   # its 1 s deadline, not the stuck block's 60 s (generous: loaded hosts)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = proc.stderr
     assert "made no progress" in report and "1 running" in report and "1 waiting" in report
@@ -152,7 +152,7 @@ def test_a_short_kernel_that_gets_stuck_on_the_host_thread_is_reported(tmp_path)
         for _ in range(8):
             k(torch.zeros(8, 8), torch.zeros(8, 8))
     ''', env={"PYPTO_TIMEOUT_S": "1", "PYPTO_HOST_INLINE_US": "10000000"})   # any kernel that ran before inlines
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 50   # its 1 s deadline, not the stuck block's 60 s (generous: loaded hosts)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "made no progress" in proc.stderr and "'usually_quick'" in proc.stderr
     assert "running on the host thread" in proc.stderr

@@ -87,7 +87,7 @@ def test_a_failing_task_ends_the_run_naming_the_region_and_the_users_line():
     start = time.monotonic()
     with pytest.raises(TaskFailedError) as info:
         breaks_midway(torch.randn(N, N), torch.randn(8, N), torch.zeros(N, N))
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 100   # at the failure, not at the 300 s stall deadline (generous)
     message = str(info.value)
     assert "bad_matmul" in message and "pl.matmul" in message
     assert info.value.span.file == __file__

@@ -285,6 +285,13 @@ class TestMappedPool:
         bad_shape = {"slots": torch.zeros(4, dtype=torch.int64)}
         assert "must have shape (3,)" in call(self.cmp(), actual, expected, inputs=bad_shape)[1]
 
+    @pytest.mark.parametrize("kw, text", [(dict(mapping_shape=(0,)), "mapping_shape must contain positive"),
+                                          (dict(block_size=0), "block_size must be positive, got 0"),
+                                          (dict(leading_rank_axis=True), "leading_rank_axis needs mapping_shape")])
+    def test_arguments_that_cannot_work_are_refused_when_building(self, kw, text):
+        with pytest.raises(ValueError, match=text):
+            self.cmp(**kw)
+
     def test_layout_checks(self):
         actual, expected, inputs = _pool_case()
         assert "block_size=3" in call(self.cmp(block_size=3), actual, expected, inputs=inputs)[1]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import pypto.language as pl
 import pypto_rt.golden as golden
 from pypto_rt.golden import RunResult, ScalarSpec, TensorSpec, run, run_jit
-from pypto_rt.golden import runner as runner_mod
 
 
 def specs():
@@ -342,40 +342,58 @@ class TestGoldenData:
         assert not result.passed and "dtype mismatch" in result.error
 
 
+@pl.program
+class AddOneAndAHalf:
+    @pl.function(type=pl.FunctionType.Opaque)
+    def add(self, x: pl.Tensor[[4, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="add"):
+            y[:, :] = pl.add(x, 1.5)
+        return y
+
+
+def program_specs():
+    return [TensorSpec("x", [4, 8], torch.float32, init_value=torch.randn),
+            TensorSpec("y", [4, 8], torch.float32, is_output=True)]
+
+
 class TestRunProgram:
-    def test_run_uses_program_entry(self, monkeypatch, capsys):
-        class Program:
-            pass
-
-        seen = []
-
-        def entry_of(program):
-            seen.append(program)
-            return add_kernel
-
-        monkeypatch.setattr(runner_mod, "_program_entry", entry_of)
-        result = run(Program, specs(), golden_fn=add_golden, runtime_cfg=dict(platform="a2a3sim"))
-        assert result.passed and seen == [Program]
+    def test_run_calls_the_programs_entry(self, capsys):
+        result = run(AddOneAndAHalf, program_specs(), golden_fn=lambda v: v["y"].copy_(v["x"] + 1.5),
+                     runtime_cfg=dict(platform="a2a3sim"))
+        assert result.passed, result.error
         assert "[RUN] compile ..." in lines(capsys)
+        wrong = run(AddOneAndAHalf, program_specs(), golden_fn=lambda v: v["y"].copy_(v["x"] + 2.5))
+        assert not wrong.passed   # the golden is compared with what the entry computed
 
-    def test_run_runtime_dir_label(self, monkeypatch, tmp_path, capsys):
-        monkeypatch.setattr(runner_mod, "_program_entry", lambda program: add_kernel)
-        assert run(object(), specs(), runtime_dir=str(tmp_path)).passed
+    def test_run_runtime_dir_label(self, tmp_path, capsys):
+        assert run(AddOneAndAHalf, program_specs(), runtime_dir=str(tmp_path)).passed
         assert lines(capsys)[0] == f"[RUN] runtime_only: skipping compile, using {tmp_path}"
 
 
 class TestThreads:
-    def test_default_and_override(self, monkeypatch):
-        monkeypatch.delenv("PYPTO_GOLDEN_NUM_THREADS", raising=False)
-        assert golden._golden_num_threads() == min(16, os.cpu_count())
-        monkeypatch.setenv("PYPTO_GOLDEN_NUM_THREADS", "3")
-        assert golden._golden_num_threads() == 3
-
-    @pytest.mark.parametrize("raw", ["0", "-2", "many", "1.5"])
-    def test_bad_override(self, monkeypatch, raw):
-        monkeypatch.setenv("PYPTO_GOLDEN_NUM_THREADS", raw)
-        with pytest.raises(ValueError, match="PYPTO_GOLDEN_NUM_THREADS"):
-            golden._golden_num_threads()
+    def test_each_import_sets_torch_threads_from_the_variable_or_the_cpu_count(self):
+        # the module's import sets the thread count: re-imported (reload) under each setting, in a process of its
+        # own so this one's threads stay as they are
+        code = """if True:
+            import importlib, os, torch
+            import pypto_rt.golden as golden
+            for raw in ("3", None, "0", "-2", "many", "1.5"):
+                os.environ.pop("PYPTO_GOLDEN_NUM_THREADS", None)
+                if raw is not None:
+                    os.environ["PYPTO_GOLDEN_NUM_THREADS"] = raw
+                try:
+                    importlib.reload(golden)
+                    print(raw, torch.get_num_threads())
+                except ValueError as e:
+                    print(raw, "ValueError:", e)
+        """
+        env = {k: v for k, v in os.environ.items() if k != "PYPTO_GOLDEN_NUM_THREADS"}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        said = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+        assert said["3"] == "3" and said["None"] == str(min(16, os.cpu_count()))
+        for raw in ("0", "-2", "many", "1.5"):
+            assert said[raw] == f"ValueError: PYPTO_GOLDEN_NUM_THREADS must be a positive integer, got {raw!r}"
 
     def test_import_sets_torch_threads(self):
         code = "import torch, pypto_rt.golden; print(torch.get_num_threads())"
@@ -392,5 +410,4 @@ def test_exports():
     assert sorted(golden.__all__) == sorted([
         "TensorSpec", "ScalarSpec", "run", "run_jit", "RunResult", "validate_golden", "ratio_allclose",
         "ratio_reldiff", "mapped_pool_ratio_allclose", "topk_pair_compare", "error_distribution"])
-    for name in golden.__all__:
-        assert getattr(golden, name) is not None
+    assert [name for name in golden.__all__ if not hasattr(golden, name)] == []

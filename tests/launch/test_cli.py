@@ -26,6 +26,7 @@ def test_every_flag_has_an_environment_form_and_the_flag_wins(prog, monkeypatch)
     env = {"PYPTO_NPROC": "3", "PYPTO_NNODES": "2", "PYPTO_NODE_RANK": "1", "PYPTO_MASTER_ADDR": "10.0.0.1",
            "PYPTO_MASTER_PORT": "29500", "PYPTO_LOG_DIR": "/tmp/x", "PYPTO_COMM": "hccl", "PYPTO_TIMEOUT_S": "7.5",
            "PYPTO_JOB_ID": "j1", "PYPTO_TEE": "1", "PYPTO_LAUNCH_BACKEND": "local", "PYPTO_JOB_SECRET": "s3cr3t"}
+    assert sorted(cli.ENVIRONMENT) == sorted(env)   # what the CLI says it reads
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     cfg = cli.parse([prog])

@@ -77,7 +77,8 @@ def test_a_wait_nobody_satisfies_ends_with_a_report_naming_rank_region_cell_and_
     timeout_s = 2
     job = launch(2, os.path.join(PROGS, "wait_never_satisfied.py"), "--timeout-s", str(timeout_s))
     assert job.rc != 0
-    assert job.seconds < timeout_s + 15, job.seconds   # start-up (torch import) + the deadline + the report
+    # start-up (torch import) + the deadline + the report, generous for a loaded host; not the 300 s default
+    assert job.seconds < timeout_s + 40, job.seconds
     summary = job.err.split("pypto-launch: job", 1)[-1]
     first = re.search(r"rank (\d) failed first", summary)
     assert first, job.err[-3000:]
@@ -89,12 +90,12 @@ def test_a_wait_nobody_satisfies_ends_with_a_report_naming_rank_region_cell_and_
     assert f"rank {1 - rank}: " in summary, job.err[-3000:]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_mismatched_collectives_with_comm_check_name_both_ranks_and_their_calls():
-    job = launch(3, os.path.join(PROGS, "mismatched_collectives.py"), "--timeout-s", "20",
+    job = launch(3, os.path.join(PROGS, "mismatched_collectives.py"), "--timeout-s", "60",
                  env={"PYPTO_COMM_CHECK": "1"})
     assert job.rc != 0
-    assert job.seconds < 30, job.seconds   # an error, not a wait until the deadline
+    assert job.seconds < 50, job.seconds   # an error, not a wait until the 60 s deadline (generous: loaded host)
     assert "no error" not in job.out
     summary = job.err.split("pypto-launch: job", 1)[-1]
     first = re.search(r"rank (\d) failed first", summary)
