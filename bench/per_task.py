@@ -2,7 +2,7 @@
 
 Contenders (interleaved, median of repeats): the @pl.jit kernel `add_tiles` with coalescing off on the engine
 (PYPTO_REPLAY=0: what every call whose course depends on data pays; each task runs its kernel's recorded torch
-calls, see orchestration.kernel_replay; also with that off, PYPTO_KERNEL_REPLAY=0: every task through the op
+calls, see replay.kernel; also with that off, PYPTO_KERNEL_REPLAY=0: every task through the op
 library's Python) and by default (the program depends only on
 shapes, so after its recorded call it replays as straight-line torch calls), `add_tiles` as written (coalesced)
 and on the reference executor, and `y[s] = torch.add(x[s], 1.0)` over the same 1024 row slices in a Python loop.
@@ -60,7 +60,7 @@ def per_tile_kernel():
 
 def bodies_alone(kernel, x, y, repeats: int = 5) -> float | None:
     """Seconds per task body, as the engine runs it (its kernel replay, once recorded: see
-    orchestration.kernel_replay), back to back on this thread with no engine and no other Python thread; None
+    replay.kernel), back to back on this thread with no engine and no other Python thread; None
     when the runtime's internals have moved."""
     try:
         from pypto_rt.binding import bind_call

@@ -75,7 +75,7 @@ def test_the_warning_comes_once_per_kernel_and_shape():
 def test_every_cache_keys_on_the_shapes_passed(monkeypatch):
     """Engine runs, the recorded run, replays (of the call and of kernel blocks) and the disk cache's program: each
     shape gets its own results, the annotated one included, whichever shape came first."""
-    from pypto_rt.orchestration import kernel_replay
+    from pypto_rt.replay import kernel as kernel_replay
     from pypto_rt.orchestration.program import host_program
     kernel = make_rows_exp()
     with warnings.catch_warnings():

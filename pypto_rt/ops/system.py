@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 
 from pypto_rt.errors import OpError
-from pypto_rt.ops import dtype_rules, replay_guard
+from pypto_rt.ops import dtype_rules, recording
 from pypto_rt.ops.registry import op
 
 _ids = itertools.count(1)
@@ -104,7 +104,7 @@ def aic_gather(x):
 @op("static_print")
 def static_print(*args):
     """Print at compile time (here: when the line runs)."""
-    replay_guard.refuse("pl.static_print prints")
+    recording.refuse("pl.static_print prints")
     print(*args)
 
 

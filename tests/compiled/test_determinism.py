@@ -15,7 +15,7 @@ from pypto_rt.language import dtypes as D
 from pypto_rt.language.enums import AtomicType
 from pypto_rt.ops import views
 from pypto_rt.ops.value import TensorValue
-from pypto_rt.orchestration.torch_trace import Recorder
+from pypto_rt.replay.capture import Recorder
 
 M, K, N, SPLITS = 8, 1024, 16, 8
 K_TILE = K // SPLITS

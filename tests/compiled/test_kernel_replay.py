@@ -14,7 +14,7 @@ import torch
 
 import pypto.language as pl
 from pypto_rt import config
-from pypto_rt.orchestration import kernel_replay
+from pypto_rt.replay import kernel as kernel_replay
 from pypto_rt.orchestration.program import host_program
 from tests.compiled import conformance_cases
 

@@ -18,8 +18,9 @@ import torch
 import pypto.language as pl
 from pypto_rt import config
 from pypto_rt.errors import InWriteWarning
-from pypto_rt.orchestration import replay
-from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
+from pypto_rt.replay import entry as replay
+from pypto_rt.replay.capture import Recorder
+from pypto_rt.replay.passes import compile_trace
 from tests.compiled import conformance_cases
 
 KERNELS = conformance_cases.KERNELS
@@ -519,8 +520,8 @@ def test_outputs_left_out_of_the_call_are_new_tensors_on_every_replayed_call():
 
 
 def test_a_recording_that_would_hold_too_much_memory_is_refused(monkeypatch):
-    from pypto_rt.orchestration import torch_trace
-    monkeypatch.setattr(torch_trace, "MAX_HELD_BYTES", 1024)
+    from pypto_rt.replay import capture
+    monkeypatch.setattr(capture, "MAX_HELD_BYTES", 1024)
     recorder, replayed = record(lambda x: torch.exp(x) + torch.ones(1000), torch.randn(1000))
     assert replayed is None and "GiB of intermediate tensors" in recorder.refused
 

@@ -2,7 +2,7 @@
 
 A compiled kernel calls the op library, whose checks and dispatch cost more than the torch calls they make on a
 small tile (an 8x8 add: ~13 µs through the op library against ~7 µs of torch). So, as for entry calls
-(orchestration.replay), one block of a kernel is recorded (torch_trace.Recorder, on the thread that runs it) and
+(replay.entry), one block of a kernel is recorded (replay.capture.Recorder, on the thread that runs it) and
 later blocks run the recorded calls as one generated function. What differs:
 - the kernel's number inputs (a loop index, the block index, a scalar argument) are that function's parameters:
   offsets and operands computed from them stay code, and whatever the block's course depended on (an `if`, a
@@ -20,9 +20,9 @@ later blocks run the recorded calls as one generated function. What differs:
   block took `SLOWER` times the kernel's.
 Results are bit-identical to the kernel's: the same torch calls in the same order on the same thread.
 
-Not replayed: communication tasks, PYPTO_CHECK runs and runs recorded for replay (orchestration.replay: that
+Not replayed: communication tasks, PYPTO_CHECK runs and runs recorded for replay (replay.entry: that
 recording must see the op library's course), which task_runner runs through its own paths;
-kernels whose recording is refused (torch_trace says why: PYPTO_STATS=1 prints it), and specialisations beyond
+kernels whose recording is refused (the recorder says why: PYPTO_STATS=1 prints it), and specialisations beyond
 `MAX_SPECIALISATIONS` per kernel. PYPTO_KERNEL_REPLAY=0 turns it off. PYPTO_DUMP_DIR gets each recorded block
 as `<file>.<kernel>.block_replay.py`.
 """
@@ -39,9 +39,11 @@ from pypto_rt.frontend.python_calls import plain_python_calls_in
 from pypto_rt.incore_compiler.kernel_ir import Unbound
 from pypto_rt.language.dtypes import DataType
 from pypto_rt.ops.value import TensorValue
-from pypto_rt.orchestration.block import run_block
-from pypto_rt.orchestration.replay import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
-from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
+from pypto_rt.replay.calls import storage_id
+from pypto_rt.replay.capture import Recorder
+from pypto_rt.replay.guards import GUARD_MISS
+from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.results import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
 
 NORMAL_RUNS = 32           # blocks per specialisation (over all calls) run by the kernel before one is recorded: a
                            # recording costs 10-70 blocks' time (library kernels: 3 ms to 0.4 s), so a kernel run a
@@ -78,14 +80,17 @@ class _Specialisation:
 class KernelReplays:
     """The block replays of one compiled kernel, one per specialisation; `run` is what a task runs per block."""
 
-    def __init__(self, artifact):
+    def __init__(self, artifact, run_block):
+        """`run_block(binding, fn, inputs, block, nblocks)` runs one block with `fn` (the kernel's run function
+        or its traced variant) as the task runner does; replay runs blocks only through it."""
         self.artifact = artifact
+        self._run_block = run_block
         self.table: dict[tuple, _Specialisation] = {}
         # (inputs, nblocks, specialisation) of a recent block: a block whose tensor inputs are the very same
         # TensorValues (immutable; the host passes the same ones to every task of a loop) and whose other inputs are
         # numbers of the same kinds, or equal, has the same specialisation
         self._last: tuple = ((), 0, None)
-        self._traced_run = None   # the kernel's code variant a recorded block executes (incore_compiler.traced_code)
+        self._traced_run = None   # the kernel's code variant a recorded block executes (replay.traced_code)
 
     def run(self, binding, inputs: tuple, block: int, nblocks: int):
         """Block `block` of `nblocks` on this thread: its replay when its specialisation has one that holds, else
@@ -99,7 +104,7 @@ class KernelReplays:
         else:
             spec = self._specialisation(inputs, nblocks)
         if spec is None:
-            return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+            return self._run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
         steady = spec.steady
         if steady is not None:   # the common case, kept short
             outputs = steady(block, *inputs)
@@ -116,10 +121,10 @@ class KernelReplays:
                 spec.claimed = True
                 return self._record(spec, binding, inputs, block, nblocks)
             start = thread_time_ns()
-            out = run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+            out = self._run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
             spec.kernel_ns.append(thread_time_ns() - start)
             return out
-        return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+        return self._run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
 
     def forget(self) -> None:
         """Drop the inputs remembered in `_last` (at a run's end: the caller's tensors are theirs to free)."""
@@ -172,12 +177,12 @@ class KernelReplays:
         if calls:
             spec.off, spec.why_not = True, f"the kernel calls plain Python ({calls[0]}), which only the kernel runs"
             self._stats(f"blocks run the kernel: {spec.why_not}")
-            return run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
+            return self._run_block(binding, self.artifact.kernel.run, inputs, block, nblocks)
         recorder = Recorder([None] + [v.data if type(v) is TensorValue else None for v in inputs])
         traced_inputs = tuple(recorder.scalar_input(i + 1, v) if type(v) in _NUMBERS else v
                               for i, v in enumerate(inputs))
         with recorder:
-            result = run_block(binding, self._traced(), traced_inputs, recorder.scalar_input(0, block), nblocks)
+            result = self._run_block(binding, self._traced(), traced_inputs, recorder.scalar_input(0, block), nblocks)
         plan = None
         try:
             plan = result_plan(result, recorder, "the kernel") if recorder.refused is None else None
@@ -205,7 +210,7 @@ class KernelReplays:
         return plain_scalars(result)
 
     def _traced(self):
-        """The kernel's traced code variant (incore_compiler.traced_code), compiled on the first recording: every
+        """The kernel's traced code variant (replay.traced_code), compiled on the first recording: every
         artifact a task runs comes from `host_program` or `incore_kernel`, which say how to get it."""
         if self._traced_run is None:
             self._traced_run = self.artifact.traced_variant().kernel.run

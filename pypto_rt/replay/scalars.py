@@ -1,6 +1,6 @@
 """Numbers read from tensor data while a run is recorded for replay: they remember how they were computed.
 
-A recorded run (orchestration.torch_trace) that reads a scalar with `pl.read` gets a `TracedInt` (an `int`) or a
+A recorded run (replay.capture) that reads a scalar with `pl.read` gets a `TracedInt` (an `int`) or a
 `TracedFloat` (a `float`) with the value read, carrying `code`, the Python expression that computes it in the
 replay (`s3`, `(s3 + 1)`). Arithmetic with other numbers gives traced numbers again, so a value computed from data
 reaches the torch calls that use it (`cache[slot:slot + 1]`, `x * scale`) as code, not as the number seen when
@@ -24,10 +24,11 @@ import operator
 
 import torch
 
+from pypto_rt.ops.recording import ScalarFromData
 from pypto_rt.ops.value import TensorValue
 
 
-class TracedInt(int):
+class TracedInt(int, ScalarFromData):
     """`TracedInt(value, code, recorder)`: an int read from data (or computed from one) while recording."""
     code: str
     rec: object
@@ -63,7 +64,7 @@ class TracedInt(int):
         return _derived(self, int.__invert__(self), f"(~{self.code})")
 
 
-class TracedFloat(float):
+class TracedFloat(float, ScalarFromData):
     """`TracedFloat(value, code, recorder)`: a float read from data (or computed from one) while recording."""
     code: str
     rec: object

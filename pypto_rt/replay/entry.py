@@ -5,7 +5,7 @@ strides, storage offset, dtypes, valid box and which arguments share memory, and
 Per specialisation, an entry call goes through three phases:
 1. the first `NORMAL_RUNS` calls run on the engine as usual (the first one compiles); they are timed;
 2. the next call is *recorded*: the engine runs every block on this thread (`Engine(inline=True)`, one chunk per
-   coalesced loop) under a `torch_trace.Recorder`. If the recorder refuses (the run read data into Python
+   coalesced loop) under a `replay.capture.Recorder`. If the recorder refuses (the run read data into Python
    other than with a `pl.read` it can repeat, communicated, printed, warned, ...), the specialisation stays on
    the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
@@ -16,8 +16,8 @@ Per specialisation, an entry call goes through three phases:
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
 
 Data-dependent runs: numbers a run reads with `pl.read` (slot mappings, block tables, lengths, indices, scales)
-are read again by each replay, at its start, from the same entry tensor (ops.traced_scalar); offsets and
-operands computed from them stay code (the recorded run executes the code variant of incore_compiler.traced_code).
+are read again by each replay, at its start, from the same entry tensor (replay.scalars); offsets and
+operands computed from them stay code (the recorded run executes the code variant of replay.traced_code).
 What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
 before the replay touches any data: when one fails (the data takes another course) the call runs on the engine,
 and after `MISSES` such calls a replay that misses more often than it runs is dropped. A value read from data the
@@ -42,9 +42,12 @@ import torch
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
 from pypto_rt.errors import InWriteWarning
-from pypto_rt.ops.traced_scalar import TRACED, untraced
 from pypto_rt.ops.value import TensorValue
-from pypto_rt.orchestration.torch_trace import GUARD_MISS, Recorder, compile_trace, storage_id
+from pypto_rt.replay.calls import storage_id
+from pypto_rt.replay.capture import Recorder
+from pypto_rt.replay.guards import GUARD_MISS
+from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.results import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
 
 NORMAL_RUNS = 2            # engine runs per specialisation before recording (the first compiles)
 TRIAL_REPLAYS = 3          # replays timed (after one to warm up) before the faster way is chosen for good
@@ -240,56 +243,6 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         _dump(kernel, source)
     _stats(kernel, f"recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: from now on {spec.mode()}")
     return result
-
-
-class Unreplayable(Exception):
-    pass
-
-
-def result_plan(result, recorder: Recorder, what: str = "the entry"):
-    """`what`'s return value as a plan: tensor names from the trace, other values kept as they are."""
-    if isinstance(result, TensorValue):
-        name = recorder.name_of(result.data)
-        if name is None:
-            raise Unreplayable(f"{what} returns a tensor the trace did not make")
-        return ("tensor", name, result.dtype, result.valid, result.is_tile, result.pad)
-    if isinstance(result, (tuple, list)):
-        return (type(result), [result_plan(r, recorder, what) for r in result])
-    if result is None or type(result) in (int, float, bool, str):
-        return ("value", result)
-    if type(result) in TRACED:
-        raise Unreplayable(f"{what} returns a value read from tensor data"
-                           + ("" if what == "the entry" else " or computed from its scalar inputs"))
-    raise Unreplayable(f"{what} returns a {type(result).__name__}")
-
-
-def plain_scalars(result):
-    """The recorded call's return value with values read from data as plain numbers."""
-    if type(result) in TRACED:
-        return untraced(result)
-    if type(result) in (tuple, list):
-        return type(result)(plain_scalars(r) for r in result)
-    return result
-
-
-def number_outputs(plan, outputs: list):
-    """Replace tensor names by positions in the replay function's output tuple."""
-    if plan[0] == "tensor":
-        outputs.append(plan[1])
-        return ("tensor", len(outputs) - 1) + plan[2:]
-    if plan[0] == "value":
-        return plan
-    return (plan[0], [number_outputs(p, outputs) for p in plan[1]])
-
-
-def rebuild(plan, outputs, bound: bool = True):
-    """The entry's return value: TensorValues (bound) or the torch tensors the caller gets (not bound)."""
-    if plan[0] == "tensor":
-        _, index, dtype, valid, is_tile, pad = plan
-        return TensorValue(outputs[index], dtype, valid, is_tile, pad) if bound else outputs[index]
-    if plan[0] == "value":
-        return plan[1]
-    return plan[0](rebuild(p, outputs, bound) for p in plan[1])
 
 
 _threads_knob = ("", 1)   # (PYPTO_WORKER_THREADS as read, its value): parsed once per distinct setting

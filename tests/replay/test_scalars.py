@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pypto_rt.language import dtypes as D
-from pypto_rt.ops.traced_scalar import (TracedFloat, TracedInt, arithmetic, compare, host_key, plain_key,
+from pypto_rt.replay.scalars import (TracedFloat, TracedInt, arithmetic, compare, host_key, plain_key,
                                         smallest)
 from pypto_rt.ops.value import TensorValue
 

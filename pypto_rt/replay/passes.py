@@ -1,0 +1,211 @@
+"""Passes over the recorded calls, then Python source: constants folded, common calls shared, window copies
+merged, dead calls dropped, repeated arithmetic hoisted; `compile_trace` makes the function."""
+from __future__ import annotations
+
+import ast
+import re
+import types
+
+
+def generate(rec, results: list[str], fn_name: str = "replay") -> str:
+    """Recorder `rec`'s trace as one function of the entry tensors, returning the tensors named in `results`.
+
+    Two clean-ups: a call repeating an earlier one (same function, same arguments, their memory unchanged
+    since) reuses its result, unless either result is later written; a call whose result nothing needs and
+    that changes nothing is left out."""
+    lines = _fold(rec, _dedupe(rec.lines, rec.storage_of), set(results))
+    needed = set(results)
+    keep = []
+    for line in reversed(lines):
+        if line.effect or line.target in needed:
+            keep.append(line)
+            needed.update(line.reads)
+    keep = _assign_windows(keep[::-1], set(results))
+    body = [f"{line.target} = {line.call}" if line.target else line.call for line in keep]
+    rec.calls = len(body)   # (the recorder reports how many calls its replay makes)
+    folded = [f"{n} {list(rec.made[n].shape)} {rec.made[n].dtype}" for n in sorted(needed & rec.made.keys())
+              if n in rec.constants]
+    if folded:
+        body.insert(0, "# tensors computed from constants when recorded, kept: " + ", ".join(folded))
+    body[:0] = rec.prologue
+    named = set(re.findall(r"\bk\d+\b", "\n".join(body)))
+    used = sorted((n for n in rec._literals.values() if n in named), key=lambda n: int(n[1:]))
+    body[:0] = [f"# {n} = {rec.constants[n]!r}" for n in used]
+    body.append(f"return ({', '.join(results)}{',' if results else ''})")
+    return _hoist_common(f"def {fn_name}({', '.join(rec.params)}):\n" + "\n".join("    " + line for line in body)
+                         + "\n")
+
+def _fold(rec, lines: list[Line], results: set[str]) -> list[Line]:
+    """Constants: a call computed from literals and constants alone (nothing from an entry tensor, an outside
+    tensor or chance), whose memory nothing writes later, gives the same tensor every run: the recorded one
+    is kept (as a global of the replay function) instead of the call. Not for the memory of returned tensors
+    (views too): the caller may write those."""
+    keep_fresh = {s for line in lines for s in line.written_storages} | {
+        rec.storage_of[r] for r in results if r in rec.storage_of}   # written, or returned (also as a view)
+    out = []
+    for line in lines:
+        target = line.target
+        if (target is not None and not line.effect and not line.tainted and target in rec.made
+                and rec.storage_of[target] not in keep_fresh):
+            rec.constants[target] = rec.made[target]
+            continue
+        out.append(line)
+    return out
+
+
+
+class Line:
+    """One recorded call: `target = call`, or `call` alone for an effect with no new tensor."""
+    __slots__ = ("call", "reads", "effect", "written", "written_storages", "target", "fresh", "tainted", "kind")
+
+    def __init__(self, call: str, reads: list[str], effect: bool, written: list[str], written_storages: list[int]):
+        self.call, self.reads, self.effect = call, reads, effect
+        self.kind = ""       # "window": `call` is `t[key]` (a view); "copy": `copy_(dst, src)` (see _assign_windows)
+        self.written, self.written_storages = written, written_storages   # what a mutating call writes
+        self.target: str | None = None
+        self.fresh = False   # the result has memory of its own (not a view of an argument)
+        self.tainted = True  # the result may depend on an entry tensor, an outside tensor or chance
+
+
+NAME = re.compile(r"\b[avts]\d+\b")
+
+
+def _assign_windows(lines: list[Line], results: set) -> list[Line]:
+    """`v4 = a3[k]` then `copy_(v4, v3)`, with v4 used nowhere else, becomes `a3[k] = v3`: torch's subscript
+    assignment copies into the same view (one call instead of two; the same bits)."""
+    readers: dict[str, int] = {}
+    for line in lines:
+        for name in line.reads:
+            readers[name] = readers.get(name, 0) + 1
+    windows = {line.target: line for line in lines if line.kind == "window" and line.target not in results
+               and readers.get(line.target) == 1}
+    merged = set()
+    for line in lines:
+        if line.kind == "copy" and line.reads[0] in windows and line.reads[1] != line.reads[0]:
+            window = windows[line.reads[0]]
+            line.call = f"{window.call} = {line.reads[1]}"
+            line.reads = window.reads + line.reads[1:]
+            merged.add(id(window))
+    return [line for line in lines if id(line) not in merged]
+
+
+def _dedupe(lines: list[Line], storage_of: dict[str, int]) -> list[Line]:
+    """Common subexpressions: a pure call equal to an earlier one, over memory not written in between, reuses
+    the earlier result. Results that are written later (by name or, for fresh memory, through any view) keep
+    their own call: sharing them would leak one's writes into the other."""
+    written_names = {n for line in lines for n in line.written}
+    written_storages = {s for line in lines for s in line.written_storages}
+    version: dict[int, int] = {}
+    seen: dict[tuple, str] = {}
+    alias: dict[str, str] = {}
+    out = []
+    for line in lines:
+        if alias:
+            line.call = NAME.sub(lambda m: alias.get(m.group(0), m.group(0)), line.call)
+            line.reads = [alias.get(r, r) for r in line.reads]
+        for s in line.written_storages:
+            version[s] = version.get(s, 0) + 1
+        target = line.target
+        if target is not None and target in storage_of:
+            shareable = (not line.effect and target not in written_names
+                         and not (line.fresh and storage_of[target] in written_storages))
+            if shareable:
+                key = (line.call, tuple(version.get(storage_of.get(r), 0) for r in line.reads))
+                earlier = seen.get(key)
+                if earlier is not None:
+                    alias[target] = earlier
+                    continue
+                seen[key] = target
+        out.append(line)
+    return out
+
+
+HOIST_LINES = 400   # replays longer than this keep their arithmetic in place (see _hoist_common)
+
+
+def _hoist_common(source: str) -> str:
+    """Arithmetic on numbers (`(s1 + 1) * 8`: offsets computed from a value read from data, guarded and used in
+    windows) computed more than once is computed once, into `c<n>`, just before the first statement that uses it.
+    Only +, - and * of names and constants (no call, no division: nothing that could raise before a guard); a
+    name assigned more than once in the function keeps its expressions where they are. Comments are kept. Linear
+    in the function's size, but Python's ast is slow: a function beyond `HOIST_LINES` lines (a block making
+    thousands of calls, whose own run dwarfs the arithmetic) is left as it is."""
+    if source.count("\n") > HOIST_LINES:
+        return source
+    tree = ast.parse(source)
+    fn = tree.body[0]
+    assigned: dict[str, int] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            assigned[node.id] = assigned.get(node.id, 0) + 1
+    codes: dict[int, str] = {}     # id(BinOp node) -> its canonical text, for the pure-arithmetic ones
+    counts: dict[str, int] = {}
+    first: dict[str, tuple] = {}   # canonical text -> (index of the first statement using it, a node of it)
+    for index, stmt in enumerate(fn.body):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.BinOp):
+                code = _arithmetic_code(node, assigned, codes)
+                if code is not None:
+                    counts[code] = counts.get(code, 0) + 1
+                    first.setdefault(code, (index, node))
+    common = [c for c, n in counts.items() if n > 1]
+    if not common:
+        return source
+    names = {code: f"c{i}" for i, code in enumerate(sorted(common, key=len, reverse=True))}   # outermost first
+
+    class Replace(ast.NodeTransformer):
+        def __init__(self, skip: str | None = None):
+            self.skip = skip
+
+        def visit_BinOp(self, node):
+            code = codes.get(id(node))
+            if code in names and code != self.skip:
+                return ast.Name(names[code], ast.Load())
+            return self.generic_visit(node)
+
+    hoisted: dict[int, list] = {}
+    for code in sorted(common, key=len):   # an inner expression (a part of an outer one) first
+        index, node = first[code]
+        value = Replace(skip=code).visit(ast.BinOp(node.left, node.op, node.right))
+        hoisted.setdefault(index, []).append(ast.Assign([ast.Name(names[code], ast.Store())], value))
+    body = [Replace().visit(stmt) for stmt in fn.body]
+    out = []
+    for index, stmt in enumerate(body):
+        out.extend(hoisted.get(index, ()))
+        out.append(stmt)
+    fn.body = out
+    comments = [line for line in source.splitlines()[1:] if line.lstrip().startswith("#")]
+    text = ast.unparse(ast.fix_missing_locations(tree)).splitlines()
+    return _GUARD_SPLIT.sub(r"\1 return _MISS", "\n".join(text[:1] + comments + text[1:]) + "\n")
+
+
+_GUARD_SPLIT = re.compile(r"^(\s*if not .*:)\n\s*return _MISS$", re.M)   # a guard stays on one line
+_OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
+
+
+def _arithmetic_code(node, assigned: dict, codes: dict) -> str | None:
+    """The canonical text of a +, -, * expression of names assigned at most once (or parameters) and numeric
+    constants, memoised in `codes` by node; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id if assigned.get(node.id, 0) <= 1 else None
+    if isinstance(node, ast.Constant):
+        return repr(node.value) if type(node.value) in (int, float) else None
+    if not isinstance(node, ast.BinOp) or type(node.op) not in _OPERATORS:
+        return None
+    known = codes.get(id(node))
+    if known is not None:
+        return known
+    left = _arithmetic_code(node.left, assigned, codes)
+    right = _arithmetic_code(node.right, assigned, codes) if left is not None else None
+    if right is None:
+        return None
+    code = codes[id(node)] = f"({left} {_OPERATORS[type(node.op)]} {right})"
+    return code
+
+
+def compile_trace(source: str, constants: dict, file: str = "<pypto-rt replay>"):
+    """The function `source` defines, with `constants` as its globals."""
+    namespace = dict(constants)
+    namespace["__builtins__"] = {"slice": slice}
+    exec(compile(source, file, "exec"), namespace)
+    return next(v for k, v in namespace.items() if isinstance(v, types.FunctionType) and k not in constants)
