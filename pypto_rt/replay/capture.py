@@ -49,19 +49,19 @@ from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETI
                                    users_line)
 from pypto_rt.replay.guards import GUARD_MISS, holds_always, normal_form, symbols_in
 from pypto_rt.replay.passes import NAME, Line
+from pypto_rt.replay.policy import ReplayPolicy, current_policy
 from pypto_rt.replay.scalars import TRACED, TracedInt, code_of, traced, untraced
 
-# a recording keeps every tensor the run makes alive (so ids and storages stay unique): it stops beyond this
-MAX_HELD_BYTES = 2 << 30
-# a storage of at most this many elements is read whole (`.tolist()`) by a replay that reads scalars from it
-READ_WHOLE_ELEMENTS = 4096
 
 
 class Recorder(TorchFunctionMode):
     """Use as `with Recorder(entry_tensors) as rec:` around the run, on the thread that runs all of it."""
 
-    def __init__(self, inputs: list[torch.Tensor]):
+    def __init__(self, inputs: list[torch.Tensor], policy: ReplayPolicy | None = None):
+        """`policy`: its limits (`max_held_bytes`, `read_whole_elements`, `hoist_lines`); the one in force here
+        by default."""
         super().__init__()
+        self.policy = policy if policy is not None else current_policy()
         self.refused: str | None = None
         self.lines: list[Line] = []
         self.names: dict[int, str] = {}                      # id(tensor) -> its name in the trace
@@ -190,7 +190,7 @@ class Recorder(TorchFunctionMode):
         source = self._read_sources.get((storage, t.dtype))
         if source is None:
             elements = t.untyped_storage().nbytes() // t.element_size()
-            whole = elements <= READ_WHOLE_ELEMENTS
+            whole = elements <= self.policy.read_whole_elements
             source = self._read_sources[(storage, t.dtype)] = (f"r{len(self._read_sources)}", whole)
             flat = f"{self._const(torch.as_strided, 'f')}({entry[0]}, ({elements},), (1,), 0)"
             self.prologue.append(f"{source[0]} = {flat}.tolist()" if whole else f"{source[0]} = {flat}")
@@ -361,8 +361,9 @@ class Recorder(TorchFunctionMode):
         if storage not in self._held:
             self._held.add(storage)
             self._held_bytes += t.untyped_storage().nbytes()
-            if self._held_bytes > MAX_HELD_BYTES:
-                raise Refused(f"recording would hold more than {MAX_HELD_BYTES / 2**30:g} GiB of intermediate tensors")
+            limit = self.policy.max_held_bytes
+            if self._held_bytes > limit:
+                raise Refused(f"recording would hold more than {limit / 2**30:g} GiB of intermediate tensors")
         self._alive.append(t)
         if tainted:
             self._tainted.add(storage_id(t))

@@ -3,16 +3,16 @@
 A *specialisation* is what a call's course can depend on besides tensor data: each tensor argument's shape,
 strides, storage offset, dtypes, valid box and which arguments share memory, and every scalar argument's value.
 Per specialisation, an entry call goes through three phases:
-1. the first `NORMAL_RUNS` calls run on the engine as usual (the first one compiles); they are timed;
+1. the first `normal_runs` calls run on the engine as usual (the first one compiles); they are timed;
 2. the next call is *recorded*: the engine runs every block on this thread (`Engine(inline=True)`, one chunk per
    coalesced loop) under a `replay.capture.Recorder`. If the recorder refuses (the run read data into Python
    other than with a `pl.read` it can repeat, communicated, printed, warned, ...), the specialisation stays on
    the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
    thread count. The next calls are a trial: replays alternate with timed engine runs (both warm, so neither is
-   judged by a cold run), and after `TRIAL_REPLAYS` replays the faster way is kept for good. A specialisation
-   whose engine runs all overlapped long tasks (kernel time summed over the workers `PARALLEL` times the wall time,
-   tasks of `LONG_TASK_NS` on average) is not even recorded: its sequential replay would be slower.
+   judged by a cold run), and after `trial_replays` replays the faster way is kept for good. A specialisation
+   whose engine runs all overlapped long tasks (kernel time summed over the workers `parallel` times the wall time,
+   tasks of `long_task_ns` on average) is not even recorded: its sequential replay would be slower.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
 
 Data-dependent runs: numbers a run reads with `pl.read` (slot mappings, block tables, lengths, indices, scales)
@@ -20,14 +20,17 @@ are read again by each replay, at its start, from the same entry tensor (replay.
 operands computed from them stay code (the recorded run executes the code variant of replay.traced_code).
 What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
 before the replay touches any data: when one fails (the data takes another course) the call runs on the engine,
-and after `MISSES` such calls a replay that misses more often than it runs is dropped. A value read from data the
+and after `misses` such calls a replay that misses more often than it runs is dropped. A value read from data the
 run computed is read again where it was read; if the run's course depends on it, the run is not replayed.
 
-With PYPTO_STATS=1 each replay prints one line, and a recording says what it chose and why. Not replayed: runs
-with PYPTO_TRACE or PYPTO_CHECK (they observe the engine's tasks), multi-rank and communicating runs, and calls
-after `MAX_SPECIALISATIONS` distinct ones of the same entry. PYPTO_REPLAY=0 turns
-replay off. A replay does not see module globals reassigned after it was recorded (the host program read them
-then); tensors it reads from outside (module constants) it reads by reference, so their current contents count.
+The limits are fields of the policy in force (replay.policy). Every call notes how it ran as a typed
+`run_stats.ReplayDecision` (replayed, recorded, engine, guard_miss, refused, disabled, with a reason); with
+PYPTO_STATS=1 replays, recordings, misses and a specialisation leaving replay for good print theirs as
+`pypto-rt stats [<entry>]: <kind>: <reason>`. Not replayed: runs with PYPTO_TRACE or PYPTO_CHECK (they observe
+the engine's tasks), multi-rank and communicating runs, and calls after `max_specialisations` distinct ones of the
+same entry. PYPTO_REPLAY=0 turns replay off. A replay does not see module globals reassigned after it was
+recorded (the host program read them then); tensors it reads from outside (module constants) it reads by
+reference, so their current contents count.
 """
 from __future__ import annotations
 
@@ -47,29 +50,23 @@ from pypto_rt.replay.calls import storage_id
 from pypto_rt.replay.capture import Recorder
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.policy import ReplayPolicy, current_policy
 from pypto_rt.replay.results import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
+from pypto_rt.run_stats import DISABLED, ENGINE, RECORDED, REFUSED, REPLAYED, ReplayDecision, note_replay
+from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 
-NORMAL_RUNS = 2            # engine runs per specialisation before recording (the first compiles)
-TRIAL_REPLAYS = 3          # replays timed (after one to warm up) before the faster way is chosen for good
-MAX_SPECIALISATIONS = 16   # per entry; later ones run on the engine
-PARALLEL = 1.5            # an engine run whose kernels add up to this much more than its wall time ran in parallel
-LONG_TASK_NS = 2_000_000  # ... and pays off only with tasks this long on average (shorter: thread hand-offs dominate)
-SLOWER = 1.15              # a replay this much slower than the engine's fastest run is dropped (beyond noise)
-MISSES = 8                 # guard misses (data took another course) after which a replay that misses more often
-                           # than it runs is dropped
 
 
 class _Specialisation:
-    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "why_not", "calls", "guards", "hits",
-                 "misses", "warnings", "engine_turn", "parallel_runs")
+    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "calls", "guards", "hits", "misses",
+                 "warnings", "engine_turn", "parallel_runs", "replayed")
 
     def __init__(self):
         self.engine_ns: list[int] = []
         self.replay_ns: list[int] = []
         self.replay = None          # the generated function, once recorded
         self.results = None         # how to rebuild the entry's return value from the function's outputs
-        self.off = False            # this specialisation always runs on the engine
-        self.why_not: str | None = None
+        self.off: ReplayDecision | None = None   # set: this specialisation always runs on the engine, and why
         self.calls = 0              # torch calls in the replay
         self.guards = 0             # its checks of values read from data
         self.hits = 0               # replays run
@@ -77,22 +74,41 @@ class _Specialisation:
         self.warnings = ()          # InWriteWarnings of the recorded run: each replay gives them again
         self.engine_turn = False    # during the trial: the next call runs on the engine (timed)
         self.parallel_runs = 0      # engine runs before recording whose tasks ran side by side
+        self.replayed: ReplayDecision | None = None   # what a replay notes (made once: replays are the hot path)
 
-    def in_trial(self) -> bool:
-        return self.replay is not None and len(self.replay_ns) <= TRIAL_REPLAYS
+    def in_trial(self, policy: ReplayPolicy) -> bool:
+        return self.replay is not None and len(self.replay_ns) <= policy.trial_replays
 
-    def mode(self) -> str:
-        """How calls of this specialisation run now, and why (PYPTO_STATS prints it)."""
+    def standing(self, policy: ReplayPolicy) -> ReplayDecision:
+        """How the next call of this specialisation runs, and why."""
         if self.replay is not None:
-            guarded = f", {self.guards} guards on values read from data" if self.guards else ""
-            return f"replay of {self.calls} torch calls{guarded}"
-        if self.off:
-            return f"engine ({self.why_not})"
-        return f"engine (run {len(self.engine_ns) + 1} of {NORMAL_RUNS} before recording)"
+            if self.replayed is None:
+                guarded = f", {self.guards} guards on values read from data" if self.guards else ""
+                self.replayed = ReplayDecision(REPLAYED, f"replay of {self.calls} torch calls{guarded}")
+            return self.replayed
+        if self.off is not None:
+            return self.off
+        return ReplayDecision(ENGINE, f"run {len(self.engine_ns) + 1} of {policy.normal_runs} before recording")
 
 
-def enabled() -> bool:
-    return config.REPLAY.get() == "1" and not config.TRACE.get() and config.CHECK.get() == ""
+def decisions(kernel) -> list[ReplayDecision]:
+    """How the next call of each specialisation of entry `kernel` seen so far would run, in the order first seen."""
+    policy = current_policy()
+    return [spec.standing(policy) for spec in kernel.cache.get("replay", {}).values()]
+
+
+def disabled() -> ReplayDecision | None:
+    """Why replay is off for calls made here (PYPTO_REPLAY=0, PYPTO_TRACE, PYPTO_CHECK, a policy_scope); None when
+    it is on."""
+    if current_policy().enabled:
+        return None
+    if config.REPLAY.get() != "1":
+        return ReplayDecision(DISABLED, "PYPTO_REPLAY=0")
+    if config.TRACE.get():
+        return ReplayDecision(DISABLED, "PYPTO_TRACE is set (the trace shows the engine's tasks)")
+    if config.CHECK.get():
+        return ReplayDecision(DISABLED, f"PYPTO_CHECK={config.CHECK.get()} (every task is checked on the engine)")
+    return ReplayDecision(DISABLED, "policy_scope(enabled=False)")
 
 
 MISS = object()
@@ -103,16 +119,19 @@ def by_arguments(kernel, args: tuple):
     argument binding: a match has the shapes, dtypes and scalars of a call that bound without error); MISS when
     they do not."""
     table = kernel.cache.get("replay_by_arguments")
-    if not table or not enabled():
+    if not table:
+        return MISS
+    policy = current_policy()
+    if not policy.enabled:
         return MISS
     try:
         key = _key(args)
     except (RuntimeError, NotImplementedError):   # a tensor without storage or strides (sparse): binding says why
         return MISS
     spec = table.get(key) if key is not None else None
-    if spec is None or spec.replay is None or spec.in_trial():   # (the trial alternates with the engine: `run`)
+    if spec is None or spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
         return MISS
-    return _replay(kernel, spec, [a if type(a) is torch.Tensor else None for a in args], bound=False)   # or MISS
+    return _replay(kernel, spec, policy, [a if type(a) is torch.Tensor else None for a in args], bound=False)
 
 
 def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
@@ -134,36 +153,61 @@ def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
 def run(kernel, binding, run_on_engine, args: tuple | None = None):
     """Run the call bound in `binding`, by replay when its specialisation has a recording that pays;
     `run_on_engine(inline)` runs it on the engine (inline: every block on this thread) and returns its result and
-    the engine's stats."""
-    spec = _specialisation(kernel, binding)
-    if spec is None or spec.off:
-        return run_on_engine(False)[0]
+    the engine's stats. Notes its ReplayDecision (run_stats)."""
+    policy = current_policy()
+    spec, why_none = _specialisation(kernel, binding, policy)
+    if spec is None:
+        return _on_engine(kernel, run_on_engine, ReplayDecision(DISABLED, why_none))
+    if spec.off is not None:
+        return _on_engine(kernel, run_on_engine, spec.off)
     if spec.replay is not None:
         if spec.engine_turn:   # the trial: an engine run between replays, timed
             spec.engine_turn = False
+            _decided(kernel, ReplayDecision(ENGINE, "trial turn: an engine run between replays, timed"))
             return _timed_engine_run(spec, run_on_engine)[0]
         _remember_arguments(kernel, spec, binding, args)
-        out = _replay(kernel, spec, [v.data if type(v) is TensorValue else None for v in binding.values])
+        out = _replay(kernel, spec, policy, [v.data if type(v) is TensorValue else None for v in binding.values])
         if out is not MISS:
             return out
-        spec.misses += 1
-        if spec.misses >= MISSES and spec.misses > spec.hits:
-            spec.off, spec.replay = True, None
-            spec.why_not = f"the data took another course than recorded in {spec.misses} of " \
-                           f"{spec.misses + spec.hits} calls"
-        _stats(kernel, f"guards failed (the data takes another course): engine run; from now on {spec.mode()}")
-        return run_on_engine(False)[0]
-    if len(spec.engine_ns) < NORMAL_RUNS:
-        result, stats = _timed_engine_run(spec, run_on_engine)
-        kernel_ns, tasks = stats.get("kernel_ns", 0), stats.get("tasks", 0)
-        if tasks > 1 and kernel_ns > PARALLEL * stats.get("wall_ns", 1) and kernel_ns >= LONG_TASK_NS * tasks:
-            spec.parallel_runs += 1
-        if spec.parallel_runs == NORMAL_RUNS:   # (every one of them: one garbage-collector pause can look parallel)
-            # its tasks ran side by side on the workers: a replay, one block after another, would be slower
-            spec.off, spec.why_not = True, "its tasks run in parallel on the engine's workers"
-            _stats(kernel, f"from now on {spec.mode()}")
-        return result
+        return _missed(kernel, spec, policy, run_on_engine)
+    if len(spec.engine_ns) < policy.normal_runs:
+        return _normal_run(kernel, spec, policy, run_on_engine)
     return _record(kernel, spec, binding, run_on_engine)
+
+
+def _on_engine(kernel, run_on_engine, decision: ReplayDecision):
+    _decided(kernel, decision)
+    return run_on_engine(False)[0]
+
+
+def _normal_run(kernel, spec: _Specialisation, policy: ReplayPolicy, run_on_engine):
+    """One of the timed engine runs before recording; a specialisation whose runs all overlapped long tasks is not
+    recorded: its replay, one block after another, would be slower."""
+    decision = spec.standing(policy)
+    result, stats = _timed_engine_run(spec, run_on_engine)
+    kernel_ns, tasks = stats.get("kernel_ns", 0), stats.get("tasks", 0)
+    if tasks > 1 and kernel_ns > policy.parallel * stats.get("wall_ns", 1) and \
+            kernel_ns >= policy.long_task_ns * tasks:
+        spec.parallel_runs += 1
+    if spec.parallel_runs == policy.normal_runs:   # (every one: one garbage-collector pause can look parallel)
+        spec.off = decision = ReplayDecision(ENGINE, "its tasks run in parallel on the engine's workers")
+        _decided(kernel, decision, " (from now on)")
+    else:
+        _decided(kernel, decision)
+    return result
+
+
+def _missed(kernel, spec: _Specialisation, policy: ReplayPolicy, run_on_engine):
+    """The replay's guards failed (the data takes another course): the engine runs the call; a replay that
+    misses more often than it runs is dropped after `policy.misses` misses."""
+    spec.misses += 1
+    if spec.misses >= policy.misses and spec.misses > spec.hits:
+        spec.off, spec.replay = ReplayDecision(ENGINE, f"the data took another course than recorded in "
+                                                       f"{spec.misses} of {spec.misses + spec.hits} calls"), None
+    standing = spec.standing(policy)
+    _decided(kernel, ReplayDecision(GUARD_MISS_KIND, "guards failed (the data takes another course): engine "
+                                                     f"run; from now on {standing}"), "")
+    return run_on_engine(False)[0]
 
 
 def _timed_engine_run(spec: _Specialisation, run_on_engine):
@@ -174,17 +218,18 @@ def _timed_engine_run(spec: _Specialisation, run_on_engine):
     return out
 
 
-def _specialisation(kernel, binding) -> _Specialisation | None:
+def _specialisation(kernel, binding, policy: ReplayPolicy) -> tuple[_Specialisation | None, str]:
+    """The call's specialisation (made on first sight), or None and why it has none."""
     key = _key(binding.values)
     if key is None:
-        return None
+        return None, "an argument of a kind replay cannot key a specialisation on"
     table = kernel.cache.setdefault("replay", {})
     spec = table.get(key)
     if spec is None:
-        if len(table) >= MAX_SPECIALISATIONS:
-            return None
+        if len(table) >= policy.max_specialisations:
+            return None, f"the entry has {len(table)} specialisations already (policy.max_specialisations)"
         spec = table[key] = _Specialisation()
-    return spec
+    return spec, ""
 
 
 def _key(values) -> tuple | None:
@@ -231,17 +276,20 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     except Unreplayable as e:
         recorder.refuse(str(e))
     result = plain_scalars(result)
+    took = f"{(time.perf_counter_ns() - t0) / 1e6:.1f} ms"
     if recorder.refused is not None:
-        spec.off, spec.why_not = True, recorder.refused
-    else:
-        outputs = []
-        spec.results = number_outputs(rebuild, outputs)
-        source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
-        spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
-        spec.calls = recorder.calls
-        spec.guards = recorder.guards
-        _dump(kernel, source)
-    _stats(kernel, f"recorded in {(time.perf_counter_ns() - t0) / 1e6:.1f} ms: from now on {spec.mode()}")
+        spec.off = ReplayDecision(REFUSED, recorder.refused)
+        _decided(kernel, spec.off, f" · recorded in {took}: from now on on the engine")
+        return result
+    outputs = []
+    spec.results = number_outputs(rebuild, outputs)
+    source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
+    spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
+    spec.calls = recorder.calls
+    spec.guards = recorder.guards
+    _dump(kernel, source)
+    _decided(kernel, ReplayDecision(RECORDED, f"in {took}; from now on {spec.standing(current_policy()).reason}"),
+             "")
     return result
 
 
@@ -256,7 +304,7 @@ def _worker_threads() -> int:
     return _threads_knob[1]
 
 
-def _replay(kernel, spec: _Specialisation, args: list, bound: bool = True):
+def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bound: bool = True):
     """Run the recorded function on `args`; its return value as TensorValues (bound) or as the tensors the
     caller gets (from `by_arguments`)."""
     threads = set_torch_threads(_worker_threads())
@@ -270,20 +318,27 @@ def _replay(kernel, spec: _Specialisation, args: list, bound: bool = True):
     spec.hits += 1
     for message, category, filename, lineno in spec.warnings:
         warnings.warn_explicit(message, category, filename, lineno)
-    if len(spec.replay_ns) <= TRIAL_REPLAYS:   # the first replay warms up (allocations): not counted
+    decision = spec.standing(policy)
+    if len(spec.replay_ns) <= policy.trial_replays:   # the first replay warms up (allocations): not counted
         spec.replay_ns.append(time.perf_counter_ns() - t0)
-        spec.engine_turn = len(spec.replay_ns) <= TRIAL_REPLAYS
-        if len(spec.replay_ns) > TRIAL_REPLAYS and min(spec.replay_ns[1:]) > SLOWER * min(spec.engine_ns):
-            spec.off, spec.why_not = True, "the engine ran it faster"
-            spec.replay = None
+        spec.engine_turn = len(spec.replay_ns) <= policy.trial_replays
+        timed = spec.replay_ns[1:]   # (none with a trial of no replays; no engine run with `normal_runs` 0)
+        if len(spec.replay_ns) > policy.trial_replays and timed and spec.engine_ns and \
+                min(timed) > policy.slower * min(spec.engine_ns):
+            spec.off, spec.replay = ReplayDecision(ENGINE, "the engine ran it faster"), None
     if config.STATS.get() == "1":
-        _stats(kernel, f"{spec.mode()} · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
+        _decided(kernel, decision, f" · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
+    else:
+        note_replay(kernel.name, decision)
     return rebuild(spec.results, outputs, bound)
 
 
-def _stats(kernel, text: str) -> None:
-    if config.STATS.get() == "1":
-        print(f"pypto-rt stats [{kernel.name}]: {text}", file=sys.stderr)
+def _decided(kernel, decision: ReplayDecision, printed: str | None = None) -> None:
+    """Note how the call ran (run_stats); with PYPTO_STATS=1 print it too when `printed` is given (the text
+    after it: a replay's wall time), as `pypto-rt stats [<entry>]: <kind>: <reason>...`."""
+    note_replay(kernel.name, decision)
+    if printed is not None and config.STATS.get() == "1":
+        print(f"pypto-rt stats [{kernel.name}]: {decision}{printed}", file=sys.stderr)
 
 
 def _dump(kernel, source: str) -> None:

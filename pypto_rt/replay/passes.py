@@ -33,7 +33,7 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     body[:0] = [f"# {n} = {rec.constants[n]!r}" for n in used]
     body.append(f"return ({', '.join(results)}{',' if results else ''})")
     return _hoist_common(f"def {fn_name}({', '.join(rec.params)}):\n" + "\n".join("    " + line for line in body)
-                         + "\n")
+                         + "\n", rec.policy.hoist_lines)
 
 def _fold(rec, lines: list[Line], results: set[str]) -> list[Line]:
     """Constants: a call computed from literals and constants alone (nothing from an entry tensor, an outside
@@ -120,17 +120,16 @@ def _dedupe(lines: list[Line], storage_of: dict[str, int]) -> list[Line]:
     return out
 
 
-HOIST_LINES = 400   # replays longer than this keep their arithmetic in place (see _hoist_common)
 
 
-def _hoist_common(source: str) -> str:
+def _hoist_common(source: str, hoist_lines: int) -> str:
     """Arithmetic on numbers (`(s1 + 1) * 8`: offsets computed from a value read from data, guarded and used in
     windows) computed more than once is computed once, into `c<n>`, just before the first statement that uses it.
     Only +, - and * of names and constants (no call, no division: nothing that could raise before a guard); a
     name assigned more than once in the function keeps its expressions where they are. Comments are kept. Linear
-    in the function's size, but Python's ast is slow: a function beyond `HOIST_LINES` lines (a block making
+    in the function's size, but Python's ast is slow: a function beyond `hoist_lines` lines (a block making
     thousands of calls, whose own run dwarfs the arithmetic) is left as it is."""
-    if source.count("\n") > HOIST_LINES:
+    if source.count("\n") > hoist_lines:
         return source
     tree = ast.parse(source)
     fn = tree.body[0]
