@@ -47,7 +47,7 @@ from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETI
                                    KEY_BOUNDS, METADATA, METADATA_TYPES, RANDOM, READABLE, SCALAR_OPERANDS,
                                    SETITEM, SIMPLE, WINDOWS, Refused, storage_id, tensors_of, traced_of,
                                    users_line)
-from pypto_rt.replay.guards import GUARD_MISS, holds_always, normal_form, symbols_in
+from pypto_rt.replay.guards import GUARD_MISS, Guard, holds_always
 from pypto_rt.replay.passes import NAME, Line
 from pypto_rt.replay.policy import ReplayPolicy, current_policy
 from pypto_rt.replay.scalars import TRACED, TracedInt, code_of, traced, untraced
@@ -78,9 +78,9 @@ class Recorder(TorchFunctionMode):
         self.params: list[str] = []
         # scalars read from data (orchestration reads `pl.read`): code that reads them and checks the guards
         self.active = False                                  # traced numbers made now record guards
-        self.prologue: list[str] = []
+        self.prologue: list = []                            # statements (text) and Guards, in order
         self.guards = 0
-        self._guard_lines: set[str] = set()
+        self._guards_seen: set[Guard] = set()
         self._symbols = 0
         self._read_sources: dict[tuple, tuple[str, bool]] = {}   # (storage, dtype) -> (its name, read whole)
         self._late: set[str] = set()                         # symbols read in the body (from computed data)
@@ -137,20 +137,19 @@ class Recorder(TorchFunctionMode):
             self.active = False
 
     # -- scalars read from data -----------------------------------------------------------------------
-    def guard(self, left: str, symbol: str, right: str, outcome: bool) -> None:
-        """The replay must see `left symbol right` come out as `outcome` (checked before it touches data). Kept
-        in one form (`s1 < 0` false is `s1 >= 0`; `0 <= s1` is `s1 >= 0`), so repeated checks are kept once."""
-        if self._late and self._late.intersection(symbols_in(f"{left} {right}")):
+    def guard(self, left, symbol: str, right, outcome: bool) -> None:
+        """The replay must see `left symbol right` (numbers, traced or plain) come out as `outcome`, checked before
+        it touches data (a Guard, in one form: repeated checks are kept once)."""
+        guard = Guard.of(left, symbol, right, outcome)
+        if self._late and not self._late.isdisjoint(guard.reads):
             self.refuse("the run's course depends on a value it read (pl.read) from data it computed")
             return
-        left, symbol, right = normal_form(left, symbol, right, outcome)
-        line = f"if not ({left} {symbol} {right}): return _MISS"
-        if line in self._guard_lines:
+        if guard in self._guards_seen:
             return
-        self._guard_lines.add(line)
-        if holds_always(left, symbol, right, self._int_names):   # `(s1 + 1) * 8 - s1 * 8 == 8`: nothing to check
+        self._guards_seen.add(guard)
+        if holds_always(guard, self._int_names):   # `(s1 + 1) * 8 - s1 * 8 == 8`: nothing to check
             return
-        self.prologue.append(line)
+        self.prologue.append(guard)
         self.guards += 1
         self.constants["_MISS"] = GUARD_MISS
 
@@ -223,11 +222,10 @@ class Recorder(TorchFunctionMode):
                 start, stop = (0 if k.start is None else k.start), (n if k.stop is None else k.stop)
                 if type(start) is TracedInt or type(stop) is TracedInt:
                     a, b = untraced(start), untraced(stop)
-                    lo, hi = code_of(start), code_of(stop)
-                    checks += [(lo, ">=", "0", 0 <= a), (hi, ">=", lo, a <= b), (hi, "<=", str(n), b <= n),
-                               (f"{hi} - {lo}", "==", str(b - a), True)]
+                    checks += [(start, ">=", 0, 0 <= a), (stop, ">=", start, a <= b), (stop, "<=", n, b <= n),
+                               (stop - start, "==", b - a, True)]   # (the extent: traced arithmetic, as code)
             elif type(k) is TracedInt:
-                checks += [(k.code, ">=", "0", 0 <= untraced(k)), (k.code, "<", str(n), untraced(k) < n)]
+                checks += [(k, ">=", 0, 0 <= untraced(k)), (k, "<", n, untraced(k) < n)]
         if not all(check[3] for check in checks):   # outside when recorded: pin instead
             return self._pin(traced)
         for left, symbol, right, _ in checks:

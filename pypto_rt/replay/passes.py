@@ -6,6 +6,7 @@ import ast
 import re
 import types
 
+from pypto_rt.replay.guards import Guard
 
 def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     """Recorder `rec`'s trace as one function of the entry tensors, returning the tensors named in `results`.
@@ -27,7 +28,7 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
               if n in rec.constants]
     if folded:
         body.insert(0, "# tensors computed from constants when recorded, kept: " + ", ".join(folded))
-    body[:0] = rec.prologue
+    body[:0] = [item.line() if type(item) is Guard else item for item in rec.prologue]
     named = set(re.findall(r"\bk\d+\b", "\n".join(body)))
     used = sorted((n for n in rec._literals.values() if n in named), key=lambda n: int(n[1:]))
     body[:0] = [f"# {n} = {rec.constants[n]!r}" for n in used]
@@ -174,11 +175,17 @@ def _hoist_common(source: str, hoist_lines: int) -> str:
         out.append(stmt)
     fn.body = out
     comments = [line for line in source.splitlines()[1:] if line.lstrip().startswith("#")]
-    text = ast.unparse(ast.fix_missing_locations(tree)).splitlines()
-    return _GUARD_SPLIT.sub(r"\1 return _MISS", "\n".join(text[:1] + comments + text[1:]) + "\n")
+    header = source.split("\n", 1)[0]
+    return "\n".join([header] + comments + ["    " + _statement(stmt) for stmt in out]) + "\n"
 
 
-_GUARD_SPLIT = re.compile(r"^(\s*if not .*:)\n\s*return _MISS$", re.M)   # a guard stays on one line
+def _statement(stmt: ast.stmt) -> str:
+    """One statement of the function as one line: a guard as `if not (...): return _MISS`."""
+    if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Return):
+        return f"if {ast.unparse(stmt.test)}: {ast.unparse(stmt.body[0])}"
+    return ast.unparse(ast.fix_missing_locations(stmt))
+
+
 _OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
 
 

@@ -160,7 +160,8 @@ def test_float_arithmetic_on_values_read_from_data_is_recomputed_by_every_replay
         for i in range(CALLS):
             n, gain = i % 3 + 1, 0.25 * (i % 5) + 0.5
             y = torch.empty(ROWS, COLS)
-            made.append(decided(float_arithmetic, x, torch.tensor([n], dtype=torch.int32), torch.tensor([0.0, gain]), y))
+            count, gains = torch.tensor([n], dtype=torch.int32), torch.tensor([0.0, gain])
+            made.append(decided(float_arithmetic, x, count, gains, y))
             want = x * (1.0 / n + EPS * n) + gain * 2.0
             want[0] += max(gain, 1.0)
             assert torch.equal(y, want), f"call {i}: n={n} gain={gain}"
