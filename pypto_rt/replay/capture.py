@@ -48,7 +48,7 @@ from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETI
                                    SETITEM, SIMPLE, WINDOWS, Refused, storage_id, tensors_of, traced_of,
                                    users_line)
 from pypto_rt.replay.guards import GUARD_MISS, Guard, holds_always
-from pypto_rt.replay.passes import NAME, Line
+from pypto_rt.replay.records import Call, Code, Lit, Ref, Sym, has_names, joined, text
 from pypto_rt.replay.policy import ReplayPolicy, current_policy
 from pypto_rt.replay.scalars import TRACED, TracedInt, code_of, traced, untraced
 
@@ -63,7 +63,7 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.policy = policy if policy is not None else current_policy()
         self.refused: str | None = None
-        self.lines: list[Line] = []
+        self.recorded: list[Call] = []                      # the calls, as records (see replay.records)
         self.names: dict[int, str] = {}                      # id(tensor) -> its name in the trace
         self.storage_of: dict[str, int] = {}                 # tensor name -> its memory's identity
         self.made: dict[str, torch.Tensor] = {}              # v* name -> the tensor the recorded run made
@@ -173,9 +173,9 @@ class Recorder(TorchFunctionMode):
         entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
         if entry is None or storage in self._written or id(t) in self._moving:
             name = self.names[id(t)]
-            line = Line(f"{name}[({', '.join(code_of(i) for i in index)},)].item()", [name], True, [], [])
-            line.target = symbol
-            self.lines.append(line)
+            line = Call((Ref(name), "[(", Sym(", ".join(code_of(i) for i in index)), ",)].item()"), [name], True,
+                        out=symbol)
+            self.recorded.append(line)
             self._late.add(symbol)
             return traced(value, symbol, self)
         self.place_read = True   # (the prologue reads the element at its place in the entry tensor's memory)
@@ -259,16 +259,16 @@ class Recorder(TorchFunctionMode):
         if isinstance(out, torch.Tensor):
             if id(out) in self.names:   # an in-place method returning its own tensor, or a no-op `.to()`
                 if line.effect:
-                    self.lines.append(line)
+                    self.recorded.append(line)
                 return
-            line.target = self._define(out, line.tainted)
+            line.out = self._define(out, line.tainted)
             line.fresh = storage_id(out) not in {storage_id(t) for t in tensors_in}
-            self.lines.append(line)
+            self.recorded.append(line)
             if traced or self._moving:
                 self._follow_place(name, out, tensors_in, traced, args)
         elif out is None:
             line.effect = True
-            self.lines.append(line)
+            self.recorded.append(line)
         else:
             self._record_parts(line, name, out, tensors_in, traced, args)
 
@@ -296,14 +296,14 @@ class Recorder(TorchFunctionMode):
             raise Refused(f"`{name}` returned a {type(out).__name__}, which the trace cannot follow")
         return False
 
-    def _line(self, func, name: str, args, kwargs, out, tensors_in: list, traced: list) -> Line:
+    def _line(self, func, name: str, args, kwargs, out, tensors_in: list, traced: list) -> Call:
         """The call as a line (its target not yet named); storages it writes noted as written (and tainted)."""
         if func is GETITEM and len(args) == 2 and not kwargs:   # subscripts as subscripts: Python's fast path
-            call = f"{self._render(args[0])}[{self._render_key(args[1])}]"
+            code = self._render(args[0]) + ("[",) + self._render_key(args[1]) + ("]",)
         elif func is SETITEM and len(args) == 3 and not kwargs:
-            call = f"{self._render(args[0])}[{self._render_key(args[1])}] = {self._render(args[2])}"
+            code = self._render(args[0]) + ("[",) + self._render_key(args[1]) + ("] = ",) + self._render(args[2])
         else:
-            call = f"{self._const(func, re.sub(r'[^A-Za-z0-9]', '', name) + '_')}({self._args(args, kwargs)})"
+            code = (self._const(func, re.sub(r"[^A-Za-z0-9]", "", name) + "_"), "(") + self._args(args, kwargs) + (")",)
         reads = [self.names[id(t)] for t in tensors_in]
         tainted = bool(traced) or name in RANDOM or any(storage_id(t) in self._tainted for t in tensors_in)
         mutates = (not name.startswith("__") and name.endswith("_")) or name in IN_PLACE_DUNDERS or (
@@ -314,26 +314,25 @@ class Recorder(TorchFunctionMode):
         if mutates:
             self._written.update(storage_id(t) for t in written)
         effect = mutates or name in RANDOM
-        line = Line(call, reads, effect, [self.names[id(t)] for t in written], [storage_id(t) for t in written])
-        line.tainted = tainted
+        line = Call(code, reads, effect, [self.names[id(t)] for t in written], [storage_id(t) for t in written],
+                    tainted=tainted)
         if func is GETITEM and len(args) == 2 and not kwargs and isinstance(out, torch.Tensor) and out._is_view():
             line.kind = "window"
         elif func is COPY and len(args) == 2 and not kwargs and len(tensors_in) == 2:
             line.kind = "copy"
         return line
 
-    def _record_parts(self, line: Line, name: str, out, tensors_in: list, traced: list, args) -> None:
+    def _record_parts(self, line: Call, name: str, out, tensors_in: list, traced: list, args) -> None:
         """A call returning a tuple or list of tensors: one line for the call, one per new tensor in it."""
         if not all(isinstance(o, torch.Tensor) or o is None for o in out):
             raise Refused(f"`{name}` returned a {type(out).__name__} the trace cannot follow")
-        line.target, line.effect = f"t{len(self.lines)}", True
-        self.lines.append(line)
+        line.out, line.effect = f"t{len(self.recorded)}", True
+        self.recorded.append(line)
         for i, o in enumerate(out):
             if isinstance(o, torch.Tensor) and id(o) not in self.names:
-                part = Line(f"{line.target}[{i}]", [line.target], False, [], [])
-                part.tainted = line.tainted
-                part.target = self._define(o, line.tainted)
-                self.lines.append(part)
+                part = Call((Ref(line.out), f"[{i}]"), [line.out], False, tainted=line.tainted)
+                part.out = self._define(o, line.tainted)
+                self.recorded.append(part)
                 if traced or self._moving:
                     self._follow_place(name, o, tensors_in, traced, args)
 
@@ -375,13 +374,14 @@ class Recorder(TorchFunctionMode):
             self._alive.append(obj)
         return name
 
-    def _args(self, args, kwargs) -> str:
-        parts = [self._render(a) for a in args] + [f"{k}={self._render(v)}" for k, v in kwargs.items()]
-        return ", ".join(parts)
+    def _args(self, args, kwargs) -> Code:
+        parts = [self._render(a) for a in args] + [(f"{k}=",) + self._render(v) for k, v in kwargs.items()]
+        return joined(parts)
 
-    def _render(self, value) -> str:
+    def _render(self, value) -> Code:
+        """`value` as code (tokens): a tensor by its name, a number read from data by its code, a literal."""
         if type(value) in TRACED:
-            return value.code
+            return (Sym(value.code),)
         if isinstance(value, torch.Tensor):
             name = self.names.get(id(value))
             if name is None:   # made outside the run: kept by reference
@@ -390,43 +390,44 @@ class Recorder(TorchFunctionMode):
                 self._tainted.add(storage_id(value))
                 name = self.names[id(value)] = self._const(value, "k")
                 self.storage_of[name] = storage_id(value)
-            return name
+            return (Ref(name),)
         if isinstance(value, SIMPLE):
-            return repr(value)
+            return (repr(value),)
         if isinstance(value, float):
-            return repr(value) if math.isfinite(value) else self._const(value, "k")
+            return (repr(value) if math.isfinite(value) else self._const(value, "k"),)
         if isinstance(value, slice):
-            return self._literal(value, f"slice({self._render(value.start)}, {self._render(value.stop)}, "
-                                        f"{self._render(value.step)})")
+            bounds = [self._render(value.start), self._render(value.stop), self._render(value.step)]
+            return self._literal(value, ("slice(",) + joined(bounds) + (")",))
         if value is Ellipsis:
-            return "..."
+            return ("...",)
         if type(value) is tuple:
-            inner = ", ".join(self._render(v) for v in value)
-            return self._literal(value, f"({inner},)" if value else "()")
+            inner = joined([self._render(v) for v in value])
+            return self._literal(value, ("(",) + inner + (",)",) if value else ("()",))
         if type(value) is list:
-            return "[" + ", ".join(self._render(v) for v in value) + "]"
+            return ("[",) + joined([self._render(v) for v in value]) + ("]",)
         if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
                               torch.Generator, complex, types.FunctionType, types.BuiltinFunctionType)):
-            return self._const(value, "k")
+            return (self._const(value, "k"),)
         raise Refused(f"an argument of type {type(value).__name__} cannot be written into the trace")
 
-    def _render_key(self, key) -> str:
+    def _render_key(self, key) -> Code:
         """A subscript's key in subscript syntax (`v3[s1:s1 + 1, :]`; no slice objects built by calls)."""
         if type(key) is slice and all(type(b) in KEY_BOUNDS for b in (key.start, key.stop, key.step)):
-            bounds = ["" if b is None else self._render(b) for b in (key.start, key.stop, key.step)]
-            return ":".join(bounds if key.step is not None else bounds[:2])
+            bounds = [() if b is None else self._render(b) for b in (key.start, key.stop, key.step)]
+            return joined(bounds if key.step is not None else bounds[:2], ":")
         if type(key) is tuple and key:
-            return ", ".join(self._render_key(k) for k in key) + ("," if len(key) == 1 else "")
+            return joined([self._render_key(k) for k in key]) + (("," if len(key) == 1 else ""),)
         return self._render(key)
 
-    def _literal(self, value, code: str) -> str:
+    def _literal(self, value, code: Code) -> Code:
         """An immutable argument with no tensor in it (an index tuple, a slice) is built once, not per call."""
-        if NAME.search(code):
+        if has_names(code):
             return code
-        name = self._literals.get(code)
+        key = text(code)
+        name = self._literals.get(key)
         if name is None:
-            name = self._literals[code] = self._const(value, "k")
-        return name
+            name = self._literals[key] = self._const(value, "k")
+        return (Lit(name),)
 
     def source(self, results: list[str], fn_name: str = "replay") -> str:
         """The trace as one function of the entry tensors, returning the tensors named in `results`."""

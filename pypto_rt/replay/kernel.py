@@ -12,9 +12,10 @@ later blocks run the recorded calls as one generated function. What differs:
 - a specialisation is what a block's course can depend on besides those numbers and tensor data: each tensor
   input's shape, strides, dtypes, valid box, and which inputs share memory; the number of blocks; the value of
   every other input (None, a bool, a string, a dtype, an enum; a block with a container or another object among
-  its inputs runs the kernel: tensors inside it would be recorded by reference). Where a tensor lies in its memory is not part of it (a kernel run on each tile of a tensor
-  the host sliced is one specialisation), unless the recorded block asked: then the replay first checks that
-  each tensor input lies where it lay (storage offset, memory size);
+  its inputs runs the kernel: tensors inside it would be recorded by reference). Where a tensor lies in its
+  memory is not part of it (a kernel run on each tile of a tensor the host sliced is one specialisation), unless
+  the recorded block asked: then the replay first checks that each tensor input lies where it lay (storage
+  offset, memory size);
 - blocks are many and short, so the choice is cheap: `kernel_normal_runs` blocks run the kernel, timed by CPU
   time; the next is recorded; after `kernel_warm_replays` + `kernel_trial_replays` more, the replay is kept unless
   its fastest block took `kernel_slower` times the kernel's (fields of replay.policy.ReplayPolicy: the task runner
@@ -24,8 +25,8 @@ Results are bit-identical to the kernel's: the same torch calls in the same orde
 Not replayed: communication tasks, PYPTO_CHECK runs and runs recorded for replay (replay.entry: that
 recording must see the op library's course), which task_runner runs through its own paths;
 kernels whose recording is refused (the recorder says why: `KernelReplays.states()` gives it, PYPTO_STATS=1
-prints it), and specialisations beyond `kernel_max_specialisations` per kernel. PYPTO_KERNEL_REPLAY=0 turns it off. PYPTO_DUMP_DIR gets each recorded block
-as `<file>.<kernel>.block_replay.py`.
+prints it), and specialisations beyond `kernel_max_specialisations` per kernel. PYPTO_KERNEL_REPLAY=0 turns it
+off. PYPTO_DUMP_DIR gets each recorded block as `<file>.<kernel>.block_replay.py`.
 """
 from __future__ import annotations
 

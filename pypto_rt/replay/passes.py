@@ -3,10 +3,10 @@ merged, dead calls dropped, repeated arithmetic hoisted; `compile_trace` makes t
 from __future__ import annotations
 
 import ast
-import re
 import types
 
 from pypto_rt.replay.guards import Guard
+from pypto_rt.replay.records import Call, Lit, Ref
 
 def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     """Recorder `rec`'s trace as one function of the entry tensors, returning the tensors named in `results`.
@@ -14,113 +14,93 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     Two clean-ups: a call repeating an earlier one (same function, same arguments, their memory unchanged
     since) reuses its result, unless either result is later written; a call whose result nothing needs and
     that changes nothing is left out."""
-    lines = _fold(rec, _dedupe(rec.lines, rec.storage_of), set(results))
+    calls = _fold(rec, _dedupe(rec.recorded, rec.storage_of), set(results))
     needed = set(results)
     keep = []
-    for line in reversed(lines):
-        if line.effect or line.target in needed:
-            keep.append(line)
-            needed.update(line.reads)
+    for call in reversed(calls):
+        if call.effect or call.out in needed:
+            keep.append(call)
+            needed.update(call.reads)
     keep = _assign_windows(keep[::-1], set(results))
-    body = [f"{line.target} = {line.call}" if line.target else line.call for line in keep]
+    body = [call.statement() for call in keep]
     rec.calls = len(body)   # (the recorder reports how many calls its replay makes)
     folded = [f"{n} {list(rec.made[n].shape)} {rec.made[n].dtype}" for n in sorted(needed & rec.made.keys())
               if n in rec.constants]
     if folded:
         body.insert(0, "# tensors computed from constants when recorded, kept: " + ", ".join(folded))
     body[:0] = [item.line() if type(item) is Guard else item for item in rec.prologue]
-    named = set(re.findall(r"\bk\d+\b", "\n".join(body)))
-    used = sorted((n for n in rec._literals.values() if n in named), key=lambda n: int(n[1:]))
+    used = sorted({t for call in keep for t in call.code if type(t) is Lit}, key=lambda n: int(n[1:]))
     body[:0] = [f"# {n} = {rec.constants[n]!r}" for n in used]
     body.append(f"return ({', '.join(results)}{',' if results else ''})")
     return _hoist_common(f"def {fn_name}({', '.join(rec.params)}):\n" + "\n".join("    " + line for line in body)
                          + "\n", rec.policy.hoist_lines)
 
-def _fold(rec, lines: list[Line], results: set[str]) -> list[Line]:
+
+def _fold(rec, calls: list[Call], results: set[str]) -> list[Call]:
     """Constants: a call computed from literals and constants alone (nothing from an entry tensor, an outside
     tensor or chance), whose memory nothing writes later, gives the same tensor every run: the recorded one
     is kept (as a global of the replay function) instead of the call. Not for the memory of returned tensors
     (views too): the caller may write those."""
-    keep_fresh = {s for line in lines for s in line.written_storages} | {
+    keep_fresh = {s for call in calls for s in call.written_storages} | {
         rec.storage_of[r] for r in results if r in rec.storage_of}   # written, or returned (also as a view)
     out = []
-    for line in lines:
-        target = line.target
-        if (target is not None and not line.effect and not line.tainted and target in rec.made
-                and rec.storage_of[target] not in keep_fresh):
-            rec.constants[target] = rec.made[target]
+    for call in calls:
+        name = call.out
+        if (name is not None and not call.effect and not call.tainted and name in rec.made
+                and rec.storage_of[name] not in keep_fresh):
+            rec.constants[name] = rec.made[name]
             continue
-        out.append(line)
+        out.append(call)
     return out
 
 
-
-class Line:
-    """One recorded call: `target = call`, or `call` alone for an effect with no new tensor."""
-    __slots__ = ("call", "reads", "effect", "written", "written_storages", "target", "fresh", "tainted", "kind")
-
-    def __init__(self, call: str, reads: list[str], effect: bool, written: list[str], written_storages: list[int]):
-        self.call, self.reads, self.effect = call, reads, effect
-        self.kind = ""       # "window": `call` is `t[key]` (a view); "copy": `copy_(dst, src)` (see _assign_windows)
-        self.written, self.written_storages = written, written_storages   # what a mutating call writes
-        self.target: str | None = None
-        self.fresh = False   # the result has memory of its own (not a view of an argument)
-        self.tainted = True  # the result may depend on an entry tensor, an outside tensor or chance
-
-
-NAME = re.compile(r"\b[avts]\d+\b")
-
-
-def _assign_windows(lines: list[Line], results: set) -> list[Line]:
+def _assign_windows(calls: list[Call], results: set) -> list[Call]:
     """`v4 = a3[k]` then `copy_(v4, v3)`, with v4 used nowhere else, becomes `a3[k] = v3`: torch's subscript
     assignment copies into the same view (one call instead of two; the same bits)."""
     readers: dict[str, int] = {}
-    for line in lines:
-        for name in line.reads:
+    for call in calls:
+        for name in call.reads:
             readers[name] = readers.get(name, 0) + 1
-    windows = {line.target: line for line in lines if line.kind == "window" and line.target not in results
-               and readers.get(line.target) == 1}
+    windows = {call.out: call for call in calls if call.kind == "window" and call.out not in results
+               and readers.get(call.out) == 1}
     merged = set()
-    for line in lines:
-        if line.kind == "copy" and line.reads[0] in windows and line.reads[1] != line.reads[0]:
-            window = windows[line.reads[0]]
-            line.call = f"{window.call} = {line.reads[1]}"
-            line.reads = window.reads + line.reads[1:]
+    for call in calls:
+        if call.kind == "copy" and call.reads[0] in windows and call.reads[1] != call.reads[0]:
+            window = windows[call.reads[0]]
+            call.code = window.code + (" = ", Ref(call.reads[1]))
+            call.reads = window.reads + call.reads[1:]
             merged.add(id(window))
-    return [line for line in lines if id(line) not in merged]
+    return [call for call in calls if id(call) not in merged]
 
 
-def _dedupe(lines: list[Line], storage_of: dict[str, int]) -> list[Line]:
+def _dedupe(calls: list[Call], storage_of: dict[str, int]) -> list[Call]:
     """Common subexpressions: a pure call equal to an earlier one, over memory not written in between, reuses
     the earlier result. Results that are written later (by name or, for fresh memory, through any view) keep
     their own call: sharing them would leak one's writes into the other."""
-    written_names = {n for line in lines for n in line.written}
-    written_storages = {s for line in lines for s in line.written_storages}
+    written_names = {n for call in calls for n in call.written}
+    written_storages = {s for call in calls for s in call.written_storages}
     version: dict[int, int] = {}
     seen: dict[tuple, str] = {}
     alias: dict[str, str] = {}
     out = []
-    for line in lines:
+    for call in calls:
         if alias:
-            line.call = NAME.sub(lambda m: alias.get(m.group(0), m.group(0)), line.call)
-            line.reads = [alias.get(r, r) for r in line.reads]
-        for s in line.written_storages:
+            call.renamed(alias)
+        for s in call.written_storages:
             version[s] = version.get(s, 0) + 1
-        target = line.target
-        if target is not None and target in storage_of:
-            shareable = (not line.effect and target not in written_names
-                         and not (line.fresh and storage_of[target] in written_storages))
+        name = call.out
+        if name is not None and name in storage_of:
+            shareable = (not call.effect and name not in written_names
+                         and not (call.fresh and storage_of[name] in written_storages))
             if shareable:
-                key = (line.call, tuple(version.get(storage_of.get(r), 0) for r in line.reads))
+                key = (call.code, tuple(version.get(storage_of.get(r), 0) for r in call.reads))
                 earlier = seen.get(key)
                 if earlier is not None:
-                    alias[target] = earlier
+                    alias[name] = earlier
                     continue
-                seen[key] = target
-        out.append(line)
+                seen[key] = name
+        out.append(call)
     return out
-
-
 
 
 def _hoist_common(source: str, hoist_lines: int) -> str:
