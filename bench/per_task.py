@@ -66,8 +66,9 @@ def bodies_alone(kernel, x, y, repeats: int = 5) -> float | None:
         from pypto_rt.binding import bind_call
         from pypto_rt.orchestration.block import run_block
         from pypto_rt.orchestration.program import host_program
+        from pypto_rt.orchestration.task_runner import kernel_replays
         artifact = host_program(kernel).kernels[0]
-        replays = artifact.__dict__.get("kernel_replays")
+        replays = kernel_replays(artifact)
         body = replays.run if replays is not None else (
             lambda binding, inputs, block, n: run_block(binding, artifact.kernel.run, inputs, block, n))
         binding = bind_call(kernel, (x, y), {})

@@ -8,6 +8,7 @@ import types
 from pypto_rt.replay.guards import Guard
 from pypto_rt.replay.records import Call, Lit, Ref
 
+
 def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     """Recorder `rec`'s trace as one function of the entry tensors, returning the tensors named in `results`.
 

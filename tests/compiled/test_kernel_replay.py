@@ -362,3 +362,17 @@ def test_a_run_does_not_keep_the_callers_tensors_alive_after_it_returns():
     del x
     gc.collect()
     assert gone() is None
+
+
+def test_each_run_hands_the_policy_in_force_to_the_blocks_on_its_workers():
+    kernel = pl.jit(scale_tiles.fn)
+    x = torch.randn(TILE * TILES, TILE)
+    with policy_scope(kernel_normal_runs=10_000), config.scope(**ENGINE):
+        kernel(x, torch.zeros_like(x))
+    (spec,) = specialisations(kernel)
+    assert spec.decision.kind == ON_ENGINE and spec.hits == 0, spec
+    with config.scope(**ENGINE):   # the fixture's policy again: the next block is recorded, later ones replay
+        for _ in range(2):   # (while one block records, the others may run the kernel on other workers)
+            kernel(x, torch.zeros_like(x))
+    (spec,) = specialisations(kernel)
+    assert spec.decision.kind == REPLAYED and spec.hits > 0, spec
