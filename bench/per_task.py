@@ -2,7 +2,7 @@
 
 Contenders (interleaved, median of repeats): the @pl.jit kernel `add_tiles` with coalescing off on the engine
 (PYPTO_REPLAY=0: what every call whose course depends on data pays; each task runs its kernel's recorded torch
-calls, see orchestration.kernel_replay; also with that off, PYPTO_KERNEL_REPLAY=0: every task through the op
+calls, see replay.kernel; also with that off, PYPTO_KERNEL_REPLAY=0: every task through the op
 library's Python) and by default (the program depends only on
 shapes, so after its recorded call it replays as straight-line torch calls), `add_tiles` as written (coalesced)
 and on the reference executor, and `y[s] = torch.add(x[s], 1.0)` over the same 1024 row slices in a Python loop.
@@ -60,14 +60,15 @@ def per_tile_kernel():
 
 def bodies_alone(kernel, x, y, repeats: int = 5) -> float | None:
     """Seconds per task body, as the engine runs it (its kernel replay, once recorded: see
-    orchestration.kernel_replay), back to back on this thread with no engine and no other Python thread; None
+    replay.kernel), back to back on this thread with no engine and no other Python thread; None
     when the runtime's internals have moved."""
     try:
         from pypto_rt.binding import bind_call
         from pypto_rt.orchestration.block import run_block
         from pypto_rt.orchestration.program import host_program
+        from pypto_rt.orchestration.task_runner import kernel_replays
         artifact = host_program(kernel).kernels[0]
-        replays = artifact.__dict__.get("kernel_replays")
+        replays = kernel_replays(artifact)
         body = replays.run if replays is not None else (
             lambda binding, inputs, block, n: run_block(binding, artifact.kernel.run, inputs, block, n))
         binding = bind_call(kernel, (x, y), {})
@@ -112,7 +113,8 @@ def run(repeats: int = 11) -> str:
                      "compiled": compiled, "reference": reference, "plain": lambda: plain_loop(x, y_p)}, repeats)
     for y in (y_t, y_k, y_rp, y_c, y_r, y_p):
         assert torch.equal(y, x + 1)
-    mode = next(iter(per_tile.cache.get("replay", {}).values())).mode()
+    from pypto_rt.replay.entry import decisions
+    mode = decisions(per_tile)[0].reason
     n = k.N_TILES
     rows = [
         ["engine, one task per tile (PYPTO_COALESCE=0, PYPTO_REPLAY=0) / plain torch loop",

@@ -72,31 +72,31 @@ def test_the_warning_comes_once_per_kernel_and_shape():
     assert len(shape_warnings(caught)) == 1
 
 
-def test_every_cache_keys_on_the_shapes_passed(monkeypatch):
+def test_every_cache_keys_on_the_shapes_passed():
     """Engine runs, the recorded run, replays (of the call and of kernel blocks) and the disk cache's program: each
     shape gets its own results, the annotated one included, whichever shape came first."""
-    from pypto_rt.orchestration import kernel_replay
     from pypto_rt.orchestration.program import host_program
+    from pypto_rt.orchestration.task_runner import kernel_replays
+    from pypto_rt.replay.entry import decisions
+    from pypto_rt.replay.policy import policy_scope
     kernel = make_rows_exp()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EntryShapeWarning)
-        monkeypatch.setattr(kernel_replay, "NORMAL_RUNS", 0)        # every block after the first replays
-        monkeypatch.setattr(kernel_replay, "SLOWER", float("inf"))
-        with config.scope(REPLAY="0", COALESCE="0"):
+        # every block after the first replays
+        with config.scope(REPLAY="0", COALESCE="0"), policy_scope(kernel_normal_runs=0, kernel_slower=float("inf")):
             for _ in range(3):
                 for rows in (6, 4, 1):
                     x, y = torch.randn(rows, N), torch.zeros(rows, N)
                     kernel(x, y)
                     assert torch.equal(y, torch.exp(x)), rows
-        assert len(host_program(kernel).kernels[0].kernel_replays.table) == 3
-        monkeypatch.undo()
+        assert len(kernel_replays(host_program(kernel).kernels[0]).states()) == 3
         kernel.cache.clear()
         for _ in range(5):
             for rows in (1, 4, 6):
                 x, y = torch.randn(rows, N), torch.zeros(rows, N)
                 kernel(x, y)
                 assert torch.equal(y, torch.exp(x)), rows
-        assert len(kernel.cache["replay"]) == 3
+        assert len(decisions(kernel)) == 3
         kernel.cache.clear()   # this process forgets it all: the program comes from the disk cache
         for rows in (4, 6, 1):
             x, y = torch.randn(rows, N), torch.zeros(rows, N)

@@ -1,12 +1,14 @@
 """Imports point one way (house style 7.1): errors/config <- language <- ops <- executors <- harness/CLI.
 
 The compiled runtime: frontend <- incore_compiler <- orchestration (which drives the aicpu engine); the
-driver reaches orchestration through one deferred import.
+driver reaches orchestration through one deferred import. Replay sits on ops and below orchestration.
 """
 from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -15,7 +17,8 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 # package -> pypto_rt packages it must never import (at module level or inside functions)
 FORBIDDEN = {
     "language": {"ops", "reference", "golden", "binding", "pypto_run"},
-    "ops": {"reference", "golden", "driver", "binding", "pypto_run"},
+    # the op library is the semantic oracle: replay reaches it, never the reverse (ops.recording is its hook)
+    "ops": {"reference", "golden", "driver", "binding", "pypto_run", "replay", "orchestration"},
     "reference": {"golden", "driver", "pypto_run"},
     "golden": {"reference", "ops", "binding", "frontend", "incore_compiler", "orchestration", "aicpu"},
     # the compiled runtime: frontend -> incore_compiler -> orchestration, with the engine (aicpu) below them all
@@ -24,6 +27,8 @@ FORBIDDEN = {
     "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu"},
     "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run"},
     "orchestration": {"golden", "driver", "pypto_run"},
+    # replay records and reruns what orchestration runs: orchestration imports it, not the reverse
+    "replay": {"orchestration", "driver", "golden", "pypto_run"},
     # communicators sit beside the engine, below everything else: only errors and config from pypto_rt
     "collective": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
                    "orchestration", "aicpu", "pypto_run", "launch", "kernels"},
@@ -75,3 +80,11 @@ def test_modules_stay_under_the_hard_size_cap():
                 if n > 800:
                     big.append((os.path.relpath(path, PKG), n))
     assert big == []
+
+
+def test_the_op_library_loads_without_the_replay_layer():
+    """ops talks to a recording only through ops.recording: importing it (and using it) loads no replay module."""
+    code = ("import sys, pypto_rt.ops, pypto_rt.ops.recording; "
+            "print(sorted(m for m in sys.modules if m.startswith(('pypto_rt.replay', 'pypto_rt.orchestration'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

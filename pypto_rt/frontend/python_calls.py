@@ -1,4 +1,4 @@
-"""Calls in a kernel function that run plain Python, whose effects a recorded run (orchestration.replay) cannot see.
+"""Calls in a kernel function that run plain Python, whose effects a recorded run (replay.entry) cannot see.
 
 A replay repeats a run's torch calls only. A call of the user's own Python functions or of builtins with effects
 (`print`, `open`, `input`) would silently stop happening, so a function making one is never replayed. Allowed:

@@ -33,7 +33,7 @@ class KernelArtifact:
     accesses: Callable[..., tuple]     # accesses(*inputs) -> ((input index, mode, offsets, sizes, line), ...)
     compile_ms: float = 0.0
     factory: pycode.Factory | None = None   # of `accesses`
-    # the artifact of the same kernel in the code variant a recorded run executes (incore_compiler.traced_code)
+    # the artifact of the same kernel in the code variant a recorded run executes (replay.traced_code)
     traced_variant: Callable[[], "KernelArtifact"] | None = None
 
     @property

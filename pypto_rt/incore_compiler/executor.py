@@ -12,19 +12,19 @@ from pypto_rt.frontend.python_calls import plain_python_calls
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.language.enums import Level
 from pypto_rt.language.scopes import Spmd
-from pypto_rt.ops import replay_guard
+from pypto_rt.ops import recording
 from pypto_rt.reference.executor import ReferenceExecutor
 
 
 def refuse_replay_of_plain_python(kernel) -> None:
-    """A run (or kernel block) being recorded for replay (orchestration.replay, .kernel_replay) that calls a
+    """A run (or kernel block) being recorded for replay (replay.entry, replay.kernel) that calls a
     kernel function calling the user's plain Python must not be replayed: the replay would skip those calls."""
-    if replay_guard.recording():
+    if recording.recording():
         calls = kernel.cache.get("python_calls")
         if calls is None:
             calls = kernel.cache["python_calls"] = plain_python_calls(kernel.fn)
         if calls:
-            replay_guard.refuse(f"{kernel.name} calls plain Python ({calls[0]}), which only the engine runs")
+            recording.refuse(f"{kernel.name} calls plain Python ({calls[0]}), which only the engine runs")
 
 
 class KernelExecutor(ReferenceExecutor):
@@ -39,7 +39,7 @@ class KernelExecutor(ReferenceExecutor):
         refuse_replay_of_plain_python(kernel)
         if kernel.kind == "extern" or "device" in kwargs:
             return super().call_kernel(kernel, args, kwargs)   # says why it cannot run
-        return incore_kernel(kernel, traced=replay_guard.recording()).kernel.run(self.block_idx, *args, **kwargs)
+        return incore_kernel(kernel, traced=recording.recording()).kernel.run(self.block_idx, *args, **kwargs)
 
     def iterate(self, loop):
         if isinstance(loop, Spmd):

@@ -15,15 +15,16 @@ import ast
 import builtins
 
 from pypto_rt.frontend.resolve import Env, callee, is_loop, op_name
-from pypto_rt.incore_compiler import pycode, traced_code
+from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.chunks import wide_chunks
 from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS
 from pypto_rt.ops import OPS
-from pypto_rt.ops.traced_scalar import host_key
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.ops.views import subscript_read, subscript_write
+from pypto_rt.replay import traced_code
+from pypto_rt.replay.scalars import host_key
 
 
 def subscript(x, key):

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from pypto_rt.errors import OpError
-from pypto_rt.ops import replay_guard
+from pypto_rt.ops import recording
+from pypto_rt.ops.recording import integral
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.traced_scalar import integral
 from pypto_rt.ops.value import TensorValue
 
 
@@ -35,11 +35,11 @@ def _to_python(v, dtype):
 
 @op("read", "tensor.read", "tile.read", reads_data=True)
 def read(src, indices):
-    # while a run is recorded for replay, the element may come as a TracedInt or TracedFloat,
-    # which the replay reads again
+    # while a run is recorded for replay, the element may come as a number read from data
+    # (recording.ScalarFromData), which the replay reads again
     index = _index(src, indices, "read")
-    if replay_guard.recording() and src.dtype.name != "BOOL" and src.data.is_floating_point() == src.dtype.is_float():
-        traced = replay_guard.read_scalar(src.data, index)
+    if recording.recording() and src.dtype.name != "BOOL" and src.data.is_floating_point() == src.dtype.is_float():
+        traced = recording.read_scalar(src.data, index)
         if traced is not None:
             return traced
         index = tuple(int(i) for i in index)

@@ -9,7 +9,7 @@ torch's in-place add runs outside the interpreter lock. So:
   adds are kept in `parts` instead, and the task's last block to finish applies every block's parts in block
   order (`apply`): the sums then do not depend on which block finished first, and no block waits for another.
 
-`atomic_add_` is one call for a torch-call recording (orchestration.torch_trace records it through torch's
+`atomic_add_` is one call for a torch-call recording (replay.capture records it through torch's
 `__torch_function__` protocol, like a torch function), so a replayed block or run adds through it too.
 """
 from __future__ import annotations

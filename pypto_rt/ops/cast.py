@@ -23,7 +23,7 @@ from pypto_rt.language.enums import CastMode
 from pypto_rt.ops.dtype_rules import int_range, storage_dtype, to_dtype
 from pypto_rt.ops.opdef import ANY_DIM, Shape
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.traced_scalar import TracedInt
+from pypto_rt.ops.recording import ScalarFromData
 from pypto_rt.ops.value import TensorValue
 
 _F64 = torch.float64
@@ -227,7 +227,7 @@ def _cast_scalar(v, dtype):
         return float(_round_float(torch.tensor([float(v)], dtype=_F64), target, CastMode.rint)[0].item())
     if not dtype.is_int():
         raise OpError(f"pl.cast: cannot convert a scalar to {dtype!r}")
-    if type(v) is TracedInt:   # read from data while recording: the same integer while it fits (guarded)
+    if isinstance(v, ScalarFromData) and isinstance(v, int):   # read from data while recording: the same integer while it fits (guarded)
         lo, hi = int_range(dtype)
         if lo <= v <= hi:
             return v

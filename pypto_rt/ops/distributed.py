@@ -25,7 +25,7 @@ import torch
 from pypto_rt.collective import process
 from pypto_rt.errors import OpError
 from pypto_rt.language.enums import NotifyOp, ReduceOp, WaitCmp
-from pypto_rt.ops import replay_guard
+from pypto_rt.ops import recording
 from pypto_rt.ops.dtype_rules import from_torch
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue
@@ -37,7 +37,7 @@ def _tensor(x) -> torch.Tensor:
 
 def _window(name: str, x, what: str):
     """(buffer, byte offset of x's first element) of a window operand; an OpError naming the op otherwise."""
-    replay_guard.refuse(f"pld.{name} communicates with other ranks")
+    recording.refuse(f"pld.{name} communicates with other ranks")
     data = _tensor(x)
     found = process.window_of(data) if isinstance(data, torch.Tensor) else None
     if found is None:
@@ -179,7 +179,7 @@ def _reduce(op_) -> str:
 
 
 def _comm(name: str):
-    replay_guard.refuse(f"pld.{name} communicates with other ranks")
+    recording.refuse(f"pld.{name} communicates with other ranks")
     return process.communicator(f"pld.{name}")
 
 

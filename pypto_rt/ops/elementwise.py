@@ -19,7 +19,7 @@ from pypto_rt.ops.elementwise_core import (
 )
 from pypto_rt.ops.opdef import NO_DIM, Shape
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.traced_scalar import largest, smallest
+from pypto_rt.ops.recording import less
 from pypto_rt.ops.value import TensorValue, valid_mask
 
 
@@ -174,10 +174,10 @@ def _scalar_pair(name: str, a, b) -> None:
 @op("min", **ELEMENTWISE)
 def scalar_min(a, b):
     _scalar_pair("min", a, b)
-    return smallest(a, b)   # builtins.min, also right for numbers read from data while recording
+    return b if less(b, a) else a   # as builtins.min (the first of equal ones), also for numbers read from data
 
 
 @op("max", **ELEMENTWISE)
 def scalar_max(a, b):
     _scalar_pair("max", a, b)
-    return largest(a, b)
+    return b if less(a, b) else a

@@ -20,7 +20,7 @@ from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import promote, scalar_dtype, storage_dtype
 from pypto_rt.ops.opdef import ANY_DIM, Shape
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.traced_scalar import TracedFloat, TracedInt
+from pypto_rt.ops.recording import ScalarFromData
 from pypto_rt.ops.value import TensorValue, broadcast_shape
 
 # what the compiler knows about an elementwise op: the result has its operands' shape, every dim stays
@@ -121,7 +121,7 @@ def binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
     _check_broadcast(name, a, b)
     dtype = a.dtype if keep_lhs else promote(a.dtype, dtype_of(b))
     cdt = compute_dtype(dtype)
-    if fn in _TAKES_PY_SCALAR and cdt.is_floating_point and type(b) in _PY_SCALARS:
+    if fn in _TAKES_PY_SCALAR and cdt.is_floating_point and _py_scalar(type(b)):
         rhs = b   # torch rounds a Python number to the float compute dtype exactly as torch.tensor(b, cdt) does
     else:
         rhs = _arg(name, b, cdt)
@@ -134,7 +134,9 @@ def binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
     return TensorValue(store(out, result), result, box, is_tile)
 
 
-_PY_SCALARS = (float, int, TracedInt, TracedFloat)   # numbers torch takes as they are (read from data: as code)
+def _py_scalar(kind: type) -> bool:
+    """Numbers torch takes as they are (plain floats and ints; read from data while recording: as code)."""
+    return kind is float or kind is int or issubclass(kind, ScalarFromData)
 
 
 def _binary_fp32(a: TensorValue, b, fn):
@@ -146,7 +148,7 @@ def _binary_fp32(a: TensorValue, b, fn):
             return None
         return TensorValue(fn(a.data, b.data), D.FP32, a.valid if a.valid == b.valid else None,
                            a.is_tile or b.is_tile)
-    if tb in _PY_SCALARS and fn in _TAKES_PY_SCALAR:
+    if fn in _TAKES_PY_SCALAR and _py_scalar(tb):
         return TensorValue(fn(a.data, b), D.FP32, a.valid, a.is_tile)
     return None
 

@@ -19,5 +19,5 @@ def exp_ftz(x: torch.Tensor) -> torch.Tensor:
     """torch.exp(x) for float32 x, with subnormal results flushed to zero (see the module docstring).
 
     The same calls whatever the data (no test of the inputs first): a run's torch calls then depend only on
-    shapes, so it can be recorded and replayed (orchestration.replay)."""
+    shapes, so it can be recorded and replayed (replay.entry)."""
     return torch.threshold_(torch.exp(torch.clamp_min(x, _CLAMP)), _EXP_FLOOR, 0.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 
 from pypto_rt.errors import OpError
-from pypto_rt.ops import dtype_rules, replay_guard
+from pypto_rt.ops import dtype_rules, recording
 from pypto_rt.ops.opdef import ANY_DIM, Shape
 from pypto_rt.ops.registry import op
 
@@ -94,7 +94,7 @@ def aic_gather(x):
 
 @op("static_print", waits_on_host=False)
 def static_print(*args):
-    replay_guard.refuse("pl.static_print prints")
+    recording.refuse("pl.static_print prints")
     print(*args)
 
 

@@ -16,12 +16,9 @@ from pypto_rt.language.enums import AtomicType, PadValue
 from pypto_rt.ops import dtype_rules
 from pypto_rt.ops.accumulate import atomic_add_
 from pypto_rt.ops.opdef import ANY_DIM, ROWS, Shape
+from pypto_rt.ops.recording import integral, is_int
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.traced_scalar import TracedInt, integral
 from pypto_rt.ops.value import TensorValue, valid_mask, valid_region
-
-_INT = (int, TracedInt)   # integers taken as they are (a TracedInt keeps its code: offsets read from data)
-
 
 def _ints(seq, what: str, opname: str) -> list[int]:
     try:
@@ -114,8 +111,8 @@ def _in_bounds_slices(key, shape) -> bool:
         if type(k) is not slice or k.step not in (None, 1):
             return False
         start, stop = k.start, k.stop
-        if (start is not None and (type(start) not in _INT or start < 0)) or \
-                (stop is not None and (type(stop) not in _INT or stop > n)) or \
+        if (start is not None and (not is_int(start) or start < 0)) or \
+                (stop is not None and (not is_int(stop) or stop > n)) or \
                 (start is not None and stop is not None and stop < start):
             return False
     return True

@@ -34,7 +34,7 @@ from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.enums import Level
 from pypto_rt.language.ops import Namespace, OpStub
 from pypto_rt.language.scopes import Spmd
-from pypto_rt.ops import OPS, replay_guard
+from pypto_rt.ops import OPS, recording
 from pypto_rt.ops.opdef import names_where
 from pypto_rt.ops.registry import IN_PLACE_TARGETS
 from pypto_rt.ops.value import TensorValue
@@ -71,7 +71,7 @@ class HostExecutor(ReferenceExecutor):
         refuse_replay_of_plain_python(kernel)
         if is_incore(kernel):
             return self.call_kernel(kernel, tuple(self.binding.values), {})
-        return host_program(kernel, traced=replay_guard.recording()).run(*self.binding.values)
+        return host_program(kernel, traced=recording.recording()).run(*self.binding.values)
 
     def call_kernel(self, kernel, args, kwargs):
         refuse_replay_of_plain_python(kernel)
@@ -83,7 +83,7 @@ class HostExecutor(ReferenceExecutor):
         if kernel.kind == "inline" and "inline_warned" not in kernel.cache:
             kernel.cache["inline_warned"] = True
             warn_directions_on_inline(kernel)
-        return host_program(kernel, traced=replay_guard.recording()).run(*args, **kwargs)
+        return host_program(kernel, traced=recording.recording()).run(*args, **kwargs)
 
     # -- region tasks (called by generated host code) --------------------------------------------
     def submit(self, artifact, inputs, name_hint=None, deps=None, core_num=None, no_dep_args=None):
@@ -170,7 +170,7 @@ class HostExecutor(ReferenceExecutor):
         return task.result
 
     def _submit_function(self, kernel, args, kwargs, deps, blocks, name):
-        artifact = incore_kernel(kernel, traced=replay_guard.recording())
+        artifact = incore_kernel(kernel, traced=recording.recording())
         try:
             bound = inspect.signature(kernel.fn).bind(*args, **kwargs)
         except TypeError as e:

@@ -18,12 +18,13 @@ from pypto_rt.frontend.analyze import analyze, enclosing_statement
 from pypto_rt.frontend.ir import FunctionIR
 from pypto_rt.frontend.notes import warn_once
 from pypto_rt.frontend.resolve import Env
-from pypto_rt.incore_compiler import pycode, traced_code
+from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.coalesce import plan_coalescing
 from pypto_rt.incore_compiler.compiler import KernelArtifact, compile_region
 from pypto_rt.incore_compiler.torch_backend import loop_range
 from pypto_rt.orchestration import disk_cache
 from pypto_rt.orchestration.hostgen import generate_host
+from pypto_rt.replay import traced_code
 
 
 @dataclass
@@ -42,7 +43,7 @@ class HostProgram:
 def host_program(kernel, traced: bool = False) -> HostProgram:
     """The compiled host program of a `@pl.jit` / inline / opaque / program function: from this process's
     cache, else the disk cache, else compiled now (and stored). `traced`: the variant a run recorded for replay
-    executes (see incore_compiler.traced_code), compiled when first needed and kept in this process only."""
+    executes (see replay.traced_code), compiled when first needed and kept in this process only."""
     if traced:
         program = kernel.cache.get("host_program_traced")
         if program is None:

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 from pypto_rt.aicpu import Engine
 from pypto_rt.language._runtime import activate
-from pypto_rt.ops import replay_guard
-from pypto_rt.orchestration import replay
+from pypto_rt.ops import recording
 from pypto_rt.orchestration.host import HostExecutor, is_incore
 from pypto_rt.orchestration.program import host_program
 from pypto_rt.incore_compiler.compiler import incore_kernel
+from pypto_rt.replay import entry as replay
+from pypto_rt.run_stats import note_replay
 
 
 def run_compiled(kernel, binding, args: tuple | None = None):
     """Run `kernel` bound to `binding` on the compiled runtime (or replay it, see `replay`); returns the entry's
     return value. `args`: the caller's positional arguments, when they were all positional."""
-    if not replay.enabled():
+    off = replay.disabled()
+    if off is not None:
+        note_replay(kernel.name, off)
         return _run_on_engine(kernel, binding, inline=False)[0]
     return replay.run(kernel, binding, lambda inline: _run_on_engine(kernel, binding, inline), args)
 
@@ -35,7 +38,7 @@ def _run_on_engine(kernel, binding, inline: bool):
             result = executor.run_entry(kernel)
         engine.finish()
         if inline and executor.last_comm is not None:
-            replay_guard.refuse("the run communicates with other ranks")
+            recording.refuse("the run communicates with other ranks")
     finally:
         engine.close()
         executor.runner.forget_inputs()

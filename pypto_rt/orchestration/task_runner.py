@@ -1,7 +1,7 @@
 """What a worker runs for a task: one block of a compiled kernel, with errors placed at the user's line.
 
 A block runs its kernel's recorded torch calls once the kernel has a replay for the block's specialisation
-(orchestration.kernel_replay; PYPTO_KERNEL_REPLAY=0: always the kernel itself). A short kernel's tasks may run on
+(replay.kernel; PYPTO_KERNEL_REPLAY=0: always the kernel itself). A short kernel's tasks may run on
 the host thread itself when nothing else is in flight (`_AtOnce`, `Engine.run_now`).
 
 With `PYPTO_CHECK=reference` a task also runs its region eagerly on the op library (every `pl` call
@@ -32,10 +32,11 @@ from pypto_rt import config
 from pypto_rt.collective import process
 from pypto_rt.errors import PyptoError
 from pypto_rt.incore_compiler.compiler import BACKENDS
-from pypto_rt.ops import accumulate, replay_guard
+from pypto_rt.ops import accumulate, recording
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.block import run_block
-from pypto_rt.orchestration.kernel_replay import KernelReplays
+from pypto_rt.replay.kernel import KernelReplays
+from pypto_rt.replay.policy import current_policy
 
 OUTLIER = 10   # a block this many times the average is left out of a kernel's RunHistory unless the next one is too
 CHECK_TOL = config.Knob("PYPTO_CHECK_TOL", "1e-5", None, "rtol = atol of PYPTO_CHECK=reference comparisons")
@@ -52,8 +53,9 @@ class TaskRunner:
         self.tolerance = float(CHECK_TOL.get()) if check else 0.0
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
         # (a run recorded for replay must see every op's course: its blocks run their kernels)
-        self.kernel_replay = config.KERNEL_REPLAY.get() == "1" and not replay_guard.recording()
-        self.ordered_adds = config.DETERMINISTIC.get() == "1" and not replay_guard.recording()
+        self.replay_policy = current_policy()   # (kernel replays decide on worker threads: they get this one)
+        self.kernel_replay = self.replay_policy.kernel_replay and not recording.recording()
+        self.ordered_adds = config.DETERMINISTIC.get() == "1" and not recording.recording()
         self.replays_used: dict[int, KernelReplays] = {}
 
     def at_once(self, artifact) -> "_AtOnce | None":
@@ -79,19 +81,26 @@ class TaskRunner:
 
     def _body(self, artifact):
         """What runs one block of `artifact`'s kernel, `body(binding, inputs, block, nblocks)`: its block replays
-        (orchestration.kernel_replay), or the kernel itself."""
+        (replay.kernel), or the kernel itself."""
         if not self.kernel_replay:
             return _kernel_body(artifact.kernel.run)
-        replays = artifact.__dict__.get("kernel_replays")
+        replays = kernel_replays(artifact)
         if replays is None:
-            replays = artifact.__dict__.setdefault("kernel_replays", KernelReplays(artifact))
+            replays = artifact.__dict__.setdefault("kernel_replays", KernelReplays(artifact, run_block))
         self.replays_used[id(replays)] = replays
+        replays.policy = self.replay_policy
         return replays.run
 
     def forget_inputs(self) -> None:
         """The run is over: the kernel replays it used let go of its tensors (see `KernelReplays.forget`)."""
         for replays in self.replays_used.values():
             replays.forget()
+
+
+def kernel_replays(artifact) -> KernelReplays | None:
+    """The block replays of `artifact`'s kernel (`.states()`: how each specialisation runs); None before a run
+    with kernel replay on used them."""
+    return artifact.__dict__.get("kernel_replays")
 
 
 def _kernel_body(fn):

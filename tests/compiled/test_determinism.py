@@ -15,7 +15,8 @@ from pypto_rt.language import dtypes as D
 from pypto_rt.language.enums import AtomicType
 from pypto_rt.ops import views
 from pypto_rt.ops.value import TensorValue
-from pypto_rt.orchestration.torch_trace import Recorder
+from pypto_rt.replay.capture import Recorder
+from pypto_rt.replay.records import text
 
 M, K, N, SPLITS = 8, 1024, 16, 8
 K_TILE = K // SPLITS
@@ -163,7 +164,7 @@ def test_a_recording_takes_an_atomic_add_as_one_call():
     target, tile = torch.zeros(2, 4), torch.ones(2, 4)
     with Recorder([target, tile]) as rec:
         views.assemble(TensorValue(target, D.FP32), TensorValue(tile, D.FP32), [0, 0], atomic=AtomicType.Add)
-    calls = [line.call for line in rec.lines]
+    calls = [text(call.code) for call in rec.recorded]
     assert sum(call.startswith("atomicadd_") for call in calls) == 1
     assert not any("add_" in call for call in calls if not call.startswith("atomicadd_"))
 

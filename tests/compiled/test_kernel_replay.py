@@ -14,30 +14,30 @@ import torch
 
 import pypto.language as pl
 from pypto_rt import config
-from pypto_rt.orchestration import kernel_replay
 from pypto_rt.orchestration.program import host_program
+from pypto_rt.orchestration.task_runner import kernel_replays
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import ENGINE as ON_ENGINE
+from pypto_rt.run_stats import REFUSED, REPLAYED
 from tests.compiled import conformance_cases
 
 KERNELS = conformance_cases.KERNELS
 TILE, TILES = 8, 12
 ENGINE = {"REPLAY": "0", "COALESCE": "0"}   # every call on the engine, one task per tile
+POLICY = ReplayPolicy()
 
 
 @pytest.fixture(autouse=True)
-def replay_at_once(monkeypatch):
+def replay_at_once():
     """Record the first block of each specialisation and keep its replay, whatever the timing says."""
-    monkeypatch.setattr(kernel_replay, "NORMAL_RUNS", 0)
-    monkeypatch.setattr(kernel_replay, "SLOWER", float("inf"))
-
-
-def replays(kernel) -> list:
-    """The kernel replays of each region of an entry, in region order."""
-    return [a.__dict__.get("kernel_replays") for a in host_program(kernel).kernels]
+    with policy_scope(kernel_normal_runs=0, kernel_slower=float("inf")):
+        yield
 
 
 def specialisations(kernel, region: int = 0) -> list:
-    found = replays(kernel)[region]
-    return list(found.table.values()) if found is not None else []
+    """How the blocks of each specialisation of region `region` of entry `kernel` run (BlockReplayStates)."""
+    found = kernel_replays(host_program(kernel).kernels[region])
+    return found.states() if found is not None else []
 
 
 @pl.jit
@@ -62,7 +62,7 @@ def test_tasks_replay_their_kernel_bit_for_bit_at_every_loop_index_and_on_new_da
         assert torch.equal(got, (x + 1.0) * 0.5)
         hits += [s.hits for s in specialisations(scale_tiles)]
     (spec,) = specialisations(scale_tiles)
-    assert spec.replay is not None and spec.misses == 0
+    assert spec.decision.kind == REPLAYED and spec.misses == 0, spec
     # (while the first call records one block, the others may run the kernel on other workers)
     assert hits[2] - hits[1] == TILES   # later calls: every task replays
 
@@ -84,15 +84,15 @@ def test_a_block_whose_loop_index_takes_another_branch_runs_the_kernel():
     y = torch.zeros_like(x)
     with config.scope(**ENGINE):
         last_tiles_differ(x, y)
-        (spec,) = specialisations(last_tiles_differ)
-        hits, misses = spec.hits, spec.misses
+        (before,) = specialisations(last_tiles_differ)
         last_tiles_differ(x, y)
     want = x.clone()
     want[: (TILES - 2) * TILE] += 1.0
     want[(TILES - 2) * TILE :] -= 1.0
     assert torch.equal(y, want)
     # the recorded (first) tile took the `if`: the tiles that do replay, the last two miss and run the kernel
-    assert (spec.hits - hits, spec.misses - misses) == (TILES - 2, 2)
+    (after,) = specialisations(last_tiles_differ)
+    assert (after.hits - before.hits, after.misses - before.misses) == (TILES - 2, 2)
 
 
 @pl.jit
@@ -146,7 +146,7 @@ def test_a_kernel_calling_plain_python_runs_it_in_every_task():
     assert CALLED == list(range(TILES)) * 2
     assert torch.equal(y, x + 1.0)
     (spec,) = specialisations(calls_python)
-    assert spec.replay is None and "plain Python" in spec.why_not and "count_block" in spec.why_not
+    assert spec.decision.kind == REFUSED and "count_block" in spec.decision.reason, spec
 
 
 @pl.jit
@@ -167,7 +167,8 @@ def test_a_replayed_region_hands_its_result_tensor_to_the_next_region():
     with config.scope(EXECUTOR="reference"):
         two_regions(x, want)
     assert torch.equal(got, want)
-    assert all(s.replay is not None and s.hits > 0 for r in range(2) for s in specialisations(two_regions, r))
+    states = [s for r in range(2) for s in specialisations(two_regions, r)]
+    assert len(states) == 2 and all(s.decision.kind == REPLAYED and s.hits > 0 for s in states), states
 
 
 BLOCKS = 4
@@ -186,13 +187,13 @@ def test_spmd_blocks_replay_at_their_own_block_index():
     got, want = torch.zeros_like(x), torch.zeros_like(x)
     with config.scope(**ENGINE):
         spmd_offsets(x, got)
-        (spec,) = specialisations(spmd_offsets)
-        hits = spec.hits
+        (before,) = specialisations(spmd_offsets)
         spmd_offsets(x, got)
     with config.scope(EXECUTOR="reference"):
         spmd_offsets(x, want)
     assert torch.equal(got, want)
-    assert spec.replay is not None and spec.hits - hits == BLOCKS
+    (after,) = specialisations(spmd_offsets)
+    assert after.decision.kind == REPLAYED and after.hits - before.hits == BLOCKS
 
 
 def test_blocks_recorded_and_replayed_on_worker_threads_match_the_kernel():
@@ -285,22 +286,22 @@ def test_a_number_input_used_as_a_size_is_pinned_so_other_sizes_run_the_kernel()
             sized_by_argument(x, rows, y)
         assert torch.equal(y, x + 1.0), f"rows={rows}"
     (spec,) = specialisations(sized_by_argument)
-    assert spec.replay is not None and spec.misses == TILES // 2   # the 16-row tiles miss: made in the kernel
+    assert spec.decision.kind == REPLAYED and spec.misses == TILES // 2   # the 16-row tiles miss: made in the kernel
 
 
-def test_a_replay_slower_than_its_kernel_is_dropped_after_its_trial(monkeypatch):
-    monkeypatch.setattr(kernel_replay, "SLOWER", 0.0)   # any replay counts as slower than the kernel's blocks
-    monkeypatch.setattr(kernel_replay, "NORMAL_RUNS", 2)
+def test_a_replay_slower_than_its_kernel_is_dropped_after_its_trial():
     kernel = pl.jit(scale_tiles.fn)   # its own compiled program and replays
     x = torch.randn(TILE * TILES, TILE)
-    for _ in range(2):
-        y = torch.zeros_like(x)
-        with config.scope(**ENGINE):
-            kernel(x, y)
-        assert torch.equal(y, (x + 1.0) * 0.5)
+    # any replay counts as slower than the kernel's blocks
+    with policy_scope(kernel_slower=0.0, kernel_normal_runs=2):
+        for _ in range(2):
+            y = torch.zeros_like(x)
+            with config.scope(**ENGINE):
+                kernel(x, y)
+            assert torch.equal(y, (x + 1.0) * 0.5)
     (spec,) = specialisations(kernel)
-    assert spec.replay is None and spec.why_not.startswith("the kernel ran its blocks faster"), spec.why_not
-    assert spec.hits == kernel_replay.WARM_REPLAYS + kernel_replay.TRIAL_REPLAYS
+    assert spec.decision.kind == ON_ENGINE, spec   # dropped: its blocks run the kernel
+    assert spec.hits == POLICY.kernel_warm_replays + POLICY.kernel_trial_replays
 
 
 @pl.jit
@@ -319,16 +320,16 @@ def test_a_window_a_replay_would_place_past_its_tensor_runs_the_kernel():
         with config.scope(**ENGINE):
             window_at(x, start, y)
         assert torch.equal(y, x[start + 1 : start + 1 + TILE] + 1.0)
-    (spec,) = specialisations(window_at)
-    assert spec.replay is not None
-    misses = spec.misses
+    (before,) = specialisations(window_at)
+    assert before.decision.kind == REPLAYED, before
     got, want = torch.zeros(TILE, TILE), torch.zeros(TILE, TILE)
     with config.scope(**ENGINE):   # the second window runs one row past the end: a partial tile, which torch
         window_at(x, TILE * TILES - TILE, got)   # slicing would clip differently; the guard sends it to the kernel
         with config.scope(KERNEL_REPLAY="0"):
             window_at(x, TILE * TILES - TILE, want)
     assert torch.equal(got, want)
-    assert spec.misses == misses + 1
+    (after,) = specialisations(window_at)
+    assert after.misses == before.misses + 1
 
 
 @pl.jit
@@ -361,3 +362,17 @@ def test_a_run_does_not_keep_the_callers_tensors_alive_after_it_returns():
     del x
     gc.collect()
     assert gone() is None
+
+
+def test_each_run_hands_the_policy_in_force_to_the_blocks_on_its_workers():
+    kernel = pl.jit(scale_tiles.fn)
+    x = torch.randn(TILE * TILES, TILE)
+    with policy_scope(kernel_normal_runs=10_000), config.scope(**ENGINE):
+        kernel(x, torch.zeros_like(x))
+    (spec,) = specialisations(kernel)
+    assert spec.decision.kind == ON_ENGINE and spec.hits == 0, spec
+    with config.scope(**ENGINE):   # the fixture's policy again: the next block is recorded, later ones replay
+        for _ in range(2):   # (while one block records, the others may run the kernel on other workers)
+            kernel(x, torch.zeros_like(x))
+    (spec,) = specialisations(kernel)
+    assert spec.decision.kind == REPLAYED and spec.hits > 0, spec

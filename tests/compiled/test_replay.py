@@ -16,20 +16,34 @@ import pytest
 import torch
 
 import pypto.language as pl
-from pypto_rt import config
+from pypto_rt import config, run_stats
 from pypto_rt.errors import InWriteWarning
-from pypto_rt.orchestration import replay
-from pypto_rt.orchestration.torch_trace import Recorder, compile_trace
+from pypto_rt.replay import entry as replay
+from pypto_rt.replay.capture import Recorder
+from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import DISABLED, ENGINE, GUARD_MISS, RECORDED, REFUSED, REPLAYED
 from tests.compiled import conformance_cases
 
 KERNELS = conformance_cases.KERNELS
+POLICY = ReplayPolicy()   # the declared limits
 # engine runs, recording, warm-up replay, the trial (replays alternating with engine runs), a few more
-CALLS = replay.NORMAL_RUNS + 1 + 1 + 2 * replay.TRIAL_REPLAYS + 2
-REPLAYED = CALLS - replay.NORMAL_RUNS - 1 - replay.TRIAL_REPLAYS   # how many of them replay
+CALLS = POLICY.normal_runs + 1 + 1 + 2 * POLICY.trial_replays + 2
+TIMES_REPLAYED = CALLS - POLICY.normal_runs - 1 - POLICY.trial_replays   # how many of them replay
+KEEP = dict(slower=float("inf"))   # keep the recordings, whatever the timing says
 
 
-def modes(kernel) -> list[str]:
-    return [s.mode() for s in kernel.cache.get("replay", {}).values()]
+def decided(fn, *args):
+    """Call `fn(*args)`; how it ran (its run_stats.ReplayDecision)."""
+    with run_stats.collect() as stats:
+        fn(*args)
+    return stats.replay
+
+
+def guards(decision) -> int:
+    """The number of guards a replay checks, as its decision states it (0 when it states none)."""
+    found = re.search(r"(\d+) guards", decision.reason)
+    return int(found.group(1)) if found else 0
 
 
 def call(entry, specs, values, **knobs):
@@ -40,22 +54,21 @@ def call(entry, specs, values, **knobs):
 
 
 @pytest.mark.parametrize("name", KERNELS)
-def test_replayed_calls_match_the_engine_bit_for_bit_on_new_data(name, monkeypatch):
+def test_replayed_calls_match_the_engine_bit_for_bit_on_new_data(name):
     # keep every recording, whatever the timing says, so each replayable kernel is compared as a replay
-    monkeypatch.setattr(replay, "SLOWER", float("inf"))
-    monkeypatch.setattr(replay, "PARALLEL", float("inf"))
     entry, specs, outputs = conformance_cases.load(name, "replay")
-    for seed in range(CALLS):
-        inputs = conformance_cases.fresh_inputs(specs, seed)
-        got = call(entry, specs, inputs)
-        want = call(entry, specs, inputs, REPLAY="0")
-        for out in outputs:
-            assert torch.equal(got[out], want[out]), f"{name}: call {seed}: output {out} differs from the engine's"
-    kernel = getattr(entry, "kernel", entry)
-    (mode,) = modes(kernel)
-    assert mode.startswith("replay"), mode
+    with policy_scope(slower=float("inf"), parallel=float("inf")):
+        for seed in range(CALLS):
+            inputs = conformance_cases.fresh_inputs(specs, seed)
+            with run_stats.collect() as stats:
+                got = call(entry, specs, inputs)
+            want = call(entry, specs, inputs, REPLAY="0")
+            for out in outputs:
+                assert torch.equal(got[out], want[out]), f"{name}: call {seed}: output {out} differs from the engine's"
+    assert stats.replay.kind == REPLAYED, stats.replay
+    assert len(replay.decisions(getattr(entry, "kernel", entry))) == 1
     if name.startswith("c06"):   # host pl.reads steer an `if` and place each write: read again, guarded
-        assert "guards on values read from data" in mode, mode
+        assert guards(stats.replay) > 0, stats.replay
 
 
 ROWS, COLS = 16, 8
@@ -75,9 +88,9 @@ def test_a_host_read_offset_is_read_again_by_every_replay():
     for i in range(CALLS):
         row = (3 * i + 1) % ROWS
         out = torch.zeros(1, COLS)
-        gather_row(src, torch.tensor([row], dtype=torch.int32), out)
+        decision = decided(gather_row, src, torch.tensor([row], dtype=torch.int32), out)
         assert torch.equal(out, src[row : row + 1] * 2.0), f"call {i} read row {row}"
-    assert modes(gather_row)[0].startswith("replay"), modes(gather_row)
+    assert decision.kind == REPLAYED, decision
 
 
 @pl.jit
@@ -95,9 +108,9 @@ def test_an_offset_read_inside_a_kernel_is_read_again_by_every_replay():
     for i in range(CALLS):
         rows = [(5 * i + 2) % ROWS, (7 * i) % ROWS]
         out = torch.zeros(2, COLS)
-        gather_row_in_kernel(src, torch.tensor(rows, dtype=torch.int32), out)
+        decision = decided(gather_row_in_kernel, src, torch.tensor(rows, dtype=torch.int32), out)
         assert torch.equal(out, src[rows] + 1.0), f"call {i} read rows {rows}"
-    assert modes(gather_row_in_kernel)[0].startswith("replay"), modes(gather_row_in_kernel)
+    assert decision.kind == REPLAYED, decision
 
 
 @pl.jit
@@ -112,15 +125,15 @@ def gather_cast_row(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[1],
 
 def test_casts_and_scalar_min_of_a_read_value_stay_data_and_bad_values_still_fail_on_the_engine():
     src = torch.randn(ROWS, COLS)
+    kinds = []
     for i in range(CALLS):
         out = torch.zeros(1, COLS)
-        gather_cast_row(src, torch.tensor([i % ROWS], dtype=torch.int32), out)
+        kinds.append(decided(gather_cast_row, src, torch.tensor([i % ROWS], dtype=torch.int32), out).kind)
         assert torch.equal(out, src[i % ROWS :][:1]), f"call {i}"
-    (spec,) = gather_cast_row.cache["replay"].values()
-    assert spec.mode().startswith("replay") and spec.hits == REPLAYED
-    with pytest.raises(Exception, match="test_replay.py"):   # a negative row: the engine's error, at the user's line
-        gather_cast_row(src, torch.tensor([-3], dtype=torch.int32), torch.zeros(1, COLS))
-    assert spec.misses == 1
+    assert kinds.count(REPLAYED) == TIMES_REPLAYED and kinds[-1] == REPLAYED, kinds
+    with run_stats.collect() as stats, pytest.raises(Exception, match="test_replay.py"):
+        gather_cast_row(src, torch.tensor([-3], dtype=torch.int32), torch.zeros(1, COLS))   # the engine's error
+    assert stats.replay.kind == GUARD_MISS, stats.replay
 
 
 EPS = 0.5
@@ -140,20 +153,22 @@ def float_arithmetic(x: pl.Tensor[[ROWS, COLS], pl.FP32], count: pl.Tensor[[1], 
     return y
 
 
-def test_float_arithmetic_on_values_read_from_data_is_recomputed_by_every_replay(monkeypatch):
-    monkeypatch.setattr(replay, "SLOWER", float("inf"))
+def test_float_arithmetic_on_values_read_from_data_is_recomputed_by_every_replay():
     x = torch.randn(ROWS, COLS)
-    for i in range(CALLS):
-        n, gain = i % 3 + 1, 0.25 * (i % 5) + 0.5
-        y = torch.empty(ROWS, COLS)
-        float_arithmetic(x, torch.tensor([n], dtype=torch.int32), torch.tensor([0.0, gain]), y)
-        want = x * (1.0 / n + EPS * n) + gain * 2.0
-        want[0] += max(gain, 1.0)
-        assert torch.equal(y, want), f"call {i}: n={n} gain={gain}"
-    (spec,) = float_arithmetic.cache["replay"].values()
+    made = []
+    with policy_scope(**KEEP):
+        for i in range(CALLS):
+            n, gain = i % 3 + 1, 0.25 * (i % 5) + 0.5
+            y = torch.empty(ROWS, COLS)
+            count, gains = torch.tensor([n], dtype=torch.int32), torch.tensor([0.0, gain])
+            made.append(decided(float_arithmetic, x, count, gains, y))
+            want = x * (1.0 / n + EPS * n) + gain * 2.0
+            want[0] += max(gain, 1.0)
+            assert torch.equal(y, want), f"call {i}: n={n} gain={gain}"
+    kinds = [d.kind for d in made]
     # the guards: `0.5 < n` and which side of pl.max(gain, 1.0) won; calls on the other side ran on the engine
-    assert spec.mode().startswith("replay") and "2 guards" in spec.mode(), spec.mode()
-    assert spec.hits >= 3 and spec.misses >= 1, (spec.hits, spec.misses)
+    assert [guards(d) for d in made if d.kind == REPLAYED][-1:] == [2], made
+    assert kinds.count(REPLAYED) >= 3 and kinds.count(GUARD_MISS) >= 1, kinds
 
 
 @pl.jit
@@ -166,16 +181,16 @@ def math_of_a_read_value(x: pl.Tensor[[ROWS, COLS], pl.FP32], count: pl.Tensor[[
     return y
 
 
-def test_numbers_read_from_data_passed_to_math_functions_are_pinned(monkeypatch):
-    monkeypatch.setattr(replay, "SLOWER", float("inf"))
+def test_numbers_read_from_data_passed_to_math_functions_are_pinned():
     x = torch.randn(ROWS, COLS)
-    for i in range(CALLS + 3):
-        n = 4 if i < CALLS else i
-        y = torch.empty(ROWS, COLS)
-        math_of_a_read_value(x, torch.tensor([n], dtype=torch.int32), y)
-        assert torch.equal(y, x * math.sqrt(n + 0.5)), f"call {i}: n={n}"
-    (spec,) = math_of_a_read_value.cache["replay"].values()
-    assert spec.hits >= 1 and spec.misses == 3, (spec.hits, spec.misses)
+    kinds = []
+    with policy_scope(**KEEP):
+        for i in range(CALLS + 3):
+            n = 4 if i < CALLS else i
+            y = torch.empty(ROWS, COLS)
+            kinds.append(decided(math_of_a_read_value, x, torch.tensor([n], dtype=torch.int32), y).kind)
+            assert torch.equal(y, x * math.sqrt(n + 0.5)), f"call {i}: n={n}"
+    assert REPLAYED in kinds[:CALLS] and kinds[CALLS:] == [GUARD_MISS] * 3, kinds
 
 
 @pl.jit
@@ -193,10 +208,9 @@ def test_a_value_read_from_data_the_run_computed_is_read_again_where_it_was_read
     for i in range(CALLS):
         x = torch.randn(ROWS, COLS)
         y = torch.empty(1, COLS)
-        computed_scale(x, y)
+        decision = decided(computed_scale, x, y)
         assert torch.equal(y, x[1:2] * x[0:1].sum(dim=-1, keepdim=True)), f"call {i}"
-    (mode,) = modes(computed_scale)
-    assert mode.startswith("replay") and "guards" not in mode, mode
+    assert decision.kind == REPLAYED and guards(decision) == 0, decision
 
 
 SCALES = [1.0, 2.0, 3.0, 4.0]
@@ -219,31 +233,29 @@ def steered(x: pl.Tensor[[ROWS, COLS], pl.FP32], idx: pl.Tensor[[2], pl.INT32],
     return y
 
 
-def test_data_that_takes_another_course_than_recorded_runs_on_the_engine(monkeypatch):
-    monkeypatch.setattr(replay, "SLOWER", float("inf"))
+def test_data_that_takes_another_course_than_recorded_runs_on_the_engine():
     x = torch.randn(ROWS, COLS)
 
     def check(k, n):
         y = torch.empty(ROWS, COLS)
-        steered(x, torch.tensor([k, n], dtype=torch.int32), y)
+        decision = decided(steered, x, torch.tensor([k, n], dtype=torch.int32), y)
         want = x * SCALES[k]
         want[:n] += 1.0
         if n > ROWS // 2:
             want[ROWS - 1] += 100.0
         assert torch.equal(y, want), f"k={k} n={n}"
+        return decision.kind
 
-    for _ in range(CALLS):   # recorded with k=2, n=3; replayed
-        check(2, 3)
-    (spec,) = steered.cache["replay"].values()
-    hits = spec.hits
-    check(1, 3)   # the list index differs (pinned: Python reads it silently)
-    check(2, 5)   # the loop bound differs
-    check(2, 12)  # the `if` goes the other way
-    check(2, 3)
-    assert (spec.hits, spec.misses) == (hits + 1, 3)
-    for i in range(replay.MISSES):
-        check(i % 4, i % ROWS)
-    assert modes(steered)[0].startswith("engine (the data took another course than recorded in "), modes(steered)
+    with policy_scope(**KEEP):
+        assert [check(2, 3) for _ in range(CALLS)][-1] == REPLAYED   # recorded with k=2, n=3; replayed
+        assert check(1, 3) == GUARD_MISS    # the list index differs (pinned: Python reads it silently)
+        assert check(2, 5) == GUARD_MISS    # the loop bound differs
+        assert check(2, 12) == GUARD_MISS   # the `if` goes the other way
+        assert check(2, 3) == REPLAYED
+        kinds = [check(i % 4, i % ROWS) for i in range(POLICY.misses)]
+        # it missed more often than it replayed: dropped, the data's course runs on the engine from then on
+        assert kinds[0] == GUARD_MISS and kinds[-1] == ENGINE and check(2, 3) == ENGINE, kinds
+    assert replay.decisions(steered)[0].kind == ENGINE
 
 
 @pl.jit
@@ -259,13 +271,16 @@ def read_after_write(x: pl.Tensor[[ROWS, COLS], pl.FP32], idx: pl.InOut[pl.Tenso
 
 def test_a_read_of_data_the_run_wrote_first_that_places_a_window_is_never_replayed():
     x = torch.randn(ROWS, COLS)
+    kinds = []
     for i in range(CALLS):
         y = torch.empty(1, COLS)
-        read_after_write(x, torch.tensor([i % (ROWS - 1)], dtype=torch.int32), y)
+        decision = decided(read_after_write, x, torch.tensor([i % (ROWS - 1)], dtype=torch.int32), y)
+        kinds.append(decision.kind)
+        if decision.kind == REFUSED:
+            refused = decision
         assert torch.equal(y, x[i % (ROWS - 1) + 1 :][:1]), f"call {i}"
-    (mode,) = modes(read_after_write)
-    assert mode.startswith("engine (the run's course depends on a value it read (pl.read) from data it computed"), mode
-    assert "(test_replay.py:" in mode, "the reason names the user's line"
+    assert kinds == [ENGINE] * POLICY.normal_runs + [REFUSED] * (CALLS - POLICY.normal_runs), kinds
+    assert "(test_replay.py:" in refused.reason, "the reason names the user's line"
 
 
 @pl.jit
@@ -289,7 +304,7 @@ def test_each_scalar_value_and_layout_gets_its_own_recording():
         y = torch.empty(ROWS, COLS)
         scale_rows(wide, 2.0, y)
         assert torch.equal(y, wide * 2.0 + 1.0)
-    assert len(modes(scale_rows)) == 3
+    assert len(replay.decisions(scale_rows)) == 3
 
 
 def test_a_scalar_passed_as_a_one_element_tensor_is_not_replayed_by_its_tensor_layout():
@@ -306,23 +321,27 @@ def test_a_call_whose_input_aliases_its_output_keeps_warning_and_stays_right():
     for i in range(CALLS):
         x = torch.randn(ROWS, COLS)
         scale_rows(x, 3.0, torch.empty(ROWS, COLS))
+    kinds = []
     for i in range(CALLS):
         x = torch.randn(ROWS, COLS)
         expect = x * 2.0 + 1.0
         with pytest.warns(InWriteWarning, match="writes into 'x'"):
-            scale_rows(x, 2.0, x)
+            kinds.append(decided(scale_rows, x, 2.0, x).kind)
         assert torch.equal(x, expect), f"call {i}"
-    aliased = [s for s in scale_rows.cache["replay"].values() if s.warnings]
-    assert len(aliased) == 1 and aliased[0].hits > 0, "the aliased call replays, warning each time"
+    assert kinds[-1] == REPLAYED, f"the aliased call replays, warning each time: {kinds}"
 
 
 def test_replay_off_records_nothing():
     x = torch.randn(ROWS, COLS)
-    with config.scope(REPLAY="0"):
+    kernel = pl.jit(scale_rows.fn)
+    for knobs in (dict(CHECK="reference"), dict(REPLAY="0")):
+        with config.scope(**knobs):
+            for _ in range(CALLS):
+                assert decided(kernel, x, 5.0, torch.empty(ROWS, COLS)).kind == DISABLED
+    with policy_scope(enabled=False):
         for _ in range(CALLS):
-            scale_rows.cache.pop("replay", None)
-            scale_rows(x, 5.0, torch.empty(ROWS, COLS))
-            assert "replay" not in scale_rows.cache
+            assert decided(kernel, x, 5.0, torch.empty(ROWS, COLS)).kind == DISABLED
+    assert replay.decisions(kernel) == []
 
 
 def record(fn, *inputs):
@@ -431,31 +450,32 @@ def noted(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS],
 
 def test_a_program_calling_plain_python_is_never_replayed():
     SEEN.clear()
-    for _ in range(CALLS):
-        noted(torch.randn(ROWS, COLS), torch.empty(ROWS, COLS))
+    kinds = [decided(noted, torch.randn(ROWS, COLS), torch.empty(ROWS, COLS)).kind for _ in range(CALLS)]
     assert len(SEEN) == CALLS
-    assert modes(noted)[0].startswith("engine (noted calls plain Python (")
+    assert kinds == [ENGINE] * POLICY.normal_runs + [REFUSED] * (CALLS - POLICY.normal_runs), kinds
+    assert "noted calls plain Python" in replay.decisions(noted)[0].reason
 
 
-def test_stats_say_how_each_call_ran_and_why(capsys, monkeypatch):
-    monkeypatch.setattr(replay, "SLOWER", float("inf"))   # keep the recordings, whatever the timing says
-    fresh, fresh_gather, fresh_steered = pl.jit(scale_rows.fn), pl.jit(gather_row.fn), pl.jit(steered.fn)
+def test_stats_print_each_replay_decision_as_kind_and_reason(capsys):
+    """PYPTO_STATS=1: replays, recordings, refusals and misses each print `pypto-rt stats [<entry>]: <kind>:
+    <reason>`, the decision the call noted."""
+    fresh, fresh_steered = pl.jit(scale_rows.fn), pl.jit(steered.fn)
     fresh_read_after_write = pl.jit(read_after_write.fn)
     x = torch.randn(ROWS, COLS)
-    with config.scope(STATS="1"):
-        for _ in range(CALLS):
+    printed = []
+    with config.scope(STATS="1"), policy_scope(**KEEP):
+        for i in range(CALLS):
             fresh(x, 2.0, torch.empty(ROWS, COLS))
-        for i in range(CALLS):
-            fresh_gather(x, torch.tensor([i], dtype=torch.int32), torch.empty(1, COLS))
-        for i in range(CALLS):
             fresh_read_after_write(x, torch.tensor([i], dtype=torch.int32), torch.empty(1, COLS))
         for n in [3] * CALLS + [5]:
-            fresh_steered(x, torch.tensor([2, n], dtype=torch.int32), torch.empty(ROWS, COLS))
-    err = capsys.readouterr().err
-    assert re.search(r"recorded in [0-9.]+ ms: from now on replay of", err) and "· wall" in err
-    assert "guards failed (the data takes another course): engine run" in err
-    assert ": from now on engine (the run's course depends on a value it read (pl.read) from data it computed" in err
-    assert "(test_replay.py:" in err, "the reason points at the user's line"
+            decision = decided(fresh_steered, x, torch.tensor([2, n], dtype=torch.int32), torch.empty(ROWS, COLS))
+            printed.append(f"pypto-rt stats [steered]: {decision}")
+    lines = capsys.readouterr().err.splitlines()
+    for kind in (RECORDED, REPLAYED, REFUSED):
+        assert [ln for ln in lines if ln.startswith(f"pypto-rt stats [scale_rows]: {kind}: ") or
+                ln.startswith(f"pypto-rt stats [read_after_write]: {kind}: ")], (kind, lines)
+    assert printed[-1].startswith(f"pypto-rt stats [steered]: {GUARD_MISS}: ") and printed[-1] in lines
+    assert any(ln.startswith(printed[-2]) for ln in lines), "a replay's line: its decision, then its wall time"
 
 
 def test_a_specialisation_whose_engine_runs_overlap_long_tasks_is_not_recorded():
@@ -475,11 +495,11 @@ def test_a_specialisation_whose_engine_runs_overlap_long_tasks_is_not_recorded()
             engine_runs.append(inline)
             return None, stats
 
-        for _ in range(replay.NORMAL_RUNS + 1):
-            replay.run(kernel, binding, run_on_engine)
+        for _ in range(POLICY.normal_runs + 1):
+            with run_stats.collect() as noted:
+                replay.run(kernel, binding, run_on_engine)
         assert engine_runs[-1] is recorded, stats   # the third call records (inline) or runs on the engine
-        if not recorded:
-            assert modes(kernel) == ["engine (its tasks run in parallel on the engine's workers)"]
+        assert noted.replay.kind == (RECORDED if recorded else ENGINE), noted.replay
 
 
 def test_the_op_library_calls_torch_only_where_a_recording_sees_it():
@@ -518,11 +538,12 @@ def test_outputs_left_out_of_the_call_are_new_tensors_on_every_replayed_call():
     assert len({id(y) for y in results}) == CALLS and len({y.data_ptr() for y in results}) == CALLS
 
 
-def test_a_recording_that_would_hold_too_much_memory_is_refused(monkeypatch):
-    from pypto_rt.orchestration import torch_trace
-    monkeypatch.setattr(torch_trace, "MAX_HELD_BYTES", 1024)
-    recorder, replayed = record(lambda x: torch.exp(x) + torch.ones(1000), torch.randn(1000))
+def test_a_recording_that_would_hold_too_much_memory_is_refused():
+    with policy_scope(max_held_bytes=1024):
+        recorder, replayed = record(lambda x: torch.exp(x) + torch.ones(1000), torch.randn(1000))
     assert replayed is None and "GiB of intermediate tensors" in recorder.refused
+    recorder, replayed = record(lambda x: torch.exp(x) + torch.ones(1000), torch.randn(1000))
+    assert recorder.refused is None, "outside the scope, the declared limit holds again"
 
 
 TABLE = torch.tensor([3.0, 5.0])
@@ -552,25 +573,32 @@ def test_the_recorded_run_executes_the_program_as_it_was_compiled():
         add_tiles(x, torch.empty(ROWS, COLS))
     for _ in range(CALLS):
         y = torch.empty(ROWS, COLS)
-        add_tiles(x, y)
+        decision = decided(add_tiles, x, y)
         assert torch.equal(y, x + 1.0)
-    (spec,) = add_tiles.cache["replay"].values()
-    assert spec.calls >= 3 * TILES, f"one tile at a time, as on the engine: {spec.mode()}"
+    calls = int(re.search(r"replay of (\d+) torch calls", decision.reason).group(1))
+    assert decision.kind == REPLAYED and calls >= 3 * TILES, f"one tile at a time, as on the engine: {decision}"
 
 
 def test_the_trial_times_replays_against_warm_engine_runs_between_them():
     kernel = pl.jit(scale_rows.fn)
     x = torch.randn(ROWS, COLS)
-    ways = []
-    for _ in range(CALLS):
-        (spec,) = kernel.cache.get("replay", {None: replay._Specialisation()}).values()
-        before = (len(spec.engine_ns), spec.hits)
-        kernel(x, 2.0, torch.empty(ROWS, COLS))
-        (spec,) = kernel.cache["replay"].values()
-        ways.append("engine" if len(spec.engine_ns) > before[0] else "replay" if spec.hits > before[1] else "record")
-    trial = ways[replay.NORMAL_RUNS + 2:][: 2 * replay.TRIAL_REPLAYS]
-    assert ways[: replay.NORMAL_RUNS + 2] == ["engine"] * replay.NORMAL_RUNS + ["record", "replay"], ways
-    assert trial == ["engine", "replay"] * replay.TRIAL_REPLAYS, ways
+    ways = [decided(kernel, x, 2.0, torch.empty(ROWS, COLS)).kind for _ in range(CALLS)]
+    trial = ways[POLICY.normal_runs + 2:][: 2 * POLICY.trial_replays]
+    assert ways[: POLICY.normal_runs + 2] == [ENGINE] * POLICY.normal_runs + [RECORDED, REPLAYED], ways
+    assert trial == [ENGINE, REPLAYED] * POLICY.trial_replays, ways
+
+
+def test_a_policy_scope_changes_the_trial_for_its_block_only():
+    kernel = pl.jit(scale_rows.fn)
+    x = torch.randn(ROWS, COLS)
+    with policy_scope(normal_runs=0, trial_replays=0):   # record at once, keep the replay without a trial
+        ways = [decided(kernel, x, 2.0, torch.empty(ROWS, COLS)).kind for _ in range(3)]
+    assert ways == [RECORDED, REPLAYED, REPLAYED], ways
+    other = [decided(kernel, x, 3.0, torch.empty(ROWS, COLS)).kind for _ in range(POLICY.normal_runs + 1)]
+    assert other == [ENGINE] * POLICY.normal_runs + [RECORDED], other
+    with pytest.raises(TypeError, match="no field"):
+        with policy_scope(normal_run=0):
+            pass
 
 
 @pl.jit
@@ -580,10 +608,10 @@ def returns_a_read(scales: pl.Tensor[[2], pl.FP32]):
 
 def test_an_entry_returning_a_value_read_from_data_gives_a_plain_number_and_is_not_replayed():
     for i in range(CALLS):
-        got = returns_a_read(torch.tensor([0.0, 0.5 * i]))
+        with run_stats.collect() as stats:
+            got = returns_a_read(torch.tensor([0.0, 0.5 * i]))
         assert type(got) is float and got == 0.5 * i, f"call {i}: {got!r}"
-    (mode,) = modes(returns_a_read)
-    assert mode.startswith("engine (the entry returns a value read from tensor data"), mode
+    assert stats.replay.kind == REFUSED and "returns a value read from tensor data" in stats.replay.reason
 
 
 def make_local_kernel():
@@ -600,6 +628,6 @@ def test_a_kernel_defined_in_a_function_replays():
     kernel = make_local_kernel()
     for _ in range(CALLS):
         x, y = torch.randn(4, 8), torch.zeros(4, 8)
-        kernel(x, y)
+        decision = decided(kernel, x, y)
         assert torch.equal(y, x + 1.0)
-    assert modes(kernel)[0].startswith("replay of")
+    assert decision.kind == REPLAYED, decision

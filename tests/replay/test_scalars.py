@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pypto_rt.language import dtypes as D
-from pypto_rt.ops.traced_scalar import (TracedFloat, TracedInt, arithmetic, compare, host_key, plain_key,
-                                        smallest)
+from pypto_rt.replay.scalars import (TracedFloat, TracedInt, arithmetic, code_of, compare, host_key, plain_key,
+                                     smallest)
 from pypto_rt.ops.value import TensorValue
 
 
@@ -26,7 +26,7 @@ class FakeRecorder:
         self.refused = reason
 
     def guard(self, left, symbol, right, outcome):
-        self.guards.append((f"{left} {symbol} {right}", outcome))
+        self.guards.append((f"{code_of(left)} {symbol} {code_of(right)}", outcome))
 
 
 def traced(value=5, code="s0"):

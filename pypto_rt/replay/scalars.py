@@ -1,6 +1,6 @@
 """Numbers read from tensor data while a run is recorded for replay: they remember how they were computed.
 
-A recorded run (orchestration.torch_trace) that reads a scalar with `pl.read` gets a `TracedInt` (an `int`) or a
+A recorded run (replay.capture) that reads a scalar with `pl.read` gets a `TracedInt` (an `int`) or a
 `TracedFloat` (a `float`) with the value read, carrying `code`, the Python expression that computes it in the
 replay (`s3`, `(s3 + 1)`). Arithmetic with other numbers gives traced numbers again, so a value computed from data
 reaches the torch calls that use it (`cache[slot:slot + 1]`, `x * scale`) as code, not as the number seen when
@@ -13,8 +13,9 @@ A replay whose guards fail runs on the engine instead. Python's own C code reads
 plain numbers without asking (a list index, `range(x)`, `math.sqrt(x)`): pypto-rt's helpers pin values before
 the uses they make (`plain`, `plain_key`); the user's own code calling such functions is not seen.
 
-The recorder the value belongs to is `rec`, with `guard(left, symbol, right, outcome)`, `refuse(reason)` and
-`active`; once the recording ends (or is refused) the value behaves as the plain number it is.
+The recorder the value belongs to is `rec`, with `guard(left, symbol, right, outcome)` (its sides: numbers, traced
+or plain), `refuse(reason)` and `active`; once the recording ends (or is refused) the value behaves as the plain
+number it is. `symbols` names the values read from data (or parameters) the number was computed from.
 """
 from __future__ import annotations
 
@@ -24,19 +25,21 @@ import operator
 
 import torch
 
+from pypto_rt.ops.recording import ScalarFromData
 from pypto_rt.ops.value import TensorValue
 
 
-class TracedInt(int):
+class TracedInt(int, ScalarFromData):
     """`TracedInt(value, code, recorder)`: an int read from data (or computed from one) while recording."""
     code: str
     rec: object
+    symbols: frozenset
 
     def pin(self) -> int:
         """This value, fixed: the replay checks it is the same."""
         value = int.__int__(self)
         if self.rec.active:
-            self.rec.guard(self.code, "==", repr(value), True)
+            self.rec.guard(self, "==", value, True)
         return value
 
     def __int__(self):
@@ -63,10 +66,11 @@ class TracedInt(int):
         return _derived(self, int.__invert__(self), f"(~{self.code})")
 
 
-class TracedFloat(float):
+class TracedFloat(float, ScalarFromData):
     """`TracedFloat(value, code, recorder)`: a float read from data (or computed from one) while recording."""
     code: str
     rec: object
+    symbols: frozenset
 
     def pin(self) -> float:
         """This value, fixed: the replay checks it is the same (a value that is not finite cannot be: the
@@ -74,7 +78,7 @@ class TracedFloat(float):
         value = float.__float__(self)
         if self.rec.active:
             if math.isfinite(value):
-                self.rec.guard(self.code, "==", repr(value), True)
+                self.rec.guard(self, "==", value, True)
             else:
                 self.rec.refuse(f"the run's course depends on a value read from data that is {value}")
         return value
@@ -110,10 +114,11 @@ TRACED = (TracedInt, TracedFloat)
 def _common(cls, base) -> None:
     """The methods both kinds share, on `base`'s operations."""
 
-    def __new__(kind, value, code: str, rec):
+    def __new__(kind, value, code: str, rec, symbols: frozenset | None = None):
         self = base.__new__(kind, value)
         self.code = code
         self.rec = rec
+        self.symbols = frozenset((code,)) if symbols is None else symbols   # (a fresh one: its code is its name)
         return self
 
     cls.__new__ = __new__
@@ -121,7 +126,7 @@ def _common(cls, base) -> None:
     def __bool__(self):
         out = base.__ne__(self, 0)
         if self.rec.active:
-            self.rec.guard(self.code, "!=", "0", out)
+            self.rec.guard(self, "!=", 0, out)
         return out
 
     def __repr__(self):
@@ -160,9 +165,16 @@ def _common(cls, base) -> None:
     cls.__hash__ = base.__hash__   # defining __eq__ cleared it; a dict lookup that finds a key compares (guards)
 
 
-def traced(value, code: str, rec):
-    """A traced number of `value`'s kind: a TracedInt for an int, a TracedFloat for a float."""
-    return TracedInt(value, code, rec) if type(value) is int else TracedFloat(value, code, rec)
+def traced(value, code: str, rec, symbols: frozenset | None = None):
+    """A traced number of `value`'s kind: a TracedInt for an int, a TracedFloat for a float; `symbols`: what it
+    was computed from (a new symbol, named `code`, by default)."""
+    kind = TracedInt if type(value) is int else TracedFloat
+    return kind(value, code, rec, symbols)
+
+
+def symbols_of(value) -> frozenset:
+    """The values read from data (or parameters) a number was computed from: none for a plain number."""
+    return value.symbols if type(value) in TRACED else frozenset()
 
 
 def untraced(value):
@@ -249,8 +261,11 @@ smallest = _extreme("lt", builtins.min)
 largest = _extreme("gt", builtins.max)
 
 
-def _derived(source, value, code: str):
-    return traced(value, code, source.rec) if source.rec.active else value
+def _derived(source, value, code: str, other=None):
+    """`value`, computed from traced `source` (and `other`) as `code`: traced while the recording is active."""
+    if not source.rec.active:
+        return value
+    return traced(value, code, source.rec, source.symbols | other.symbols if type(other) in TRACED else source.symbols)
 
 
 _NUMBERS = (int, bool, float, TracedInt, TracedFloat)
@@ -276,7 +291,7 @@ def _arithmetic(base, name: str, symbol: str, reflected: bool):
                 return out
         if type(other) in _NUMBERS and type(out) in (int, float):
             left, right = (code_of(other), self.code) if reflected else (self.code, code_of(other))
-            return _derived(self, out, f"({left} {symbol} {right})")
+            return _derived(self, out, f"({left} {symbol} {right})", other)
         self.pin()
         return out
 
@@ -299,7 +314,7 @@ def _comparison(base, name: str, symbol: str):
                 return out
             out = plain_compare(int.__int__(self), other)
         if type(other) in _NUMBERS:
-            self.rec.guard(self.code, symbol, code_of(other), out)
+            self.rec.guard(self, symbol, other, out)
         else:
             self.pin()
         return out

@@ -1,10 +1,10 @@
 """The code a recorded run executes: arithmetic and comparisons routed so no value read from data is lost.
 
-A run recorded for replay gets numbers read from data as `TracedInt`s and `TracedFloat`s (ops.traced_scalar).
+A run recorded for replay gets numbers read from data as `TracedInt`s and `TracedFloat`s (replay.scalars).
 Python computes `1.5 * n`, `1.0 / n` and `0.5 < n` with float's own method, which reads an int subclass as a plain
 int without asking, and `math.sqrt(x)` reads any int or float subclass that way: the replay would keep the
 number seen when recording. The recorded run therefore executes a variant of the host program and kernels in
-which every binary operation, comparison and `min`/`max` call goes through `ops.traced_scalar.arithmetic` /
+which every binary operation, comparison and `min`/`max` call goes through `replay.scalars.arithmetic` /
 `compare` (which hand such a pair to the traced value's reflected method); calls into numeric modules
 (`math.floor(x)`, `np.sqrt(x)`), `range` bounds and subscripts of anything but a tensor (a list, a tuple) pin
 their traced numbers first. That costs a function call per operation, so only recorded runs execute this
@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import types
 
-from pypto_rt.ops.traced_scalar import arithmetic, compare, host_key, largest, plain, smallest
+from pypto_rt.replay.scalars import arithmetic, compare, host_key, largest, plain, smallest
 
 # modules whose functions read numbers in C without asking: their calls get plain (pinned) numbers
 _NUMERIC_MODULES = {"math", "cmath", "numpy", "statistics", "fractions", "decimal", "random"}

@@ -1,0 +1,75 @@
+"""How ops talk to a run being recorded for replay (pypto_rt.replay), if any: the op library's whole view of it.
+
+Replaying a recorded run repeats its torch calls only. An op whose effect lies outside them (communication with
+other ranks, printing) calls `refuse(reason)`: the run is then not replayed. `pl.read` asks `read_scalar` for a
+number the replay can read again itself instead of reading tensor data into Python, which would fix the replay to
+the value seen when recording. Such numbers are `ScalarFromData`s (replay's traced ints and floats subclass it):
+ops take them as they are where an int or float goes, so their code reaches torch. The recorder is whatever
+object the replay layer pushed on this thread; ops never import replay. Costs one thread-local read when nothing
+records.
+"""
+from __future__ import annotations
+
+import threading
+
+
+class ScalarFromData:
+    """Marker base of a number read from tensor data while recording (an int or float subclass that remembers
+    how the replay computes it). Plain `isinstance` checks: no ABC machinery on the ops' hot paths."""
+    __slots__ = ()
+
+
+class _Recording(threading.local):
+    recorder = None   # the recorder of the run or block recorded on this thread (others' are not its business)
+
+
+_this_thread = _Recording()
+
+
+def push(recorder) -> None:
+    """`recorder` records on this thread (a run on the host, or one block of a kernel on a worker); it has
+    `refuse(reason)` and `read_scalar(data, index)`."""
+    if _this_thread.recorder is not None:
+        raise RuntimeError("a recording is already active on this thread")
+    _this_thread.recorder = recorder
+
+
+def pop() -> None:
+    _this_thread.recorder = None
+
+
+def refuse(reason: str) -> None:
+    """The run now being recorded on this thread, if any, must not be replayed: `reason` says why."""
+    recorder = _this_thread.recorder
+    if recorder is not None:
+        recorder.refuse(reason)
+
+
+def recording() -> bool:
+    return _this_thread.recorder is not None
+
+
+def read_scalar(data, index: tuple):
+    """The element of torch tensor `data` at `index` (ints, traced ints) as a ScalarFromData the replay reads
+    again, or None when no run is recorded on this thread or the recording cannot read it again (the caller then
+    reads it as usual)."""
+    recorder = _this_thread.recorder
+    return recorder.read_scalar(data, index) if recorder is not None else None
+
+
+def is_int(value) -> bool:
+    """An integer ops take as it is: a plain int, or one read from data (it keeps its code)."""
+    return type(value) is int or (isinstance(value, ScalarFromData) and isinstance(value, int))
+
+
+def integral(value):
+    """An index or offset as ops take it: an int, one read from data as it is, anything else via int()."""
+    return value if is_int(value) else int(value)
+
+
+def less(left, right) -> bool:
+    """`left < right`; a plain float against a number read from data asks that number (its mirrored method):
+    float's own method would read an int subclass as a plain int without asking."""
+    if type(left) is float and isinstance(right, ScalarFromData):
+        return right > left
+    return left < right
