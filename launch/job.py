@@ -18,9 +18,9 @@ import time
 from pypto_rt.launch import contract, files
 from pypto_rt.launch.config import LaunchConfig
 from pypto_rt.launch.output import TAIL_BYTES
-from pypto_rt.launch.rendezvous import LOOPBACK
+from pypto_rt.launch.job_store import LOOPBACK
 from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
-from pypto_rt.launch.shm import remove_segments
+from pypto_rt.launch.job_segments import remove_segments
 from pypto_rt.launch.signals import SignalWatch
 from pypto_rt.launch.supervisor import RankProc, RankSpec, Supervisor
 
@@ -44,7 +44,7 @@ def run_job(cfg: LaunchConfig) -> int:
                 return _setup_error(f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
         else:
             tmp_dir = tempfile.mkdtemp(prefix=f"pypto-launch-{cfg.job_id}-")
-        from pypto_rt.launch.rendezvous import StoreError, open_job_store
+        from pypto_rt.launch.job_store import StoreError, open_job_store
         try:
             job_store = open_job_store(cfg)
         except StoreError as e:
@@ -148,8 +148,8 @@ def _supervise(cfg: LaunchConfig, specs: list[RankSpec], watch: SignalWatch, sto
 
 
 def _mark_exited(store, r: RankProc) -> None:
-    """Tell the ranks still in a start rendezvous that rank r will never come (pypto_rt.collective.rendezvous)."""
-    from pypto_rt.collective.rendezvous import EXITED_KEY
+    """Tell the ranks still in a start rendezvous that rank r will never come (pypto_rt.collective.store_rendezvous)."""
+    from pypto_rt.collective.store_rendezvous import EXITED_KEY
     try:
         store.set(f"{EXITED_KEY}/{r.spec.rank}", str(r.returncode))
     except Exception:  # noqa: BLE001 - the store is gone (node 0 ended): its ranks are ending anyway

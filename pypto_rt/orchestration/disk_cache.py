@@ -27,9 +27,9 @@ from pypto_rt import config
 from pypto_rt.errors import Span, user_span
 from pypto_rt.frontend.notes import StyleNote
 from pypto_rt.frontend.resolve import Env
-from pypto_rt.incore_compiler.accesses import Access
+from pypto_rt.incore_compiler.accesses import ParamAccess
 from pypto_rt.incore_compiler.compiler import KernelArtifact
-from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
+from pypto_rt.incore_compiler.kernel_ir import UNBOUND, GeneratedKernel, KernelIR
 from pypto_rt.incore_compiler.pycode import Factory
 from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES
 from pypto_rt.language import _runtime
@@ -236,7 +236,7 @@ def _artifact(d: dict, env: Env, module_globals: dict) -> KernelArtifact:
     ir = KernelIR(name=d["name"], display=d["display"], file=d["file"], span=Span(*d["span"]),
                   params=d["params"], body=[], env=env, anchor=None, block_var=d["block_var"],
                   results=d["results"], guards=d["guards"], returns_value=d["returns_value"],
-                  accesses=[Access(p, m, line=line, atomic=atomic) for p, m, line, atomic in d["accesses"]],
+                  accesses=[ParamAccess(p, m, line=line, atomic=atomic) for p, m, line, atomic in d["accesses"]],
                   coalesce_var=d["coalesce_var"], coalesce_untiled=tuple(d["coalesce_untiled"]),
                   coalesce_dim=d["coalesce_dim"])
     values = {**RUNTIME_NAMES, **{local: OPS[qual] for local, qual in d["ops"].items()}, **env.closure}
@@ -244,7 +244,7 @@ def _artifact(d: dict, env: Env, module_globals: dict) -> KernelArtifact:
     (run,) = run_factory.instantiate(values, module_globals)
     accesses_factory = Factory(d["accesses_fn"], tuple(d["accesses_names"]))
     (accesses,) = accesses_factory.instantiate(env.closure, module_globals)
-    compiled = CompiledKernel(ir, run, d["source"], "torch", run_factory, d["ops"])
+    compiled = GeneratedKernel(ir, run, d["source"], "torch", run_factory, d["ops"])
     return KernelArtifact(compiled, accesses, factory=accesses_factory)
 
 

@@ -22,13 +22,12 @@ import types
 import warnings
 
 from pypto_rt import config
-from pypto_rt.aicpu import Access as EngineAccess
-from pypto_rt.aicpu import Task, region_of
+from pypto_rt.aicpu import Task, TaskAccess, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
 from pypto_rt.incore_compiler.chunks import chunk_cap, chunk_count
 from pypto_rt.incore_compiler.compiler import incore_kernel
-from pypto_rt.incore_compiler.executor import refuse_replay_of_plain_python
+from pypto_rt.incore_compiler.kernel_executor import refuse_replay_of_plain_python
 from pypto_rt.language import distributed as pld
 from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.enums import Level
@@ -218,7 +217,7 @@ class HostExecutor(ReferenceExecutor):
                 continue
             region = region_of(value.data, offsets, sizes)
             box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
-            out.append((EngineAccess(region, mode), box, index))
+            out.append((TaskAccess(region, mode), box, index))
             if mode != "r" and line:   # a definite write (assumed ones, e.g. by a helper call, do not warn)
                 self._warn_in_write(value, artifact, line)
         return out, windows

@@ -134,9 +134,9 @@ class _Job:
             self.procs.append(proc)
         # the store's server threads start only after the forks: a child must not inherit a lock one of them holds;
         # it listens on loopback only, its keys under a secret the ranks get through their private pipes
-        from pypto_rt.collective import rendezvous
+        from pypto_rt.collective import store_rendezvous
         secret = secrets.token_hex(16)
-        self.store, _ = rendezvous.serve("127.0.0.1", 0, secret)
+        self.store, _ = store_rendezvous.serve("127.0.0.1", 0, secret)
         for conn in self.conns:
             conn.send(("store", self.store.port, secret))
 
@@ -328,9 +328,9 @@ def _rank_main(rank: int, world_size: int, conn, binding, inherited, lifeline) -
     try:
         from torch.distributed import TCPStore
 
-        from pypto_rt.collective import create_communicator, rendezvous
+        from pypto_rt.collective import create_communicator, store_rendezvous
         _, port, secret = conn.recv()   # ("store", port, secret): the host starts its store after forking every rank
-        store = rendezvous.join(TCPStore("127.0.0.1", port, is_master=False), secret, f"127.0.0.1:{port}",
+        store = store_rendezvous.join(TCPStore("127.0.0.1", port, is_master=False), secret, f"127.0.0.1:{port}",
                                 f"rank {rank}")
         process.install(create_communicator("shm", rank, world_size, store=store, prefix=prefix,
                                             owner_unlinks=False))
