@@ -10,7 +10,9 @@ import os
 
 import pytest
 
-PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pypto_rt")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "pypto_rt")
+INSTALLED = ("pypto_rt", "launch", "kernels")   # launch/ and kernels/ are installed as pypto_rt.launch, .kernels
 
 # package -> pypto_rt packages it must never import (at module level or inside functions)
 FORBIDDEN = {
@@ -75,3 +77,40 @@ def test_modules_stay_under_the_hard_size_cap():
                 if n > 800:
                     big.append((os.path.relpath(path, PKG), n))
     assert big == []
+
+
+# the same name in two layers for one idea seen from each side (the reason says why it is one idea), or on its way out
+SHARED_NAMES = {
+    "distributed.py": "the pld surface (language) and the semantics of its ops (ops), as pl stubs and pl ops",
+    "torch_backend.py": "each layer's torch backend: kernels as torch code, communicators on torch.distributed",
+    "config.py": "the runtime's knobs and pypto-launch's validated flags",
+    "files.py": "kernel-library files as modules (golden) and the launcher's log folder (launch)",
+    "Refused": "a run replay refuses (moving to pypto_rt/replay) and a peer the launch gateway refuses",
+}
+
+
+def _installed_modules():
+    for top in INSTALLED:
+        for root, _, files in os.walk(os.path.join(ROOT, top)):
+            yield from (os.path.relpath(os.path.join(root, f), ROOT) for f in files
+                        if f.endswith(".py") and f != "__init__.py")
+
+
+def _shared(names_by_module) -> dict:
+    seen: dict[str, list[str]] = {}
+    for module, name in names_by_module:
+        seen.setdefault(name, []).append(module)
+    return {name: sorted(where) for name, where in seen.items() if len(where) > 1 and name not in SHARED_NAMES}
+
+
+def test_module_names_say_which_layer():
+    """Two modules with one file name in different layers (two executor.py, shm.py, rendezvous.py) read as one."""
+    assert _shared((m, os.path.basename(m)) for m in _installed_modules()) == {}
+
+
+def test_class_names_say_which_layer():
+    """Two public classes with one name (the engine's and the front end's Region) read as one idea; they are not."""
+    classes = ((m, node.name) for m in _installed_modules()
+               for node in ast.parse(open(os.path.join(ROOT, m)).read()).body
+               if isinstance(node, ast.ClassDef) and not node.name.startswith("_"))
+    assert _shared(classes) == {}
