@@ -1,7 +1,8 @@
 """Imports point one way (house style 7.1): errors/config <- language <- ops <- executors <- harness/CLI.
 
 The compiled runtime: frontend <- incore_compiler <- orchestration (which drives the aicpu engine); the
-driver reaches orchestration through one deferred import.
+driver reaches orchestration, and the host form (host_form: forked ranks, their store and messages), through
+deferred imports. The disk cache stores what its caller gives it and imports only config and errors.
 """
 from __future__ import annotations
 
@@ -16,20 +17,31 @@ INSTALLED = ("pypto_rt", "launch", "kernels")   # launch/ and kernels/ are insta
 
 # package -> pypto_rt packages it must never import (at module level or inside functions)
 FORBIDDEN = {
-    "language": {"ops", "reference", "golden", "binding", "pypto_run"},
-    "ops": {"reference", "golden", "driver", "binding", "pypto_run"},
-    "reference": {"golden", "driver", "pypto_run"},
-    "golden": {"reference", "ops", "binding", "frontend", "incore_compiler", "orchestration", "aicpu"},
+    "language": {"ops", "reference", "golden", "binding", "pypto_run", "host_form"},
+    "ops": {"reference", "golden", "driver", "binding", "pypto_run", "host_form"},
+    "reference": {"golden", "driver", "pypto_run", "host_form"},
+    "golden": {"reference", "ops", "binding", "frontend", "incore_compiler", "orchestration", "aicpu", "host_form"},
     # the compiled runtime: frontend -> incore_compiler -> orchestration, with the engine (aicpu) below them all
     "aicpu": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
-              "orchestration", "pypto_run"},
-    "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu"},
-    "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run"},
-    "orchestration": {"golden", "driver", "pypto_run"},
+              "orchestration", "pypto_run", "host_form", "disk_cache"},
+    "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu",
+                 "host_form", "disk_cache"},
+    "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run", "host_form", "disk_cache"},
+    "orchestration": {"golden", "driver", "pypto_run", "host_form"},
+    # the host form runs a host body eagerly and its dispatches on forked ranks, under either executor: it knows
+    # nothing of the compiled runtime (a rank reaches it through the kernel's own call, i.e. the driver)
+    "host_form": {"golden", "driver", "binding", "pypto_run", "frontend", "incore_compiler", "orchestration",
+                  "disk_cache", "launch", "kernels"},
     # communicators sit beside the engine, below everything else: only errors and config from pypto_rt
     "collective": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
-                   "orchestration", "aicpu", "pypto_run", "launch", "kernels"},
+                   "orchestration", "aicpu", "pypto_run", "launch", "kernels", "host_form", "disk_cache"},
 }
+# modules that import nothing from pypto_rt but these
+ONLY = {"disk_cache.py": {"config", "errors"},
+        "host_form/lifeline.py": {"collective"}}   # (collective.segments: a rank's lifeline outlives everything else)
+# standard modules a package must not need: orchestration keeps host programs and task running; forking ranks and
+# watching their lifeline is the host form's, trusting files on disk the disk cache's
+FORBIDDEN_STDLIB = {"orchestration": {"multiprocessing", "fcntl", "stat"}}
 # sanctioned upward edges: KernelFunction.__call__/compile reach the driver; pld reaches the op library
 ALLOWED = {("language/decorators.py", "driver"),
            # pld's plain-Python half: window views need the dtype -> torch storage mapping, and collectives called
@@ -65,6 +77,24 @@ def test_imports_point_down(package, module):
     bad = {target for target in _imports(os.path.join(PKG, module))
            if target in FORBIDDEN[package] and (module, target) not in ALLOWED}
     assert bad == set(), f"{module} imports {sorted(bad)}"
+
+
+def _stdlib_imports(path):
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module.split(".")[0]
+
+
+@pytest.mark.parametrize("package,module", sorted(m for m in _modules() if m[0] in FORBIDDEN_STDLIB))
+def test_packages_keep_to_their_job(package, module):
+    assert set(_stdlib_imports(os.path.join(PKG, module))) & FORBIDDEN_STDLIB[package] == set()
+
+
+@pytest.mark.parametrize("module", sorted(ONLY))
+def test_leaf_modules_import_only_what_they_name(module):
+    assert set(_imports(os.path.join(PKG, module))) - ONLY[module] == set()
 
 
 def test_modules_stay_under_the_hard_size_cap():
