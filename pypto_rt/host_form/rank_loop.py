@@ -1,4 +1,5 @@
-"""A host-form rank process (forked by the host's ForkedJob): serve the host's requests until it says exit, or is gone."""
+"""A host-form rank process (forked by the host's ForkedJob): serve the host's requests until it says exit,
+or until the host is gone."""
 from __future__ import annotations
 
 import gc
