@@ -19,15 +19,18 @@ INSTALLED = ("pypto_rt", "launch", "kernels")   # launch/ and kernels/ are insta
 FORBIDDEN = {
     "language": {"ops", "reference", "golden", "binding", "pypto_run", "host_form"},
     "ops": {"reference", "golden", "driver", "binding", "pypto_run", "host_form"},
-    "reference": {"golden", "driver", "pypto_run", "host_form"},
+    # the oracle depends on no part of the compiled runtime; the product executors share executor_base with it
+    "reference": {"golden", "driver", "pypto_run", "host_form", "incore_compiler", "orchestration", "aicpu",
+                  "collective", "disk_cache"},
     "golden": {"reference", "ops", "binding", "frontend", "incore_compiler", "orchestration", "aicpu", "host_form"},
     # the compiled runtime: frontend -> incore_compiler -> orchestration, with the engine (aicpu) below them all
     "aicpu": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
               "orchestration", "pypto_run", "host_form", "disk_cache"},
     "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu",
                  "host_form", "disk_cache"},
-    "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run", "host_form", "disk_cache"},
-    "orchestration": {"golden", "driver", "pypto_run", "host_form"},
+    "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run", "host_form", "disk_cache",
+                        "reference"},
+    "orchestration": {"golden", "driver", "pypto_run", "host_form", "reference"},
     # the host form runs a host body eagerly and its dispatches on forked ranks, under either executor: it knows
     # nothing of the compiled runtime (a rank reaches it through the kernel's own call, i.e. the driver)
     "host_form": {"golden", "driver", "binding", "pypto_run", "frontend", "incore_compiler", "orchestration",
@@ -38,6 +41,7 @@ FORBIDDEN = {
 }
 # modules that import nothing from pypto_rt but these
 ONLY = {"disk_cache.py": {"config", "errors"},
+        "executor_base.py": {"errors", "language", "ops"},
         "host_form/lifeline.py": {"collective"}}   # (collective.segments: a rank's lifeline outlives everything else)
 # standard modules a package must not need: orchestration keeps host programs and task running; forking ranks and
 # watching their lifeline is the host form's, trusting files on disk the disk cache's

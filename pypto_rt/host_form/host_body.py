@@ -1,11 +1,12 @@
-"""The entry of a host-form program: its body runs here, eagerly; each `f(..., device=r)` becomes a dispatch."""
+"""The entry of a host-form program: its body runs here on the reference executor (eagerly, in program order), which
+hands each `f(..., device=r)` to the job as a dispatch."""
 from __future__ import annotations
 
 import os
 
 from pypto_rt import config
 from pypto_rt.collective import process
-from pypto_rt.errors import NotSupportedError, PyptoError, user_span
+from pypto_rt.errors import NotSupportedError, PyptoError
 from pypto_rt.host_form.forked_job import ForkedJob
 from pypto_rt.language._runtime import activate
 from pypto_rt.ops.value import TensorValue
@@ -33,7 +34,7 @@ def run_host(kernel, binding):
             value.data.share_memory_()
     job = ForkedJob(len(device_ids()), binding)
     try:
-        executor = HostFormExecutor(binding, job)
+        executor = ReferenceExecutor(binding, dispatch=job.dispatch)
         process.set_host_form(job)
         try:
             with activate(executor):
@@ -48,18 +49,3 @@ def run_host(kernel, binding):
         job.close()
     return result
 
-
-class HostFormExecutor(ReferenceExecutor):
-    """The host body runs eagerly, as on the reference executor; `f(..., device=r)` becomes a dispatch."""
-
-    def __init__(self, binding, job):
-        super().__init__(binding)
-        self.job = job
-
-    def call_kernel(self, kernel, args, kwargs):
-        if "device" not in kwargs:
-            return super().call_kernel(kernel, args, kwargs)
-        kwargs = dict(kwargs)
-        rank = int(kwargs.pop("device"))
-        self.job.dispatch(rank, kernel, args, kwargs, user_span())
-        return None

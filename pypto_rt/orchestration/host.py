@@ -25,6 +25,7 @@ from pypto_rt import config
 from pypto_rt.aicpu import Task, TaskAccess, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
+from pypto_rt.executor_base import ExecutorBase, is_incore, refuse_unrunnable, warn_directions_on_inline
 from pypto_rt.incore_compiler.chunks import chunk_cap, chunk_count
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.incore_compiler.kernel_executor import refuse_replay_of_plain_python
@@ -39,7 +40,6 @@ from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.atomic_order import AtomicOrder
 from pypto_rt.orchestration.program import host_program
 from pypto_rt.orchestration.task_runner import TaskRunner
-from pypto_rt.reference.executor import ReferenceExecutor, is_incore, warn_directions_on_inline
 
 # host ops that only make views, shapes or bookkeeping: no tensor data is touched, nothing waits
 _NO_WAIT = {"slice", "reshape", "reinterpret_view", "transpose_view", "dim", "set_validshape", "__getitem__",
@@ -54,10 +54,10 @@ def _base(name: str) -> str:
     return name.split(".", 1)[1] if name.startswith(("tensor.", "tile.")) else name
 
 
-class HostExecutor(ReferenceExecutor):
+class HostExecutor(ExecutorBase):
     """Orchestration of one entry call on an engine."""
 
-    INTRINSICS = {**ReferenceExecutor.INTRINSICS, "submit": "_submit_call", "spmd_submit": "_spmd_submit_call",
+    INTRINSICS = {**ExecutorBase.INTRINSICS, "submit": "_submit_call", "spmd_submit": "_spmd_submit_call",
                   "system.task_dummy": "_task_dummy"}
 
     def __init__(self, binding, engine):
@@ -80,8 +80,7 @@ class HostExecutor(ReferenceExecutor):
 
     def call_kernel(self, kernel, args, kwargs):
         refuse_replay_of_plain_python(kernel)
-        if kernel.kind == "extern" or "device" in kwargs:
-            return super().call_kernel(kernel, args, kwargs)   # says why it cannot run
+        refuse_unrunnable(kernel, kwargs)
         if is_incore(kernel):
             task = self._submit_function(kernel, args, kwargs, deps=None, blocks=1, name=None)
             return self.results(task)
