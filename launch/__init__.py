@@ -11,9 +11,9 @@ it is the root cause, its error and log) and `root_cause`, the rank the failure 
 
 Modules, one job each: `api` (`launch`, `run`), `cli` (flags and PYPTO_* variables -> `LaunchConfig`, then
 `api.run`), `config` (that dataclass), `result` (`JobResult`), `contract` (the environment every rank gets), `job`
-(one job: store, ranks, report, cleanup), `rendezvous` (the TCPStore node 0 hosts), `gateway` (authenticated
+(one job: store, ranks, report, cleanup), `job_store` (the TCPStore node 0 hosts), `gateway` (authenticated
 store connections between hosts), `supervisor` (rank processes: start, watch, end), `output` (rank output to
-logs and terminal), `signals` (Ctrl-C/SIGTERM to the launcher), `report` (first failure and the summary), `shm`
+logs and terminal), `signals` (Ctrl-C/SIGTERM to the launcher), `report` (first failure and the summary), `job_segments`
 (the job's /dev/shm segments), `files` (the log folder's checks and link-proof opens), `rank_main` (the entry
 each rank runs). Importing this package is cheap: ranks import it, and must not pay for torch.
 """

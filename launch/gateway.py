@@ -84,7 +84,7 @@ class Listener:
 
 def gateway(addr: str, port: int, store_port: int, secret: str) -> Listener:
     """Listen on `addr:port` (0: a free port); relay admitted connections to the store on loopback:store_port."""
-    from pypto_rt.collective.rendezvous import listen
+    from pypto_rt.collective.store_rendezvous import listen
 
     def serve(conn: socket.socket) -> None:
         try:
@@ -100,7 +100,7 @@ def gateway(addr: str, port: int, store_port: int, secret: str) -> Listener:
 
 def relay(remote: tuple[str, int], secret: str) -> Listener:
     """Listen on a free loopback port; relay each connection to the gateway at `remote` after the handshake."""
-    from pypto_rt.collective.rendezvous import listen
+    from pypto_rt.collective.store_rendezvous import listen
 
     def serve(conn: socket.socket) -> None:
         try:

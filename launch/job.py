@@ -20,10 +20,10 @@ import time
 from pypto_rt.launch import contract, files
 from pypto_rt.launch.config import LaunchConfig
 from pypto_rt.launch.output import TAIL_BYTES
-from pypto_rt.launch.rendezvous import LOOPBACK
+from pypto_rt.launch.job_store import LOOPBACK
 from pypto_rt.launch.report import RankResult, first_failure, read_record, summarize
+from pypto_rt.launch.job_segments import remove_segments
 from pypto_rt.launch.result import JobResult, job_result
-from pypto_rt.launch.shm import remove_segments
 from pypto_rt.launch.signals import SignalWatch
 from pypto_rt.launch.supervisor import RankProc, RankSpec, Supervisor
 
@@ -48,7 +48,7 @@ def run_job(cfg: LaunchConfig) -> JobResult:
                 return _setup_error(cfg, f"cannot create the log folder --log-dir {cfg.log_dir}: {e.strerror}")
         else:
             tmp_dir = tempfile.mkdtemp(prefix=f"pypto-launch-{cfg.job_id}-")
-        from pypto_rt.launch.rendezvous import StoreError, open_job_store
+        from pypto_rt.launch.job_store import StoreError, open_job_store
         try:
             job_store = open_job_store(cfg)
         except StoreError as e:
@@ -159,8 +159,8 @@ def _ending(cfg: LaunchConfig, results: list[RankResult], got_signal: int | None
 
 
 def _mark_exited(store, r: RankProc) -> None:
-    """Tell the ranks still in a start rendezvous that rank r will never come (pypto_rt.collective.rendezvous)."""
-    from pypto_rt.collective.rendezvous import EXITED_KEY
+    """Tell the ranks still in a start rendezvous that rank r will never come (pypto_rt.collective.store_rendezvous)."""
+    from pypto_rt.collective.store_rendezvous import EXITED_KEY
     try:
         store.set(f"{EXITED_KEY}/{r.spec.rank}", str(r.returncode))
     except Exception:  # noqa: BLE001 - the store is gone (node 0 ended): its ranks are ending anyway

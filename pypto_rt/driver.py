@@ -46,7 +46,7 @@ def run_entry(kernel, args: tuple, kwargs: dict):
                 return unwrap(result)
         binding = bind_call(kernel, args, kwargs)
         if kernel.kind == "host":   # a multi-rank host program: its body here, its dispatches on rank processes
-            from pypto_rt.orchestration.host_form import run_host
+            from pypto_rt.host_form.host_body import run_host
             result = run_host(kernel, binding)
         elif config.EXECUTOR.get() == "compiled":
             from pypto_rt.orchestration.run import run_compiled  # the compiled runtime sits above the driver

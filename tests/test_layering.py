@@ -1,7 +1,9 @@
 """Imports point one way (house style 7.1): errors/config <- language <- ops <- executors <- harness/CLI.
 
 The compiled runtime: frontend <- incore_compiler <- orchestration (which drives the aicpu engine); the
-driver reaches orchestration through one deferred import. Replay sits on ops and below orchestration.
+driver reaches orchestration, and the host form (host_form: forked ranks, their store and messages), through
+deferred imports. Replay sits on ops and below orchestration. The disk cache stores what its caller gives it and
+imports only config and errors.
 """
 from __future__ import annotations
 
@@ -12,27 +14,44 @@ import sys
 
 import pytest
 
-PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pypto_rt")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "pypto_rt")
+INSTALLED = ("pypto_rt", "launch", "kernels")   # launch/ and kernels/ are installed as pypto_rt.launch, .kernels
 
 # package -> pypto_rt packages it must never import (at module level or inside functions)
 FORBIDDEN = {
-    "language": {"ops", "reference", "golden", "binding", "pypto_run"},
+    "language": {"ops", "reference", "golden", "binding", "pypto_run", "host_form"},
     # the op library is the semantic oracle: replay reaches it, never the reverse (ops.recording is its hook)
-    "ops": {"reference", "golden", "driver", "binding", "pypto_run", "replay", "orchestration"},
-    "reference": {"golden", "driver", "pypto_run"},
-    "golden": {"reference", "ops", "binding", "frontend", "incore_compiler", "orchestration", "aicpu"},
+    "ops": {"reference", "golden", "driver", "binding", "pypto_run", "host_form", "replay", "orchestration"},
+    # the oracle depends on no part of the compiled runtime; the product executors share executor_base with it
+    "reference": {"golden", "driver", "pypto_run", "host_form", "incore_compiler", "orchestration", "aicpu",
+                  "collective", "disk_cache"},
+    "golden": {"reference", "ops", "binding", "frontend", "incore_compiler", "orchestration", "aicpu", "host_form"},
     # the compiled runtime: frontend -> incore_compiler -> orchestration, with the engine (aicpu) below them all
     "aicpu": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
-              "orchestration", "pypto_run"},
-    "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu"},
-    "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run"},
-    "orchestration": {"golden", "driver", "pypto_run"},
+              "orchestration", "pypto_run", "host_form", "disk_cache"},
+    "frontend": {"ops", "reference", "golden", "driver", "binding", "incore_compiler", "orchestration", "aicpu",
+                 "host_form", "disk_cache"},
+    "incore_compiler": {"golden", "driver", "orchestration", "aicpu", "pypto_run", "host_form", "disk_cache",
+                        "reference"},
+    "orchestration": {"golden", "driver", "pypto_run", "host_form", "reference"},
     # replay records and reruns what orchestration runs: orchestration imports it, not the reverse
-    "replay": {"orchestration", "driver", "golden", "pypto_run"},
+    "replay": {"orchestration", "driver", "golden", "pypto_run", "host_form", "disk_cache", "reference"},
+    # the host form runs a host body eagerly and its dispatches on forked ranks, under either executor: it knows
+    # nothing of the compiled runtime (a rank reaches it through the kernel's own call, i.e. the driver)
+    "host_form": {"golden", "driver", "binding", "pypto_run", "frontend", "incore_compiler", "orchestration",
+                  "disk_cache", "launch", "kernels"},
     # communicators sit beside the engine, below everything else: only errors and config from pypto_rt
     "collective": {"language", "ops", "reference", "golden", "driver", "binding", "frontend", "incore_compiler",
-                   "orchestration", "aicpu", "pypto_run", "launch", "kernels"},
+                   "orchestration", "aicpu", "pypto_run", "launch", "kernels", "host_form", "disk_cache"},
 }
+# modules that import nothing from pypto_rt but these
+ONLY = {"disk_cache.py": {"config", "errors"},
+        "executor_base.py": {"errors", "language", "ops"},
+        "host_form/lifeline.py": {"collective"}}   # (collective.segments: a rank's lifeline outlives everything else)
+# standard modules a package must not need: orchestration keeps host programs and task running; forking ranks and
+# watching their lifeline is the host form's, trusting files on disk the disk cache's
+FORBIDDEN_STDLIB = {"orchestration": {"multiprocessing", "fcntl", "stat"}}
 # sanctioned upward edges: KernelFunction.__call__/compile reach the driver; pld reaches the op library
 ALLOWED = {("language/decorators.py", "driver"),
            # pld's plain-Python half: window views need the dtype -> torch storage mapping, and collectives called
@@ -70,6 +89,24 @@ def test_imports_point_down(package, module):
     assert bad == set(), f"{module} imports {sorted(bad)}"
 
 
+def _stdlib_imports(path):
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module.split(".")[0]
+
+
+@pytest.mark.parametrize("package,module", sorted(m for m in _modules() if m[0] in FORBIDDEN_STDLIB))
+def test_packages_keep_to_their_job(package, module):
+    assert set(_stdlib_imports(os.path.join(PKG, module))) & FORBIDDEN_STDLIB[package] == set()
+
+
+@pytest.mark.parametrize("module", sorted(ONLY))
+def test_leaf_modules_import_only_what_they_name(module):
+    assert set(_imports(os.path.join(PKG, module))) - ONLY[module] == set()
+
+
 def test_modules_stay_under_the_hard_size_cap():
     big = []
     for root, _, files in os.walk(PKG):
@@ -88,3 +125,40 @@ def test_the_op_library_loads_without_the_replay_layer():
             "print(sorted(m for m in sys.modules if m.startswith(('pypto_rt.replay', 'pypto_rt.orchestration'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# the same name in two layers for one idea seen from each side (the reason says why it is one idea), or on its way out
+SHARED_NAMES = {
+    "distributed.py": "the pld surface (language) and the semantics of its ops (ops), as pl stubs and pl ops",
+    "torch_backend.py": "each layer's torch backend: kernels as torch code, communicators on torch.distributed",
+    "config.py": "the runtime's knobs and pypto-launch's validated flags",
+    "files.py": "kernel-library files as modules (golden) and the launcher's log folder (launch)",
+    "Refused": "a run replay refuses and a peer the launch gateway refuses",
+}
+
+
+def _installed_modules():
+    for top in INSTALLED:
+        for root, _, files in os.walk(os.path.join(ROOT, top)):
+            yield from (os.path.relpath(os.path.join(root, f), ROOT) for f in files
+                        if f.endswith(".py") and f != "__init__.py")
+
+
+def _shared(names_by_module) -> dict:
+    seen: dict[str, list[str]] = {}
+    for module, name in names_by_module:
+        seen.setdefault(name, []).append(module)
+    return {name: sorted(where) for name, where in seen.items() if len(where) > 1 and name not in SHARED_NAMES}
+
+
+def test_module_names_say_which_layer():
+    """Two modules with one file name in different layers (two executor.py, shm.py, rendezvous.py) read as one."""
+    assert _shared((m, os.path.basename(m)) for m in _installed_modules()) == {}
+
+
+def test_class_names_say_which_layer():
+    """Two public classes with one name (the engine's and the front end's Region) read as one idea; they are not."""
+    classes = ((m, node.name) for m in _installed_modules()
+               for node in ast.parse(open(os.path.join(ROOT, m)).read()).body
+               if isinstance(node, ast.ClassDef) and not node.name.startswith("_"))
+    assert _shared(classes) == {}

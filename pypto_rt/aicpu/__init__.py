@@ -7,9 +7,9 @@ and pypto_rt.config from pypto_rt.
 """
 from .engine import Engine
 from .failures import RingOverflowError, StallError, TaskFailedError, TaskPoisoned
-from .regions import Region, overlaps, region_of
+from .regions import MemoryRegion, overlaps, region_of
 from .task import Task
-from .tensormap import Access, TensorMap
+from .tensormap import TaskAccess, TensorMap
 
-__all__ = ["Access", "Engine", "Region", "RingOverflowError", "StallError", "Task", "TaskFailedError",
+__all__ = ["Engine", "MemoryRegion", "RingOverflowError", "StallError", "Task", "TaskAccess", "TaskFailedError",
            "TaskPoisoned", "TensorMap", "overlaps", "region_of"]

@@ -23,7 +23,7 @@ from pypto_rt.errors import PyptoError
 
 from . import heap, host_watch
 from .failures import TaskFailedError, TaskPoisoned, ring_overflow_error, stall_error
-from .regions import Region
+from .regions import MemoryRegion
 from .stats import format_stats
 from .task import FINISHED, Task
 from .tensormap import TensorMap
@@ -239,7 +239,7 @@ class Engine:
         with _lock:
             self._wait(finished)
 
-    def wait_region(self, region: Region, for_write: bool = False) -> None:
+    def wait_region(self, region: MemoryRegion, for_write: bool = False) -> None:
         """Host access: wait for the in-flight tasks writing bytes of `region` (and reading them, for_write)."""
         self.wait(self._tmap.in_flight(region, for_write))
 

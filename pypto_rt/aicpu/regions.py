@@ -1,6 +1,6 @@
 """Byte regions of tensor storage and an exact overlap test.
 
-A `Region` is a strided box of one storage buffer measured in bytes: the element at box index i lives at
+A `MemoryRegion` is a strided box of one storage buffer measured in bytes: the element at box index i lives at
 `offset + sum(i[d] * strides[d])` and spans `itemsize` bytes. Two accesses race exactly when their regions share
 a byte, so `overlaps` never answers False for shared bytes; it answers True without sharing only when an exact
 answer would be too costly (more than `MAX_RUNS` contiguous runs on a side).
@@ -16,7 +16,7 @@ import numpy as np
 MAX_RUNS = 65536  # above this many contiguous byte runs per side, `overlaps` gives the conservative True
 
 
-class Region(namedtuple("_RegionFields", "key offset shape strides itemsize lo hi")):
+class MemoryRegion(namedtuple("_MemoryRegionFields", "key offset shape strides itemsize lo hi")):
     """A strided box of one buffer, in bytes (immutable).
 
     `key` is the storage identity (its data pointer), `offset` the byte offset of the box's first element,
@@ -38,11 +38,11 @@ class Region(namedtuple("_RegionFields", "key offset shape strides itemsize lo h
         return tuple.__new__(cls, (key, offset, shape, strides, itemsize, offset, hi))
 
     def __repr__(self) -> str:
-        return (f"Region(key={self.key}, offset={self.offset}, shape={self.shape}, strides={self.strides}, "
+        return (f"MemoryRegion(key={self.key}, offset={self.offset}, shape={self.shape}, strides={self.strides}, "
                 f"itemsize={self.itemsize})")
 
 
-def region_of(t, offsets=None, sizes=None) -> Region:
+def region_of(t, offsets=None, sizes=None) -> MemoryRegion:
     """The box t[offsets[d] : offsets[d] + sizes[d]] of view `t` (None, a None entry, or an entry past the end
     of a shorter list = the whole dim / to the end).
 
@@ -63,10 +63,10 @@ def region_of(t, offsets=None, sizes=None) -> Region:
             box.append(0 if size < 0 else min(size, extent - start))
             offset += start * strides[d]
         shape = tuple(box)
-    return Region(t.untyped_storage().data_ptr(), offset, shape, strides, esize)
+    return MemoryRegion(t.untyped_storage().data_ptr(), offset, shape, strides, esize)
 
 
-def overlaps(a: Region, b: Region) -> bool:
+def overlaps(a: MemoryRegion, b: MemoryRegion) -> bool:
     """True when a and b share a byte (exact up to the MAX_RUNS cut-off, where it is conservatively True)."""
     if a.key != b.key or a.lo >= b.hi or b.lo >= a.hi or a.lo == a.hi or b.lo == b.hi:
         return False
@@ -76,7 +76,7 @@ def overlaps(a: Region, b: Region) -> bool:
     return exact if exact is not None else _runs_overlap(a, b)
 
 
-def _digits_overlap(a: Region, b: Region, plan: tuple | None) -> bool | None:
+def _digits_overlap(a: MemoryRegion, b: MemoryRegion, plan: tuple | None) -> bool | None:
     """Exact test over a digit plan; None without a plan or when an offset's digits carry.
 
     A plan lists dims as (stride, dim in a, dim in b) with strides s1 > s2 > ... > sk, each dividing the
@@ -102,7 +102,7 @@ def _digits_overlap(a: Region, b: Region, plan: tuple | None) -> bool | None:
     return not disjoint and oa == ob
 
 
-def box_digits(r: Region) -> tuple | None:
+def box_digits(r: MemoryRegion) -> tuple | None:
     """(layout, remainder, digit intervals) of a non-empty box under its own layout's plan, or None (no chain,
     or a carry). Computed once per tensor-map entry, it turns each later same-layout test into integer
     comparisons (`digits_overlap`)."""
@@ -134,7 +134,7 @@ _layout_plans: dict[tuple, tuple | None] = {}
 _MAX_LAYOUT_PLANS = 4096
 
 
-def _layout_plan(a: Region, b: Region) -> tuple | None:
+def _layout_plan(a: MemoryRegion, b: MemoryRegion) -> tuple | None:
     """The plan over every dim with a non-zero stride, whatever its size, so it depends only on the cache key:
     one per pair of layouts (the common case: tiles of the same few views). Size-1 dims only add digits, but
     their strides may break the chain or carry."""
@@ -147,12 +147,12 @@ def _layout_plan(a: Region, b: Region) -> tuple | None:
     return plan
 
 
-def _shape_plan(a: Region, b: Region) -> tuple | None:
+def _shape_plan(a: MemoryRegion, b: MemoryRegion) -> tuple | None:
     """The plan over the dims that move in a or in b (size > 1): exact where the layout plan is not."""
     return _build_plan(_moving(a, 2), _moving(b, 2))
 
 
-def _moving(r: Region, min_size: int) -> list[tuple[int, int]]:
+def _moving(r: MemoryRegion, min_size: int) -> list[tuple[int, int]]:
     """(stride, dim) of r's dims with a non-zero stride and at least min_size elements; the element bytes as
     dim -1."""
     dims = [(s, d) for d, (n, s) in enumerate(zip(r.shape, r.strides)) if s > 0 and n >= min_size]
@@ -174,7 +174,7 @@ def _build_plan(dims_a, dims_b) -> tuple | None:
     return tuple(tuple(by_stride[s]) for s in chain)
 
 
-def _runs(r: Region) -> tuple[np.ndarray, int] | None:
+def _runs(r: MemoryRegion) -> tuple[np.ndarray, int] | None:
     """Sorted start bytes of r's contiguous runs and the run length; None when there are over MAX_RUNS."""
     dims = sorted((s, n) for n, s in zip(r.shape, r.strides) if n > 1 and s > 0)
     length = r.itemsize
@@ -192,7 +192,7 @@ def _runs(r: Region) -> tuple[np.ndarray, int] | None:
     return starts, length
 
 
-def _runs_overlap(a: Region, b: Region) -> bool:
+def _runs_overlap(a: MemoryRegion, b: MemoryRegion) -> bool:
     """Run-list intersection; conservative True when either side has too many runs."""
     ra, rb = _runs(a), _runs(b)
     if ra is None or rb is None:
@@ -204,4 +204,4 @@ def _runs_overlap(a: Region, b: Region) -> bool:
     return bool(np.any(sa[idx[inside]] < sb[inside] + lb))
 
 
-__all__ = ["MAX_RUNS", "Region", "box_digits", "digits_overlap", "overlaps", "region_of"]
+__all__ = ["MAX_RUNS", "MemoryRegion", "box_digits", "digits_overlap", "overlaps", "region_of"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from .regions import Region, box_digits, digits_overlap, overlaps
+from .regions import MemoryRegion, box_digits, digits_overlap, overlaps
 from .task import FINISHED, Task
 
 _MODES = ("r", "w", "rw")
@@ -17,9 +17,10 @@ _RANK = {"RAW": 0, "WAW": 1, "WAR": 2}  # one edge per producer: the strongest k
 
 
 @dataclass(frozen=True, slots=True)
-class Access:
-    """One tensor argument of a task: a region and how the task uses it ("r" In, "w" Out, "rw" InOut)."""
-    region: Region
+class TaskAccess:
+    """One tensor argument of a task: a region and how the task uses it ("r" In, "w" Out, "rw" InOut).
+    (The compiler's per-parameter boxes, before they are bound to tensors, are incore_compiler's ParamAccess.)"""
+    region: MemoryRegion
     mode: str
 
     def __post_init__(self):
@@ -41,7 +42,7 @@ class _Index:
         self.reach = 0
         self.sweep_at = 64
 
-    def add(self, region: Region, task: Task) -> None:
+    def add(self, region: MemoryRegion, task: Task) -> None:
         if len(self.entries) >= self.sweep_at:
             self._sweep()
         i = bisect_right(self.starts, region.lo)
@@ -49,7 +50,7 @@ class _Index:
         self.entries.insert(i, (region.lo, region.hi, region, task, box_digits(region)))
         self.reach = max(self.reach, region.hi - region.lo)
 
-    def meeting(self, region: Region) -> list[Task]:
+    def meeting(self, region: MemoryRegion) -> list[Task]:
         """Unfinished tasks of entries sharing bytes with `region`; drops the finished ones it meets."""
         lo, hi = region.lo, region.hi
         i = bisect_right(self.starts, lo - self.reach)
@@ -121,10 +122,10 @@ class TensorMap:
 
     def insert(self, task: Task, accesses) -> None:
         """Record task's accesses; a task touching the same region twice keeps one entry (a writing one if any)."""
-        if len(accesses) == 1:  # the common case needs no de-duplication (and no Region hashing)
+        if len(accesses) == 1:  # the common case needs no de-duplication (and no MemoryRegion hashing)
             merged = ((accesses[0].region, accesses[0].mode != "r"),)
         else:
-            seen: dict[Region, bool] = {}
+            seen: dict[MemoryRegion, bool] = {}
             for access in accesses:
                 seen[access.region] = seen.get(access.region, False) or access.mode != "r"
             merged = seen.items()
@@ -144,7 +145,7 @@ class TensorMap:
                 if key in indexes:
                     indexes[key].remove_task(task)
 
-    def in_flight(self, region: Region, for_write: bool) -> list[Task]:
+    def in_flight(self, region: MemoryRegion, for_write: bool) -> list[Task]:
         """Unfinished tasks writing bytes of `region`, and reading them too when `for_write` (a host wait)."""
         if region.lo == region.hi:
             return []

@@ -44,7 +44,7 @@ def create_communicator(backend: str, rank: int | None = None, world_size: int |
     `timeout_s`, `start_timeout_s`; shm only: `prefix` (default PYPTO_SHM_PREFIX), `owner_unlinks`.
     """
     if backend == "shm":
-        from .shm import ShmCommunicator
+        from .shm_communicator import ShmCommunicator
         return ShmCommunicator(rank, world_size, **options)
     if backend in ("gloo", "nccl", "hccl", "torch"):
         from .torch_backend import TorchCommunicator

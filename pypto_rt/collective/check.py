@@ -9,7 +9,7 @@ time out naming it. Costs a few store round trips per collective, so it is off b
 from __future__ import annotations
 
 from .base import CollectiveMismatchError
-from .rendezvous import wait_for_ranks
+from .store_rendezvous import wait_for_ranks
 
 
 class CollectiveCheck:

@@ -36,7 +36,7 @@ from pypto_rt.errors import PyptoError
 
 SHM_DIR = "/dev/shm"
 PAGE = 4096
-SEPARATOR = "+"   # ends the prefix in every name; launch/shm.py matches on the same character
+SEPARATOR = "+"   # ends the prefix in every name; launch/job_segments.py matches on the same character
 
 
 def path_of(name: str) -> str:

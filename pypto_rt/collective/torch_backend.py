@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from pypto_rt import config
 
-from . import knobs, rendezvous
+from . import knobs, store_rendezvous
 from .base import (BackendUnavailableError, CommError, Communicator, PeerAbortedError, check_all_to_all,
                    check_all_to_all_v, check_allgather, check_reduce_scatter, check_src, reduce_op, signature)
 from .check import CollectiveCheck
@@ -73,7 +73,7 @@ def resolve(backend: str, device=None) -> str:
 
 
 class TorchCommunicator(Communicator):
-    """A process group of `backend` over the job's store (see rendezvous.open_store). If this process already
+    """A process group of `backend` over the job's store (see store_rendezvous.open_store). If this process already
     has a default group of the same world, a new group is made on it; otherwise this communicator creates (and
     at close destroys) the default group."""
 
@@ -91,9 +91,9 @@ class TorchCommunicator(Communicator):
         self.timeout_s = knobs.timeout_s() if timeout_s is None else float(timeout_s)
         start_s = knobs.start_timeout_s() if start_timeout_s is None else float(start_timeout_s)
         self._device_ids = _select_device(backend, rank)
-        base = rendezvous.open_store(rank, world_size, store, start_s, host_store)
-        self.instance, self.store = rendezvous.instance_store(base, rank)
-        rendezvous.start(self.store, rank, world_size, start_s)
+        base = store_rendezvous.open_store(rank, world_size, store, start_s, host_store)
+        self.instance, self.store = store_rendezvous.instance_store(base, rank)
+        store_rendezvous.start(self.store, rank, world_size, start_s)
         timeout = datetime.timedelta(seconds=self.timeout_s)
         self._owns_default = not dist.is_initialized()
         if self._owns_default:

@@ -13,7 +13,7 @@ import ast
 
 from pypto_rt.errors import DSLError, UnknownOpError
 from pypto_rt.frontend import names
-from pypto_rt.frontend.ir import FunctionIR, Region
+from pypto_rt.frontend.ir import FunctionIR, InCoreRegion
 from pypto_rt.frontend.notes import StyleNote
 from pypto_rt.frontend.resolve import LOOPS, UNRESOLVED, Env, callee
 from pypto_rt.frontend.source import parse_function, span_of
@@ -104,21 +104,21 @@ class _RegionFinder:
         return [item.context_expr for item in stmt.items]
 
     # -- what a statement is ---------------------------------------------------------------------
-    def _region_of(self, stmt) -> Region | None:
+    def _region_of(self, stmt) -> InCoreRegion | None:
         span = span_of(self.file, stmt)
         if isinstance(stmt, ast.For) and callee(self.env, stmt.iter) is scopes.spmd:
             if not isinstance(stmt.target, ast.Name):
                 raise DSLError("the block index of `for ... in pl.spmd(n)` must be a plain name", span)
             if stmt.orelse:
                 raise DSLError("`for ... in pl.spmd(n)` cannot have an `else:` block", span)
-            return Region(0, "spmd", stmt, stmt.iter, stmt.body, span, block_var=stmt.target.id)
+            return InCoreRegion(0, "spmd", stmt, stmt.iter, stmt.body, span, block_var=stmt.target.id)
         if isinstance(stmt, ast.With) and len(stmt.items) == 1:
             item = stmt.items[0]
             target = item.optional_vars
             if callee(self.env, item.context_expr) is scopes.spmd:
-                return Region(0, "spmd", stmt, item.context_expr, stmt.body, span, tid_target=target)
+                return InCoreRegion(0, "spmd", stmt, item.context_expr, stmt.body, span, tid_target=target)
             if self._is_incore_scope(stmt):
-                return Region(0, "at", stmt, item.context_expr, stmt.body, span, tid_target=target)
+                return InCoreRegion(0, "at", stmt, item.context_expr, stmt.body, span, tid_target=target)
         return None
 
     def _is_incore_scope(self, stmt) -> bool:

@@ -1,7 +1,7 @@
 """The front end's IR: a function's Python AST (positions = the user's source) plus its outlined InCore regions.
 
 Host code stays Python statements; every InCore region (a `pl.at(CORE_GROUP)` body, a `pl.spmd` body)
-becomes a `Region` with explicit inputs and results, which the InCore compiler turns into a kernel and
+becomes an `InCoreRegion` with explicit inputs and results, which the InCore compiler turns into a kernel and
 orchestration turns into a task submission.
 """
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pypto_rt.errors import Span
 
 
 @dataclass
-class Region:
-    """One InCore region of a function, outlined."""
+class InCoreRegion:
+    """One InCore region of a function (a `pl.at` or `pl.spmd` body), outlined; the engine's byte ranges are
+    aicpu.MemoryRegion."""
     index: int
     kind: str                      # "at" | "spmd"
     stmt: ast.With | ast.For       # the statement the region replaces
@@ -38,7 +39,7 @@ class FunctionIR:
     tree: ast.FunctionDef
     context: str                   # "host" (orchestration with regions) | "incore" (kernel code throughout)
     params: list[str]
-    regions: list[Region]
+    regions: list[InCoreRegion]
     local_names: set[str]
     unbound_guard: list[str] = field(default_factory=list)   # locals pre-bound to a sentinel in host code
     notes: list = field(default_factory=list)      # frontend.notes.StyleNote: style warnings, not errors

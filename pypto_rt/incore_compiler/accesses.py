@@ -22,7 +22,8 @@ from pypto_rt.ops.registry import IN_PLACE_TARGETS
 
 
 @dataclass
-class Access:
+class ParamAccess:
+    """How a kernel touches one tensor parameter: a box of expressions, bound at submit time into aicpu TaskAccesses."""
     param: str
     mode: str                       # "r" | "w" | "rw"
     offsets: list | None = None     # per-dim expressions (None entry: whole dim / from 0)
@@ -33,7 +34,7 @@ class Access:
 
 
 def plan_accesses(env: Env, body, params: list[str], block_var: str | None = None,
-                  aliased=()) -> list[Access]:
+                  aliased=()) -> list[ParamAccess]:
     """The access plan of a kernel whose inputs are `params` and whose code is `body`.
 
     `aliased` parameters are rebound only to themselves (`h = pl.assemble(h, ...)`); any other
@@ -44,18 +45,18 @@ def plan_accesses(env: Env, body, params: list[str], block_var: str | None = Non
     planner = _Planner(env, set(params) - local, local, shapes)
     for stmt in body:
         planner.visit(stmt)
-    rebound = [Access(p, "rw") for p in params if p in local]
+    rebound = [ParamAccess(p, "rw") for p in params if p in local]
     return rebound + planner.finish()
 
 
 class _Planner(ast.NodeVisitor):
     def __init__(self, env: Env, params: set[str], local: set[str], shapes: ShapeInference):
         self.env, self.params, self.local, self.shapes = env, params, local, shapes
-        self.accesses: list[Access] = []
-        self.aliases: dict[str, Access] = {}   # local name -> the box of a parameter it views
+        self.accesses: list[ParamAccess] = []
+        self.aliases: dict[str, ParamAccess] = {}   # local name -> the box of a parameter it views
         self.covered: set[int] = set()         # Name nodes already accounted for
 
-    def finish(self) -> list[Access]:
+    def finish(self) -> list[ParamAccess]:
         """One whole-extent entry per (param, mode) when any access is unbounded; duplicates dropped."""
         whole = {(a.param, a.mode) for a in self.accesses if a.offsets is None}
         seen, out = set(), []
@@ -65,7 +66,7 @@ class _Planner(ast.NodeVisitor):
             key += (a.atomic,)
             if key not in seen:
                 seen.add(key)
-                out.append(a if len(key) == 4 else Access(a.param, a.mode, line=a.line, atomic=a.atomic))
+                out.append(a if len(key) == 4 else ParamAccess(a.param, a.mode, line=a.line, atomic=a.atomic))
         return out
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -88,15 +89,15 @@ class _Planner(ast.NodeVisitor):
         if node.id in self.aliases:
             return self.aliases[node.id]
         if node.id in self.params:
-            return Access(node.id, "r")
+            return ParamAccess(node.id, "r")
         return None
 
-    def _record(self, base: Access, mode: str, offsets=None, sizes=None, line=0, node=None, atomic=False):
+    def _record(self, base: ParamAccess, mode: str, offsets=None, sizes=None, line=0, node=None, atomic=False):
         if node is not None:
             self.covered.add(id(node))
         if base.offsets is not None:   # an access through a view: the view's box bounds it
             offsets, sizes = base.offsets, base.sizes
-        self.accesses.append(Access(base.param, mode, offsets, sizes, line, atomic))
+        self.accesses.append(ParamAccess(base.param, mode, offsets, sizes, line, atomic))
 
     # -- visitors --------------------------------------------------------------------------------
     def visit_Assign(self, node: ast.Assign):
@@ -120,7 +121,7 @@ class _Planner(ast.NodeVisitor):
             base = self._target(value.value)
             box = subscript_box(value)
             if base is not None:
-                view = Access(base.param, "r", *(self._box(*box) if box else (None, None)))
+                view = ParamAccess(base.param, "r", *(self._box(*box) if box else (None, None)))
         elif isinstance(value, ast.Call) and value.args:
             qual = op_name(callee(self.env, value))
             op, d = base_op(qual), opdef(qual)
@@ -129,11 +130,11 @@ class _Planner(ast.NodeVisitor):
                 offsets = arg(value, 2, "offset")
                 shape = arg(value, 1, "shape")
                 if isinstance(offsets, (ast.List, ast.Tuple)) and isinstance(shape, (ast.List, ast.Tuple)):
-                    view = Access(base.param, "r", *self._box(offsets.elts, shape.elts))
+                    view = ParamAccess(base.param, "r", *self._box(offsets.elts, shape.elts))
                 else:
-                    view = Access(base.param, "r")
+                    view = ParamAccess(base.param, "r")
             elif base is not None and d is not None and d.is_view:
-                view = Access(base.param, "r")
+                view = ParamAccess(base.param, "r")
         if view is not None:
             self.aliases[name] = view
         else:

@@ -14,14 +14,14 @@ from typing import Callable
 
 from pypto_rt import config
 from pypto_rt.frontend.analyze import analyze
-from pypto_rt.frontend.ir import FunctionIR, Region
+from pypto_rt.frontend.ir import FunctionIR, InCoreRegion
 from pypto_rt.frontend.notes import warn_once
 from pypto_rt.frontend.resolve import Env
 from pypto_rt.frontend.source import span_of
 from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.accesses import plan_accesses
 from pypto_rt.incore_compiler.coalesce import EXTENT, coalesced_body, merge_tile_loops
-from pypto_rt.incore_compiler.kernel_ir import CompiledKernel, KernelIR
+from pypto_rt.incore_compiler.kernel_ir import GeneratedKernel, KernelIR
 from pypto_rt.incore_compiler.torch_backend import TorchBackend
 
 BACKENDS = {"torch": TorchBackend()}
@@ -29,7 +29,7 @@ BACKENDS = {"torch": TorchBackend()}
 
 @dataclass
 class KernelArtifact:
-    kernel: CompiledKernel
+    kernel: GeneratedKernel
     accesses: Callable[..., tuple]     # accesses(*inputs) -> ((input index, mode, offsets, sizes, line), ...)
     compile_ms: float = 0.0
     factory: pycode.Factory | None = None   # of `accesses`
@@ -51,7 +51,7 @@ class KernelArtifact:
         return found
 
 
-def compile_region(ir: FunctionIR, region: Region, env: Env, module_globals: dict,
+def compile_region(ir: FunctionIR, region: InCoreRegion, env: Env, module_globals: dict,
                    backend: str = "torch", traced: bool = False) -> KernelArtifact:
     """The kernel of one outlined region of `ir`."""
     hint = _literal_name_hint(region)
@@ -131,7 +131,7 @@ def _access_function(kir: KernelIR, module_globals: dict):
     return pycode.build_functions([fdef], dict(kir.env.closure), kir.file, module_globals, kir.anchor)
 
 
-def _literal_name_hint(region: Region) -> str | None:
+def _literal_name_hint(region: InCoreRegion) -> str | None:
     hint = next((k.value for k in region.call.keywords if k.arg == "name_hint"), None)
     return hint.value if isinstance(hint, ast.Constant) and isinstance(hint.value, str) and hint.value else None
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Protocol
 
 from pypto_rt.errors import Span
 from pypto_rt.frontend.resolve import Env
-from pypto_rt.incore_compiler.accesses import Access
+from pypto_rt.incore_compiler.accesses import ParamAccess
 
 
 @dataclass
@@ -25,7 +25,7 @@ class KernelIR:
     results: list[str] = field(default_factory=list)
     guards: list[str] = field(default_factory=list)    # params that may arrive as the UNBOUND sentinel
     returns_value: bool = False     # an @pl.jit.incore function: the body's `return` is the result
-    accesses: list[Access] = field(default_factory=list)
+    accesses: list[ParamAccess] = field(default_factory=list)
     signature: ast.arguments | None = None   # the function's own parameters (defaults kept), if not `params`
     coalesce_var: str | None = None          # a coalesced region: the loop variable (an input)
     coalesce_untiled: tuple[str, ...] = ()   # ... and inputs it merges only when their extent along it is 1
@@ -33,8 +33,9 @@ class KernelIR:
 
 
 @dataclass
-class CompiledKernel:
-    """A backend's kernel: `run(block_idx, *params)` executes one block and returns its results."""
+class GeneratedKernel:
+    """A backend's generated code for one kernel: `run(block_idx, *params)` executes one block and returns its
+    results (one InCore kernel, not a whole entry call prepared by `fn.compile`)."""
     ir: KernelIR
     run: Callable[..., Any]
     source: str                     # readable generated code (dumped with PYPTO_DUMP_DIR)
@@ -47,7 +48,7 @@ class Backend(Protocol):
     """A code generator for InCore kernels (torch on the CPU now; triton on GPUs later)."""
     name: str
 
-    def compile(self, kernel: KernelIR, module_globals: dict, direct_ops: bool = True) -> CompiledKernel: ...
+    def compile(self, kernel: KernelIR, module_globals: dict, direct_ops: bool = True) -> GeneratedKernel: ...
 
 
 class Unbound:

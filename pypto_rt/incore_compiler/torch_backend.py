@@ -17,7 +17,7 @@ import builtins
 from pypto_rt.frontend.resolve import Env, callee, is_loop, op_name
 from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.chunks import wide_chunks
-from pypto_rt.incore_compiler.kernel_ir import UNBOUND, CompiledKernel, KernelIR
+from pypto_rt.incore_compiler.kernel_ir import UNBOUND, GeneratedKernel, KernelIR
 from pypto_rt.language import scopes
 from pypto_rt.language.surface import EXECUTOR_INTRINSICS
 from pypto_rt.ops import OPS
@@ -89,7 +89,7 @@ class TorchBackend:
     name = "torch"
 
     def compile(self, kernel: KernelIR, module_globals: dict, direct_ops: bool = True,
-                traced: bool = False) -> CompiledKernel:
+                traced: bool = False) -> GeneratedKernel:
         """`direct_ops=False` keeps every `pl` call going through the executor (PYPTO_CHECK=reference);
         `traced`: the variant a run recorded for replay executes (see traced_code)."""
         rewriter = _OpRewriter(kernel.env, direct_ops)
@@ -116,7 +116,7 @@ class TorchBackend:
         injected.update(kernel.env.closure)
         factory, (run,) = pycode.build_functions([fdef], injected, kernel.file, module_globals, kernel.anchor)
         header = _header(kernel, rewriter)
-        return CompiledKernel(kernel, run, pycode.source_of([fdef], header), self.name, factory,
+        return GeneratedKernel(kernel, run, pycode.source_of([fdef], header), self.name, factory,
                               dict(rewriter.ops))
 
 

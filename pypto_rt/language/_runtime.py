@@ -13,7 +13,7 @@ from pypto_rt.errors import OutsideKernelError, user_span
 
 
 class Executor(Protocol):
-    """What the language needs from an executor (reference or compiled)."""
+    """What the language needs from an executor (reference or compiled; pypto_rt.executor_base implements it)."""
 
     def call_op(self, name: str, args: tuple, kwargs: dict) -> Any: ...
     def iterate(self, loop: Any) -> Iterator: ...

@@ -8,13 +8,13 @@ which follows it; so a split-K loop makes one edge per task rather than one per 
 """
 from __future__ import annotations
 
-from pypto_rt.aicpu import Region, Task, overlaps
+from pypto_rt.aicpu import MemoryRegion, Task, overlaps
 from pypto_rt.aicpu.task import FINISHED
 
 
 class AtomicOrder:
     def __init__(self):
-        self._entries: dict[int, list[tuple[Region, Task]]] = {}   # storage key -> (region, task), program order
+        self._entries: dict[int, list[tuple[MemoryRegion, Task]]] = {}   # storage key -> (region, task), program order
 
     def follow(self, regions) -> list[Task]:
         """The unfinished earlier tasks adding into bytes of `regions`."""

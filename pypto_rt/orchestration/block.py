@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pypto_rt.errors import OpError, PyptoError, is_internal_file, span_from_traceback
-from pypto_rt.incore_compiler.executor import KernelExecutor
+from pypto_rt.incore_compiler.kernel_executor import KernelExecutor
 from pypto_rt.language._runtime import activate
 
 

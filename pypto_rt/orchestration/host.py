@@ -22,13 +22,13 @@ import types
 import warnings
 
 from pypto_rt import config
-from pypto_rt.aicpu import Access as EngineAccess
-from pypto_rt.aicpu import Task, region_of
+from pypto_rt.aicpu import Task, TaskAccess, region_of
 from pypto_rt.collective import process
 from pypto_rt.errors import InWriteWarning, KernelArgumentError, NotSupportedError, PyptoError, user_span
+from pypto_rt.executor_base import ExecutorBase, is_incore, refuse_unrunnable, warn_directions_on_inline
 from pypto_rt.incore_compiler.chunks import chunk_cap, chunk_count
 from pypto_rt.incore_compiler.compiler import incore_kernel
-from pypto_rt.incore_compiler.executor import refuse_replay_of_plain_python
+from pypto_rt.incore_compiler.kernel_executor import refuse_replay_of_plain_python
 from pypto_rt.language import distributed as pld
 from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.language.enums import Level
@@ -41,7 +41,6 @@ from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.atomic_order import AtomicOrder
 from pypto_rt.orchestration.program import host_program
 from pypto_rt.orchestration.task_runner import TaskRunner
-from pypto_rt.reference.executor import ReferenceExecutor, is_incore, warn_directions_on_inline
 
 # host ops that only make views, shapes or bookkeeping: no tensor data is touched, nothing waits
 _NO_WAIT = names_where(lambda d: not d.waits_on_host)
@@ -49,10 +48,10 @@ _READS = names_where(lambda d: d.reads_data)
 _READ = OPS["read"]
 
 
-class HostExecutor(ReferenceExecutor):
+class HostExecutor(ExecutorBase):
     """Orchestration of one entry call on an engine."""
 
-    INTRINSICS = {**ReferenceExecutor.INTRINSICS, "submit": "_submit_call", "spmd_submit": "_spmd_submit_call",
+    INTRINSICS = {**ExecutorBase.INTRINSICS, "submit": "_submit_call", "spmd_submit": "_spmd_submit_call",
                   "system.task_dummy": "_task_dummy"}
 
     def __init__(self, binding, engine):
@@ -75,8 +74,7 @@ class HostExecutor(ReferenceExecutor):
 
     def call_kernel(self, kernel, args, kwargs):
         refuse_replay_of_plain_python(kernel)
-        if kernel.kind == "extern" or "device" in kwargs:
-            return super().call_kernel(kernel, args, kwargs)   # says why it cannot run
+        refuse_unrunnable(kernel, kwargs)
         if is_incore(kernel):
             task = self._submit_function(kernel, args, kwargs, deps=None, blocks=1, name=None)
             return self.results(task)
@@ -212,7 +210,7 @@ class HostExecutor(ReferenceExecutor):
                 continue
             region = region_of(value.data, offsets, sizes)
             box = _box(value.data.shape, offsets, sizes) if self.runner.check else None   # for its comparison
-            out.append((EngineAccess(region, mode), box, index))
+            out.append((TaskAccess(region, mode), box, index))
             if mode != "r" and line:   # a definite write (assumed ones, e.g. by a helper call, do not warn)
                 self._warn_in_write(value, artifact, line)
         return out, windows

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from pypto_rt.frontend.ir import FunctionIR, Region
+from pypto_rt.frontend.ir import FunctionIR, InCoreRegion
 from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.coalesce import EXTENT
 
@@ -36,7 +36,7 @@ def generate_host(ir: FunctionIR) -> ast.FunctionDef:
 
 
 class _Replacer(ast.NodeTransformer):
-    def __init__(self, replacements: dict[int, Region]):
+    def __init__(self, replacements: dict[int, InCoreRegion]):
         self.replacements = replacements
 
     def generic_visit(self, node):
@@ -59,7 +59,7 @@ class _Replacer(ast.NodeTransformer):
         return node
 
 
-def _coalesced(region: Region) -> list[ast.stmt]:
+def _coalesced(region: InCoreRegion) -> list[ast.stmt]:
     """`for v, __extent in __rt.chunks(start, stop, step, ...): <submit with v, __extent>` (see coalesce.py)."""
     c = region.coalesce
     inputs = [p for p in region.live_ins if p != c.dropped] + ([c.var] if c.new_offset else [])
@@ -71,11 +71,11 @@ def _coalesced(region: Region) -> list[ast.stmt]:
     return [pycode.located(loop, c.loop)]
 
 
-def _kernel(region: Region) -> ast.expr:
+def _kernel(region: InCoreRegion) -> ast.expr:
     return ast.Subscript(pycode.name("__K"), ast.Constant(region.index), ast.Load())
 
 
-def _submission(region: Region, inputs=None, spmd_blocks=True) -> list[ast.stmt]:
+def _submission(region: InCoreRegion, inputs=None, spmd_blocks=True) -> list[ast.stmt]:
     call = pycode.clone(region.call)
     keywords = {k.arg: k.value for k in call.keywords}
     none = ast.Constant(None)

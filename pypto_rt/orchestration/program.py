@@ -22,7 +22,7 @@ from pypto_rt.incore_compiler import pycode
 from pypto_rt.incore_compiler.coalesce import plan_coalescing
 from pypto_rt.incore_compiler.compiler import KernelArtifact, compile_region
 from pypto_rt.incore_compiler.torch_backend import loop_range
-from pypto_rt.orchestration import disk_cache
+from pypto_rt.orchestration import program_cache
 from pypto_rt.orchestration.hostgen import generate_host
 from pypto_rt.replay import traced_code
 
@@ -54,11 +54,11 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
     if program is None:
         with _gc_paused():
             start = time.perf_counter()
-            program = disk_cache.load(kernel, lambda kernels, factory, source, notes: _from_factory(
+            program = program_cache.load(kernel, lambda kernels, factory, source, notes: _from_factory(
                 kernel, kernels, factory, source, start, notes))
             if program is None:
                 program = _compile_host_now(kernel)
-                disk_cache.store(kernel, program)
+                program_cache.store(kernel, program)
         warn_once(kernel, program.notes)
         for index, artifact in enumerate(program.kernels):
             artifact.traced_variant = functools.partial(_traced_kernel, kernel, index)
@@ -71,7 +71,7 @@ def _traced_kernel(kernel, index: int) -> KernelArtifact:
 
 
 def _from_factory(kernel, kernels, factory, source, start, notes=()) -> HostProgram:
-    (run,) = factory.instantiate(disk_cache.host_values(kernels, Env(kernel.fn)), kernel.fn.__globals__)
+    (run,) = factory.instantiate(program_cache.host_values(kernels, Env(kernel.fn)), kernel.fn.__globals__)
     return HostProgram(None, run, kernels, source, (time.perf_counter() - start) * 1e3, factory,
                        config.COALESCE.get(), tuple(notes))
 
@@ -106,7 +106,7 @@ def _compile_host_now(kernel, traced: bool = False) -> HostProgram:
                 r.coalesce = plan_coalescing(env, r, enclosing_statement(ir.tree, r.stmt))
     kernels = [compile_region(ir, r, env, module_globals, traced=traced) for r in ir.regions]
     tree = generate_host(ir)
-    values = disk_cache.host_values(kernels, env)
+    values = program_cache.host_values(kernels, env)
     if traced:
         traced_code.route(tree, module_globals, set(module_globals) | set(env.closure))
         values.update(traced_code.RUNTIME_NAMES, __range=loop_range)   # loop_range pins through int()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pypto_rt import config
-from pypto_rt.aicpu import Access, Engine, StallError, region_of
+from pypto_rt.aicpu import TaskAccess, Engine, StallError, region_of
 
 
 def _write(view, value, delay=0.0):
@@ -31,9 +31,9 @@ def _copy(dst, src, delay=0.0):
 def test_raw_reader_sees_the_slow_writers_data():
     x, y = torch.zeros(8, 4), torch.zeros(4, 4)
     with Engine(num_workers=2) as e:
-        w = e.submit("write", _write(x[0:4], 1.0, delay=0.1), [Access(region_of(x, (0, None), (4, None)), "w")])
-        r = e.submit("read", _copy(y, x[0:4]), [Access(region_of(x, (2, None), (2, None)), "r"),
-                                               Access(region_of(y), "w")])
+        w = e.submit("write", _write(x[0:4], 1.0, delay=0.1), [TaskAccess(region_of(x, (0, None), (4, None)), "w")])
+        r = e.submit("read", _copy(y, x[0:4]), [TaskAccess(region_of(x, (2, None), (2, None)), "r"),
+                                               TaskAccess(region_of(y), "w")])
         e.finish()
     assert torch.all(y == 1)
     assert r.deps == [(w, "RAW")]
@@ -42,8 +42,8 @@ def test_raw_reader_sees_the_slow_writers_data():
 def test_waw_keeps_submission_order():
     x = torch.zeros(4)
     with Engine(num_workers=2) as e:
-        e.submit("first", _write(x, 1.0, delay=0.1), [Access(region_of(x), "w")])
-        e.submit("second", _write(x, 2.0), [Access(region_of(x), "w")])
+        e.submit("first", _write(x, 1.0, delay=0.1), [TaskAccess(region_of(x), "w")])
+        e.submit("second", _write(x, 2.0), [TaskAccess(region_of(x), "w")])
         e.finish()
     assert torch.all(x == 2)
 
@@ -51,8 +51,8 @@ def test_waw_keeps_submission_order():
 def test_war_writer_waits_for_the_slow_reader():
     x, y = torch.ones(4), torch.zeros(4)
     with Engine(num_workers=2) as e:
-        e.submit("read", _copy(y, x, delay=0.1), [Access(region_of(x), "r"), Access(region_of(y), "w")])
-        e.submit("overwrite", _write(x, 5.0), [Access(region_of(x), "w")])
+        e.submit("read", _copy(y, x, delay=0.1), [TaskAccess(region_of(x), "r"), TaskAccess(region_of(y), "w")])
+        e.submit("overwrite", _write(x, 5.0), [TaskAccess(region_of(x), "w")])
         e.finish()
     assert torch.all(y == 1) and torch.all(x == 5)
 
@@ -91,10 +91,10 @@ def test_manual_scope_ignores_the_tensor_map_but_honours_deps():
     x, y, z = torch.zeros(4), torch.zeros(4), torch.zeros(4)
     with Engine(num_workers=2) as e:
         with e.scope("manual", manual=True):
-            w = e.submit("write", _write(x, 3.0, delay=0.1), [Access(region_of(x), "w")])
-            blind = e.submit("blind", lambda b: None, [Access(region_of(x), "r")])
-            ordered = e.submit("ordered", _copy(y, x), [Access(region_of(x), "r")], deps=[w])
-        after = e.submit("after", _copy(z, x), [Access(region_of(x), "r"), Access(region_of(z), "w")])
+            w = e.submit("write", _write(x, 3.0, delay=0.1), [TaskAccess(region_of(x), "w")])
+            blind = e.submit("blind", lambda b: None, [TaskAccess(region_of(x), "r")])
+            ordered = e.submit("ordered", _copy(y, x), [TaskAccess(region_of(x), "r")], deps=[w])
+        after = e.submit("after", _copy(z, x), [TaskAccess(region_of(x), "r"), TaskAccess(region_of(z), "w")])
         e.finish()
     assert blind.deps == [] and ordered.deps == [(w, "dep")]
     assert torch.all(y == 3) and torch.all(z == 3)
@@ -113,8 +113,8 @@ def test_host_waits_for_exactly_the_overlapping_writers():
     x = torch.zeros(8, 4)
     release = threading.Event()
     with Engine(num_workers=2) as e:
-        slow = e.submit("slow", lambda b: release.wait(5), [Access(region_of(x, (4, None), (4, None)), "w")])
-        fast = e.submit("fast", _write(x[0:4], 2.0, delay=0.05), [Access(region_of(x, (0, None), (4, None)), "w")])
+        slow = e.submit("slow", lambda b: release.wait(5), [TaskAccess(region_of(x, (4, None), (4, None)), "w")])
+        fast = e.submit("fast", _write(x[0:4], 2.0, delay=0.05), [TaskAccess(region_of(x, (0, None), (4, None)), "w")])
         e.wait_region(region_of(x, (0, None), (4, None)))
         assert fast.state == "done" and slow.state in ("ready", "running") and torch.all(x[0:4] == 2)
         release.set()
@@ -135,7 +135,7 @@ def test_ring_back_pressure_with_a_scope_per_task():
         for i in range(64):
             with e.scope("body"):
                 e.submit("step", _write(x[i:i + 1], float(i), delay=0.001),
-                         [Access(region_of(x, (i,), (1,)), "w")])
+                         [TaskAccess(region_of(x, (i,), (1,)), "w")])
         e.finish()
     assert torch.equal(x, torch.arange(64, dtype=torch.float32))
     assert e.stats["ring_high_water"] == 2

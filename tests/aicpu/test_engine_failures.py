@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from pypto_rt.aicpu import (Access, Engine, RingOverflowError, StallError, TaskFailedError, TaskPoisoned,
+from pypto_rt.aicpu import (TaskAccess, Engine, RingOverflowError, StallError, TaskFailedError, TaskPoisoned,
                             region_of)
 from pypto_rt.errors import PyptoError, Span
 
@@ -21,8 +21,8 @@ def test_failure_poisons_dependants_and_finish_names_the_task():
     x = torch.zeros(4)
     span = Span("kernel.py", 12)
     with Engine(num_workers=2) as e:
-        bad = e.submit("bad", _boom, [Access(region_of(x), "w")], span=span)
-        reader = e.submit("reader", lambda b: None, [Access(region_of(x), "r")])
+        bad = e.submit("bad", _boom, [TaskAccess(region_of(x), "w")], span=span)
+        reader = e.submit("reader", lambda b: None, [TaskAccess(region_of(x), "r")])
         after = e.submit("after", lambda b: None, deps=[reader])
         with pytest.raises(TaskFailedError) as info:
             e.finish()

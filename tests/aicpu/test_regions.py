@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from pypto_rt.aicpu import Region, overlaps, region_of
+from pypto_rt.aicpu import MemoryRegion, overlaps, region_of
 from pypto_rt.aicpu.regions import MAX_RUNS, box_digits, digits_overlap
 
 
-def _bytes(r: Region) -> set[int]:
+def _bytes(r: MemoryRegion) -> set[int]:
     out = set()
     for idx in itertools.product(*(range(n) for n in r.shape)):
         first = r.offset + sum(i * s for i, s in zip(idx, r.strides))

@@ -6,15 +6,15 @@ import time
 
 import torch
 
-from pypto_rt.aicpu import Access, Engine, region_of
+from pypto_rt.aicpu import TaskAccess, Engine, region_of
 
 
 def _small_run(**kwargs) -> Engine:
     x = torch.zeros(4, 4)
     with Engine(num_workers=2, name="demo", **kwargs) as e:
         for i in range(4):
-            e.submit(f"row{i}", lambda b: time.sleep(0.05), [Access(region_of(x, (i, None), (1, None)), "w")])
-        e.submit("all", lambda b: None, [Access(region_of(x), "r")])
+            e.submit(f"row{i}", lambda b: time.sleep(0.05), [TaskAccess(region_of(x, (i, None), (1, None)), "w")])
+        e.submit("all", lambda b: None, [TaskAccess(region_of(x), "r")])
         e.submit("spmd", lambda b: None, blocks=3)
         e.finish()
     return e

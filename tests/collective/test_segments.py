@@ -13,7 +13,7 @@ from pypto_rt.collective import create_communicator, list_segments, remove_segme
 from pypto_rt.collective import segments
 from pypto_rt.collective.segments import SegmentMissing
 from pypto_rt.errors import PyptoError
-from pypto_rt.launch import shm as launch_shm
+from pypto_rt.launch import job_segments
 from tests.collective.harness import run_ranks
 
 
@@ -23,7 +23,7 @@ def _job_ids() -> tuple[str, str]:
     return ab, ab + "c"
 
 
-@pytest.mark.parametrize("cleanup", [remove_segments, launch_shm.remove_segments], ids=["collective", "launcher"])
+@pytest.mark.parametrize("cleanup", [remove_segments, job_segments.remove_segments], ids=["collective", "launcher"])
 def test_cleaning_up_job_ab_leaves_job_abc_segments(cleanup):
     ab, abc = _job_ids()
     victim = create_communicator("shm", 0, 1, prefix=f"pypto-{abc}", owner_unlinks=False)
@@ -45,8 +45,8 @@ def test_a_prefix_cannot_hold_the_separator():
     with pytest.raises(PyptoError, match="without '/' or '\\+'"):
         segments.segment_name("pypto-a+b", "c0")
     with pytest.raises(ValueError, match="without '\\+'"):
-        launch_shm.remove_segments("pypto-a+b")
-    assert launch_shm.SEPARATOR == segments.SEPARATOR
+        job_segments.remove_segments("pypto-a+b")
+    assert job_segments.SEPARATOR == segments.SEPARATOR
 
 
 def test_a_segment_removed_under_a_running_rank_names_it_the_rank_and_what_happened():

@@ -15,7 +15,7 @@ import torch
 
 import pypto.language as pl
 from pypto_rt import config
-from pypto_rt.orchestration import disk_cache
+from pypto_rt import disk_cache
 
 SCRIPT = textwrap.dedent('''
     import torch

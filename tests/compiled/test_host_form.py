@@ -246,8 +246,8 @@ def test_a_signal_while_the_job_ends_still_removes_its_segments():
     # SIGTERM arriving while the host waits for its ranks to leave (seen with `timeout` on a library model): the
     # ranks had been told to exit and were gone, so the job's segments had nobody left to remove them
     from pypto_rt.collective.segments import list_segments, path_of, segment_name
-    from pypto_rt.orchestration.host_form import _Job
-    from pypto_rt.orchestration.host_lifeline import Lifeline
+    from pypto_rt.host_form.forked_job import ForkedJob
+    from pypto_rt.host_form.lifeline import Lifeline
 
     class RankLeaving:
         signalled = False
@@ -260,7 +260,7 @@ def test_a_signal_while_the_job_ends_still_removes_its_segments():
         def is_alive(self):
             return False
 
-    job = _Job.__new__(_Job)
+    job = ForkedJob.__new__(ForkedJob)
     job.prefix = f"pypto-test-{os.getpid()}-closing"
     job.conns, job.procs, job.store = [], [RankLeaving()], None
     job.lifeline = Lifeline(job.prefix)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pypto_rt.collective.segments import path_of, remove_segments, segment_name
-from pypto_rt.orchestration.host_lifeline import Lifeline
+from pypto_rt.host_form.lifeline import Lifeline
 
 _FORK = multiprocessing.get_context("fork")
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from pypto_rt.launch.config import LaunchConfig
 from pypto_rt.launch.gateway import Listener, Refused, connect, handshake
-from pypto_rt.launch.rendezvous import StoreError, open_job_store
-from tests.collective.test_rendezvous import _listening
+from pypto_rt.launch.job_store import StoreError, open_job_store
+from tests.collective.test_store_rendezvous import _listening
 
 
 def _cfg(node_rank: int, secret: str, port: int = 0) -> LaunchConfig:

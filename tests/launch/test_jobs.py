@@ -427,11 +427,11 @@ STORE_PROBE = """
             refused = True
     wrong = None
     if rank == 0:
-        from pypto_rt.collective import rendezvous
+        from pypto_rt.collective import store_rendezvous
         from pypto_rt.errors import PyptoError
         os.environ["PYPTO_JOB_SECRET"] = "not-the-secret"
         try:
-            rendezvous.open_store(rank, 2, start_timeout_s=10)
+            store_rendezvous.open_store(rank, 2, start_timeout_s=10)
         except PyptoError as e:
             wrong = str(e)
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:

@@ -5,7 +5,7 @@ import torch
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops import bitwise as B
-from pypto_rt.ops import compare as CS
+from pypto_rt.ops import comparison as CS
 from pypto_rt.ops import elementwise as E
 from pypto_rt.ops import unary as U
 from pypto_rt.ops.registry import OPS

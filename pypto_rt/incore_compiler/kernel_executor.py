@@ -2,18 +2,18 @@
 
 Compiled kernels call most ops directly; what still reaches an executor from kernel code —
 subscripts, block/sub-block intrinsics, carried `init_values` loops, `pl.yield_`, inline kernels —
-has the reference executor's semantics, with the block index of the running block. Inline kernels
-called here run their compiled InCore form.
+has the semantics every executor shares (executor_base), with the block index of the running block.
+Inline kernels called here run their compiled InCore form.
 """
 from __future__ import annotations
 
 from pypto_rt.errors import DSLError, user_span
+from pypto_rt.executor_base import ExecutorBase, refuse_unrunnable
 from pypto_rt.frontend.python_calls import plain_python_calls
 from pypto_rt.incore_compiler.compiler import incore_kernel
 from pypto_rt.language.enums import Level
 from pypto_rt.language.scopes import Spmd
 from pypto_rt.ops import recording
-from pypto_rt.reference.executor import ReferenceExecutor
 
 
 def refuse_replay_of_plain_python(kernel) -> None:
@@ -27,7 +27,7 @@ def refuse_replay_of_plain_python(kernel) -> None:
             recording.refuse(f"{kernel.name} calls plain Python ({calls[0]}), which only the engine runs")
 
 
-class KernelExecutor(ReferenceExecutor):
+class KernelExecutor(ExecutorBase):
     """Runs kernel code for block `block_idx` of `block_num`."""
 
     def __init__(self, binding, block_idx: int = 0, block_num: int = 1):
@@ -37,8 +37,7 @@ class KernelExecutor(ReferenceExecutor):
 
     def call_kernel(self, kernel, args, kwargs):
         refuse_replay_of_plain_python(kernel)
-        if kernel.kind == "extern" or "device" in kwargs:
-            return super().call_kernel(kernel, args, kwargs)   # says why it cannot run
+        refuse_unrunnable(kernel, kwargs)
         return incore_kernel(kernel, traced=recording.recording()).kernel.run(self.block_idx, *args, **kwargs)
 
     def iterate(self, loop):

@@ -1,5 +1,5 @@
 """The job's rendezvous store: node 0's launcher hosts a torch TCPStore that every rank (and every other node's
-launcher) joins as a client, all under the job's secret (see pypto_rt.collective.rendezvous).
+launcher) joins as a client, all under the job's secret (see pypto_rt.collective.store_rendezvous).
 
 Hosting it here (port 0 unless given) means the port the ranks get is the one the store actually bound: no
 free-port probing, no race with another job. The store listens on loopback only, and ranks always reach it on
@@ -88,7 +88,7 @@ def host_store(addr: str, port: int | None, secret: str):
     """A TCPStore listening on `addr:port` only (a free port when `port` is None or 0); returns (server, the
     job's scope of it, bound port). The scope must be used for every key; the server must live as long as the job.
     """
-    from pypto_rt.collective.rendezvous import serve
+    from pypto_rt.collective.store_rendezvous import serve
     try:
         server, scope = serve(addr, port or 0, secret)
     except (RuntimeError, OSError, ValueError) as e:  # DistNetworkError subclasses RuntimeError
@@ -105,7 +105,7 @@ def join_store(addr: str, port: int, secret: str, node: int):
 
     from torch.distributed import TCPStore
 
-    from pypto_rt.collective.rendezvous import join
+    from pypto_rt.collective.store_rendezvous import join
     from pypto_rt.errors import PyptoError
     try:
         client = TCPStore(addr, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))

@@ -21,7 +21,7 @@ import torch
 
 from pypto_rt.errors import PyptoError
 
-from . import knobs, rendezvous
+from . import knobs, store_rendezvous
 from .base import (CollectiveMismatchError, Communicator, PeerAbortedError, Window, check_peer, notify_op,
                    signature, wait_cmp)
 from .check import CollectiveCheck
@@ -72,8 +72,8 @@ class ShmCommunicator(StagedCollectives, Communicator):
         super().__init__(rank, world_size)
         self.timeout_s = knobs.timeout_s() if timeout_s is None else float(timeout_s)
         start_s = knobs.start_timeout_s() if start_timeout_s is None else float(start_timeout_s)
-        base = rendezvous.open_store(rank, world_size, store, start_s, host_store)
-        self.instance, self.store = rendezvous.instance_store(base, rank)
+        base = store_rendezvous.open_store(rank, world_size, store, start_s, host_store)
+        self.instance, self.store = store_rendezvous.instance_store(base, rank)
         prefix = prefix or knobs.SHM_PREFIX.get() or None
         if prefix is not None:
             check_prefix(prefix)
@@ -91,7 +91,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._ctl.cells64[PID] = os.getpid()
         self._ctl.cells64[STATE] = RUNNING
         try:
-            rendezvous.start(self.store, rank, world_size, start_s)
+            store_rendezvous.start(self.store, rank, world_size, start_s)
             self._peer_ctl = [self._ctl if r == rank else Segment.attach(f"{self.base_name}-ctl-r{r}", rank)
                               for r in range(world_size)]
             self._pids = [c.cells64[PID] for c in self._peer_ctl]
@@ -108,7 +108,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         """No prefix given: rank 0 picks one and the others read it from the store."""
         if self.rank == 0:
             self.store.set("shm_prefix/0", f"pypto-{os.getpid()}-{secrets.token_hex(3)}")
-        rendezvous.wait_for_ranks(self.store, "shm_prefix", self.rank, 1, start_s, "start")
+        store_rendezvous.wait_for_ranks(self.store, "shm_prefix", self.rank, 1, start_s, "start")
         return self.store.get("shm_prefix/0").decode()
 
     # ------------------------------------------------------------------------------------------ signal plumbing
