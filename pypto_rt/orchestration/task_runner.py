@@ -38,7 +38,7 @@ from pypto_rt.orchestration.block import run_block
 from pypto_rt.orchestration.kernel_replay import KernelReplays
 
 OUTLIER = 10   # a block this many times the average is left out of a kernel's RunHistory unless the next one is too
-CHECK_TOL = config.Knob("PYPTO_CHECK_TOL", "1e-5", None, "rtol = atol of PYPTO_CHECK=reference comparisons")
+CHECK_TOL = config.CHECK_TOL
 
 
 class CheckMismatchError(PyptoError):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import pypto_rt.golden as golden
+from pypto_rt.errors import PyptoError
 from pypto_rt.golden import RunResult, ScalarSpec, TensorSpec, run, run_jit
 from pypto_rt.golden import runner as runner_mod
 
@@ -374,7 +375,7 @@ class TestThreads:
     @pytest.mark.parametrize("raw", ["0", "-2", "many", "1.5"])
     def test_bad_override(self, monkeypatch, raw):
         monkeypatch.setenv("PYPTO_GOLDEN_NUM_THREADS", raw)
-        with pytest.raises(ValueError, match="PYPTO_GOLDEN_NUM_THREADS"):
+        with pytest.raises(PyptoError, match="PYPTO_GOLDEN_NUM_THREADS"):
             golden._golden_num_threads()
 
     def test_import_sets_torch_threads(self):

@@ -15,8 +15,8 @@ from tests.launch.job_result import Job
 @pytest.fixture(autouse=True)
 def _no_launcher_settings_from_outside(monkeypatch):
     """The caller's PYPTO_NPROC etc. must not change what a test launches."""
-    for env, _ in cli._FLAGS.values():
-        monkeypatch.delenv(env, raising=False)
+    for knob in cli._FLAGS.values():
+        monkeypatch.delenv(knob.env, raising=False)
     monkeypatch.delenv(cli._TEE_ENV, raising=False)
     monkeypatch.delenv("PYPTO_JOB_SECRET", raising=False)
 
