@@ -112,7 +112,7 @@ def run(repeats: int = 11) -> str:
                      "compiled": compiled, "reference": reference, "plain": lambda: plain_loop(x, y_p)}, repeats)
     for y in (y_t, y_k, y_rp, y_c, y_r, y_p):
         assert torch.equal(y, x + 1)
-    mode = next(iter(per_tile.cache.get("replay", {}).values())).mode()
+    mode = next(iter(per_tile.state.replay.values())).mode()
     n = k.N_TILES
     rows = [
         ["engine, one task per tile (PYPTO_COALESCE=0, PYPTO_REPLAY=0) / plain torch loop",

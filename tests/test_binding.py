@@ -88,16 +88,17 @@ def test_every_cache_keys_on_the_shapes_passed(monkeypatch):
                     x, y = torch.randn(rows, N), torch.zeros(rows, N)
                     kernel(x, y)
                     assert torch.equal(y, torch.exp(x)), rows
-        assert len(host_program(kernel).kernels[0].kernel_replays.table) == 3
+            # (inside the scope: a program is compiled for the PYPTO_COALESCE in force)
+            assert len(host_program(kernel).kernels[0].kernel_replays.table) == 3
         monkeypatch.undo()
-        kernel.cache.clear()
+        kernel.state.clear()
         for _ in range(5):
             for rows in (1, 4, 6):
                 x, y = torch.randn(rows, N), torch.zeros(rows, N)
                 kernel(x, y)
                 assert torch.equal(y, torch.exp(x)), rows
-        assert len(kernel.cache["replay"]) == 3
-        kernel.cache.clear()   # this process forgets it all: the program comes from the disk cache
+        assert len(kernel.state.replay) == 3
+        kernel.state.clear()   # this process forgets it all: the program comes from the disk cache
         for rows in (4, 6, 1):
             x, y = torch.randn(rows, N), torch.zeros(rows, N)
             kernel(x, y)
@@ -159,7 +160,7 @@ def warmed_up(kernel):
     """The kernel after enough calls that the next one with the same arguments replays without binding."""
     for _ in range(6):
         kernel(torch.zeros(4, N), torch.zeros(4, N))
-    assert kernel.cache.get("replay_by_arguments")
+    assert kernel.state.replay_by_arguments
     return kernel
 
 

@@ -44,12 +44,16 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
     cache, else the disk cache, else compiled now (and stored). `traced`: the variant a run recorded for replay
     executes (see incore_compiler.traced_code), compiled when first needed and kept in this process only."""
     if traced:
-        program = kernel.cache.get("host_program_traced")
+        program = kernel.state.host_program_traced
         if program is None:
             with config.scope(COALESCE=host_program(kernel).coalesce):   # the same program, arithmetic routed
-                program = kernel.cache["host_program_traced"] = _compile_host(kernel, traced=True)
+                program = kernel.state.host_program_traced = _compile_host(kernel, traced=True)
         return program
-    program = kernel.cache.get("host_program")
+    program = kernel.state.host_program
+    if program is not None and program.coalesce != config.COALESCE.get():
+        # compiled under the other PYPTO_COALESCE (an options scope changed it): compile again (the disk cache
+        # keeps both); the traced variant follows the plain program
+        program = kernel.state.host_program = kernel.state.host_program_traced = None
     if program is None:
         with _gc_paused():
             start = time.perf_counter()
@@ -61,7 +65,7 @@ def host_program(kernel, traced: bool = False) -> HostProgram:
         warn_once(kernel, program.notes)
         for index, artifact in enumerate(program.kernels):
             artifact.traced_variant = functools.partial(_traced_kernel, kernel, index)
-        kernel.cache["host_program"] = program
+        kernel.state.host_program = program
     return program
 
 

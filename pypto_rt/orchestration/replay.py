@@ -99,7 +99,7 @@ def by_arguments(kernel, args: tuple):
     """Replay straight from the caller's positional arguments when they match a recorded specialisation (skipping
     argument binding: a match has the shapes, dtypes and scalars of a call that bound without error); MISS when
     they do not."""
-    table = kernel.cache.get("replay_by_arguments")
+    table = kernel.state.replay_by_arguments
     if not table or not enabled():
         return MISS
     try:
@@ -125,7 +125,9 @@ def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
             return
     key = _key(args)
     if key is not None:
-        kernel.cache.setdefault("replay_by_arguments", {})[key] = spec
+        if kernel.state.replay_by_arguments is None:
+            kernel.state.replay_by_arguments = {}
+        kernel.state.replay_by_arguments[key] = spec
 
 
 def run(kernel, binding, run_on_engine, args: tuple | None = None):
@@ -175,7 +177,7 @@ def _specialisation(kernel, binding) -> _Specialisation | None:
     key = _key(binding.values)
     if key is None:
         return None
-    table = kernel.cache.setdefault("replay", {})
+    table = kernel.state.replay
     spec = table.get(key)
     if spec is None:
         if len(table) >= MAX_SPECIALISATIONS:

@@ -29,7 +29,7 @@ REPLAYED = CALLS - replay.NORMAL_RUNS - 1 - replay.TRIAL_REPLAYS   # how many of
 
 
 def modes(kernel) -> list[str]:
-    return [s.mode() for s in kernel.cache.get("replay", {}).values()]
+    return [s.mode() for s in kernel.state.replay.values()]
 
 
 def call(entry, specs, values, **knobs):
@@ -116,7 +116,7 @@ def test_casts_and_scalar_min_of_a_read_value_stay_data_and_bad_values_still_fai
         out = torch.zeros(1, COLS)
         gather_cast_row(src, torch.tensor([i % ROWS], dtype=torch.int32), out)
         assert torch.equal(out, src[i % ROWS :][:1]), f"call {i}"
-    (spec,) = gather_cast_row.cache["replay"].values()
+    (spec,) = gather_cast_row.state.replay.values()
     assert spec.mode().startswith("replay") and spec.hits == REPLAYED
     with pytest.raises(Exception, match="test_replay.py"):   # a negative row: the engine's error, at the user's line
         gather_cast_row(src, torch.tensor([-3], dtype=torch.int32), torch.zeros(1, COLS))
@@ -150,7 +150,7 @@ def test_float_arithmetic_on_values_read_from_data_is_recomputed_by_every_replay
         want = x * (1.0 / n + EPS * n) + gain * 2.0
         want[0] += max(gain, 1.0)
         assert torch.equal(y, want), f"call {i}: n={n} gain={gain}"
-    (spec,) = float_arithmetic.cache["replay"].values()
+    (spec,) = float_arithmetic.state.replay.values()
     # the guards: `0.5 < n` and which side of pl.max(gain, 1.0) won; calls on the other side ran on the engine
     assert spec.mode().startswith("replay") and "2 guards" in spec.mode(), spec.mode()
     assert spec.hits >= 3 and spec.misses >= 1, (spec.hits, spec.misses)
@@ -174,7 +174,7 @@ def test_numbers_read_from_data_passed_to_math_functions_are_pinned(monkeypatch)
         y = torch.empty(ROWS, COLS)
         math_of_a_read_value(x, torch.tensor([n], dtype=torch.int32), y)
         assert torch.equal(y, x * math.sqrt(n + 0.5)), f"call {i}: n={n}"
-    (spec,) = math_of_a_read_value.cache["replay"].values()
+    (spec,) = math_of_a_read_value.state.replay.values()
     assert spec.hits >= 1 and spec.misses == 3, (spec.hits, spec.misses)
 
 
@@ -234,7 +234,7 @@ def test_data_that_takes_another_course_than_recorded_runs_on_the_engine(monkeyp
 
     for _ in range(CALLS):   # recorded with k=2, n=3; replayed
         check(2, 3)
-    (spec,) = steered.cache["replay"].values()
+    (spec,) = steered.state.replay.values()
     hits = spec.hits
     check(1, 3)   # the list index differs (pinned: Python reads it silently)
     check(2, 5)   # the loop bound differs
@@ -312,7 +312,7 @@ def test_a_call_whose_input_aliases_its_output_keeps_warning_and_stays_right():
         with pytest.warns(InWriteWarning, match="writes into 'x'"):
             scale_rows(x, 2.0, x)
         assert torch.equal(x, expect), f"call {i}"
-    aliased = [s for s in scale_rows.cache["replay"].values() if s.warnings]
+    aliased = [s for s in scale_rows.state.replay.values() if s.warnings]
     assert len(aliased) == 1 and aliased[0].hits > 0, "the aliased call replays, warning each time"
 
 
@@ -320,9 +320,9 @@ def test_replay_off_records_nothing():
     x = torch.randn(ROWS, COLS)
     with config.scope(REPLAY="0"):
         for _ in range(CALLS):
-            scale_rows.cache.pop("replay", None)
+            scale_rows.state.replay = {}
             scale_rows(x, 5.0, torch.empty(ROWS, COLS))
-            assert "replay" not in scale_rows.cache
+            assert scale_rows.state.replay == {}
 
 
 def record(fn, *inputs):
@@ -554,7 +554,7 @@ def test_the_recorded_run_executes_the_program_as_it_was_compiled():
         y = torch.empty(ROWS, COLS)
         add_tiles(x, y)
         assert torch.equal(y, x + 1.0)
-    (spec,) = add_tiles.cache["replay"].values()
+    (spec,) = add_tiles.state.replay.values()
     assert spec.calls >= 3 * TILES, f"one tile at a time, as on the engine: {spec.mode()}"
 
 
@@ -563,10 +563,10 @@ def test_the_trial_times_replays_against_warm_engine_runs_between_them():
     x = torch.randn(ROWS, COLS)
     ways = []
     for _ in range(CALLS):
-        (spec,) = kernel.cache.get("replay", {None: replay._Specialisation()}).values()
+        (spec,) = (kernel.state.replay or {None: replay._Specialisation()}).values()
         before = (len(spec.engine_ns), spec.hits)
         kernel(x, 2.0, torch.empty(ROWS, COLS))
-        (spec,) = kernel.cache["replay"].values()
+        (spec,) = kernel.state.replay.values()
         ways.append("engine" if len(spec.engine_ns) > before[0] else "replay" if spec.hits > before[1] else "record")
     trial = ways[replay.NORMAL_RUNS + 2:][: 2 * replay.TRIAL_REPLAYS]
     assert ways[: replay.NORMAL_RUNS + 2] == ["engine"] * replay.NORMAL_RUNS + ["record", "replay"], ways
