@@ -66,6 +66,7 @@ def test_an_options_override_holds_for_its_block_only():
 
 def test_compile_then_call_runs_with_the_config_given():
     x, y, out = _inputs()
+    add_rows(x, y, out)   # compiled coalesced first: the config's coalesce=False must still hold for the entry
     on_engine = add_rows.compile(x, y, out, config={"replay": False, "coalesce": False})
     on_oracle = add_rows.compile(x, y, out, config=pypto_rt.Options(executor="reference"))
     rt = pypto_rt.default_runtime()
