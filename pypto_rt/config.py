@@ -6,5 +6,5 @@ block in the calling context (see knobs.py: a `contextvars` override, handed by 
 """
 from __future__ import annotations
 
-from pypto_rt.knobs import *  # noqa: F401,F403 - the one declaration table, re-exported
-from pypto_rt.knobs import Knob, get_float, get_int, override, scope  # noqa: F401 - the names call sites use
+from pypto_rt.knobs import *  # noqa: F401,F403 - the one declaration table and its readers
+from pypto_rt.knobs import __all__  # noqa: F401

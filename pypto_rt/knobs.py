@@ -183,6 +183,9 @@ MASTER_PORT = Knob("MASTER_PORT", "", "str", "port of the job's TCPStore", audie
 
 ALL: tuple[Knob, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Knob))
 BY_ENV: dict[str, Knob] = {k.env: k for k in ALL}
+__all__ = [name for name, v in list(globals().items()) if isinstance(v, Knob)] + [
+    "Knob", "ALL", "BY_ENV", "USER", "LAUNCHER", "CONTRACT", "get_int", "get_float", "current_overrides", "install",
+    "override", "drop_override", "scope"]
 assert len(BY_ENV) == len(ALL), "a variable is declared twice"
 assert all(k.kind in KINDS for k in ALL)
 
