@@ -27,9 +27,10 @@ class KernelState:
     incore_kernel: Any = None
     incore_kernel_traced: Any = None
     python_calls: Any = None                               # the plain-Python calls it makes (None: not looked at)
-    # orchestration: host programs (plain, traced) and the inline kernel's direction warning
-    host_program: Any = None
-    host_program_traced: Any = None
+    # orchestration: host programs (plain, traced), one per PYPTO_COALESCE setting, and the inline kernel's
+    # direction warning
+    host_programs: dict = field(default_factory=dict)
+    host_programs_traced: dict = field(default_factory=dict)
     inline_warned: bool = False
     # replay: specialisation -> its recording / policy; argument key -> replay (None until one is recorded)
     replay: dict = field(default_factory=dict)

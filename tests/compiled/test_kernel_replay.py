@@ -31,8 +31,8 @@ def replay_at_once(monkeypatch):
 
 
 def replays(kernel) -> list:
-    """The kernel replays of each region of an entry, in region order."""
-    return [a.__dict__.get("kernel_replays") for a in host_program(kernel).kernels]
+    """The kernel replays of each region of an entry (of its program for ENGINE's coalescing), in region order."""
+    return [a.__dict__.get("kernel_replays") for a in host_program(kernel, coalesce=ENGINE["COALESCE"]).kernels]
 
 
 def specialisations(kernel, region: int = 0) -> list:
