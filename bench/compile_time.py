@@ -5,7 +5,7 @@ excluded; what is timed is `compile_only(entry)` (host program + kernels, includ
 imports on a first call; a full garbage collection the imports before it have made due is run first: over
 torch's ~10^5 objects it takes ~70 ms, and whether it fell inside the timing depended on allocation counts). The
 child also times a second `compile_only` in the same process (the in-memory
-`kernel.cache`). PYPTO_CACHE_DIR points at a fresh directory; when the first child leaves files there, a second
+`kernel.state`). PYPTO_CACHE_DIR points at a fresh directory; when the first child leaves files there, a second
 child times a warm start from that disk cache, otherwise the table says the disk cache is missing.
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ def run(rounds: int = 3) -> str:
     if not disk_seen:
         out.append("Disk cache: missing. Each child ran with PYPTO_CACHE_DIR set to a fresh directory and left no "
                    "files in it, so a fresh process always compiles from scratch. The warm figure available is the "
-                   "in-process second call (a kernel.cache lookup).")
+                   "in-process second call (a kernel.state lookup).")
     return "\n".join(out)
 
 

@@ -12,28 +12,24 @@ import re
 import secrets
 import sys
 
+from pypto_rt import knobs
+from pypto_rt.errors import PyptoError
 from pypto_rt.launch.config import BACKENDS, COMMS, LaunchConfig
 
 PROG = "pypto-launch"
 
-# flag -> (environment fallback, help); defaults and checks live in `_config`
+# flag -> its environment fallback (declared, with the flag's help, in pypto_rt.knobs); defaults and checks live
+# in `_config`, so the launcher reads the raw strings and says which flag or variable is wrong
 _FLAGS = {
-    "nproc": ("PYPTO_NPROC", "ranks on this host (default 1)"),
-    "nnodes": ("PYPTO_NNODES", "hosts in the job, one launcher each (default 1)"),
-    "node-rank": ("PYPTO_NODE_RANK", "this host's index, 0 .. nnodes-1 (default 0); node 0 hosts the store"),
-    "master-addr": ("PYPTO_MASTER_ADDR", "node 0's address, where the store listens (only there) with --nnodes > 1; "
-                                         "one host: the store listens on 127.0.0.1"),
-    "master-port": ("PYPTO_MASTER_PORT", "its port (default: a free port the store binds; required on node-rank > 0)"),
-    "log-dir": ("PYPTO_LOG_DIR", "write rankN.stdout.log, rankN.stderr.log and rankN.error.json here"),
-    "comm": ("PYPTO_COMM", "communicator for the ranks: shm|gloo|nccl|hccl (default shm on one host, else gloo)"),
-    "backend": ("PYPTO_LAUNCH_BACKEND", "how ranks start: local|ray (default local; ray is not available yet)"),
-    "timeout-s": ("PYPTO_TIMEOUT_S", "seconds without progress before a rank stops with a stall report"),
-    "job-id": ("PYPTO_JOB_ID", "names the job's shared memory (pypto-<id>*); default: random"),
+    "nproc": knobs.NPROC, "nnodes": knobs.NNODES, "node-rank": knobs.NODE_RANK, "master-addr": knobs.MASTER_ADDR_FLAG,
+    "master-port": knobs.MASTER_PORT_FLAG, "log-dir": knobs.LOG_DIR, "comm": knobs.COMM,
+    "backend": knobs.LAUNCH_BACKEND, "timeout-s": knobs.TIMEOUT_S, "job-id": knobs.JOB_ID,
 }
-_TEE_ENV = "PYPTO_TEE"
-_SECRET_ENV = "PYPTO_JOB_SECRET"  # environment only: a command line is readable by every user in /proc
+_HELP = {"timeout-s": "seconds without progress before a rank stops with a stall report"}
+_TEE_ENV = knobs.TEE.env
+_SECRET_ENV = knobs.JOB_SECRET.env  # environment only: a command line is readable by every user in /proc
 # every variable the CLI reads (a caller that wants none of them in force clears these)
-ENVIRONMENT = tuple(env for env, _ in _FLAGS.values()) + (_TEE_ENV, _SECRET_ENV)
+ENVIRONMENT = tuple(knob.env for knob in _FLAGS.values()) + (_TEE_ENV, _SECRET_ENV)
 
 
 class UsageError(Exception):
@@ -45,10 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG, allow_abbrev=False,
         description="Start N ranks of a Python program, end them all when one fails, and report which failed first.",
         epilog="Each flag can also be set by the environment variable named in its help; the flag wins.")
-    for flag, (env, help_text) in _FLAGS.items():
+    for flag, knob in _FLAGS.items():
         names = [f"--{flag}"] + ([f"--{flag.replace('-', '_')}"] if "-" in flag else [])
         p.add_argument(*names, dest=flag.replace("-", "_"), default=None, metavar=flag.split("-")[-1].upper(),
-                       help=f"{help_text} [{env}]")
+                       help=f"{_HELP.get(flag, knob.doc)} [{knob.env}]")
     p.add_argument("--tee", action="store_true", default=None,
                    help=f"with --log-dir, also echo rank output to the terminal as [rank N] lines [{_TEE_ENV}=1]")
     p.add_argument("-m", "--module", action="store_true", help="run the target as a module, as `python -m` does")
@@ -62,8 +58,15 @@ def _pick(ns: argparse.Namespace, flag: str) -> tuple[str | None, str]:
     value = getattr(ns, flag.replace("-", "_"))
     if value is not None:
         return value, f"--{flag}"
-    env = _FLAGS[flag][0]
-    return os.environ.get(env) or None, env
+    knob = _FLAGS[flag]
+    return knob.given() or None, knob.env
+
+
+def _env_flag(knob: knobs.Knob) -> bool:
+    try:
+        return knob.on()
+    except PyptoError as e:
+        raise UsageError(e.message) from None
 
 
 def _int(ns, flag: str, default: int | None, minimum: int, maximum: int | None = None) -> int | None:
@@ -119,7 +122,7 @@ def _config(ns: argparse.Namespace) -> LaunchConfig:
     job_id = job_id or secrets.token_hex(6)
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", job_id):
         raise UsageError(f"{source} may hold only letters, digits, '_', '.', '-' (at most 64), got {job_id!r}")
-    tee = bool(ns.tee) or os.environ.get(_TEE_ENV, "0") not in ("", "0")
+    tee = bool(ns.tee) or _env_flag(knobs.TEE)
     log_dir, _ = _pick(ns, "log-dir")
     if not ns.module and not os.path.isfile(ns.target):
         raise UsageError(f"no such file: {ns.target} (to run a module, use -m {ns.target})")
@@ -132,7 +135,7 @@ def _config(ns: argparse.Namespace) -> LaunchConfig:
 def _store_settings(ns: argparse.Namespace, nnodes: int) -> tuple[str | None, str]:
     """--master-addr and the job's store secret (PYPTO_JOB_SECRET, never a flag: argv is public in /proc)."""
     master_addr, _ = _pick(ns, "master-addr")
-    secret = os.environ.get(_SECRET_ENV) or ""
+    secret = knobs.JOB_SECRET.raw()
     if nnodes > 1 and not master_addr:
         raise UsageError(f"--nnodes {nnodes} needs --master-addr: node 0's address that the other nodes reach (the "
                          "store listens there only)")

@@ -20,7 +20,6 @@ PYPTO_SHM_PREFIX      ``pypto-<job id>``: name every shared-memory segment with 
 PYPTO_ERROR_FILE      where the rank writes its error record (JSON, see ``rank_main``) when it fails
 PYPTO_STACK_FILE      where the rank writes every thread's stack (``faulthandler``) on SIGUSR1, which the launcher
                       sends the ranks still running when another rank failed, before it ends them
-PYPTO_START_TIME      the launcher's start, wall-clock seconds (``time.time()``), for rank wait clocks
 PYPTO_TIMEOUT_S       only with ``--timeout-s``: the ranks' no-progress deadline
 ====================  ================================================================================
 
@@ -30,21 +29,23 @@ does under torchrun), and ``PYTHONUNBUFFERED=1`` unless already set, so rank out
 """
 from __future__ import annotations
 
-RANK = "RANK"
-LOCAL_RANK = "LOCAL_RANK"
-WORLD_SIZE = "WORLD_SIZE"
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
-MASTER_ADDR = "MASTER_ADDR"
-MASTER_PORT = "MASTER_PORT"
-LAUNCHED = "PYPTO_LAUNCHED"
-COMM = "PYPTO_COMM"
-JOB_ID = "PYPTO_JOB_ID"
-JOB_SECRET = "PYPTO_JOB_SECRET"
-SHM_PREFIX = "PYPTO_SHM_PREFIX"
-ERROR_FILE = "PYPTO_ERROR_FILE"
-STACK_FILE = "PYPTO_STACK_FILE"
-START_TIME = "PYPTO_START_TIME"
-TIMEOUT_S = "PYPTO_TIMEOUT_S"
+from pypto_rt import knobs
+
+# the variables' names; each is declared (type, doc) in pypto_rt.knobs
+RANK = knobs.RANK.env
+LOCAL_RANK = knobs.LOCAL_RANK.env
+WORLD_SIZE = knobs.WORLD_SIZE.env
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"   # torchrun's; no pypto-rt code reads it
+MASTER_ADDR = knobs.MASTER_ADDR.env
+MASTER_PORT = knobs.MASTER_PORT.env
+LAUNCHED = knobs.LAUNCHED.env
+COMM = knobs.COMM.env
+JOB_ID = knobs.JOB_ID.env
+JOB_SECRET = knobs.JOB_SECRET.env
+SHM_PREFIX = knobs.SHM_PREFIX.env
+ERROR_FILE = knobs.ERROR_FILE.env
+STACK_FILE = knobs.STACK_FILE.env
+TIMEOUT_S = knobs.TIMEOUT_S.env
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 SHM_DIR = "/dev/shm"
@@ -57,14 +58,14 @@ def shm_prefix(job_id: str) -> str:
 
 def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
              master_addr: str, master_port: int, comm: str, job_id: str, secret: str, error_file: str,
-             stack_file: str, start_time: float, timeout_s: float | None) -> dict[str, str]:
+             stack_file: str, timeout_s: float | None) -> dict[str, str]:
     """`base` plus the contract variables for one rank."""
     env = dict(base)
     env.update({
         RANK: str(rank), LOCAL_RANK: str(local_rank), WORLD_SIZE: str(world_size),
         LOCAL_WORLD_SIZE: str(local_world_size), MASTER_ADDR: master_addr, MASTER_PORT: str(master_port),
         LAUNCHED: "1", COMM: comm, JOB_ID: job_id, SHM_PREFIX: shm_prefix(job_id), ERROR_FILE: error_file,
-        JOB_SECRET: secret, STACK_FILE: stack_file, START_TIME: repr(start_time), AGENT_STORE: "True",
+        JOB_SECRET: secret, STACK_FILE: stack_file, AGENT_STORE: "True",
     })
     if timeout_s is not None:
         env[TIMEOUT_S] = repr(timeout_s)

@@ -35,7 +35,6 @@ WAIT_SETTLE_S = 2.0
 def run_job(cfg: LaunchConfig) -> JobResult:
     """Run the job described by `cfg` to its end; returns its result (the launcher's exit code, each rank's end,
     the report to print)."""
-    start_time = time.time()
     tmp_dir = job_store = None
     try:
         if cfg.log_dir:
@@ -54,7 +53,7 @@ def run_job(cfg: LaunchConfig) -> JobResult:
         except StoreError as e:
             return _setup_error(cfg, str(e))
         try:
-            specs = [_spec(cfg, local_rank, job_store.port, start_time, cfg.log_dir or tmp_dir)
+            specs = [_spec(cfg, local_rank, job_store.port, cfg.log_dir or tmp_dir)
                      for local_rank in range(cfg.nproc)]
         except OSError as e:
             return _setup_error(cfg, f"cannot clear a previous job's file {e.filename} in --log-dir: {e.strerror}")
@@ -69,7 +68,7 @@ def run_job(cfg: LaunchConfig) -> JobResult:
             shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, folder: str) -> RankSpec:
+def _spec(cfg: LaunchConfig, local_rank: int, port: int, folder: str) -> RankSpec:
     rank = cfg.global_rank(local_rank)
     error_file = os.path.join(folder, f"rank{rank}.error.json")
     stack_file = os.path.join(folder, f"rank{rank}.stack.txt")
@@ -78,8 +77,7 @@ def _spec(cfg: LaunchConfig, local_rank: int, port: int, start_time: float, fold
     env = contract.rank_env(os.environ, rank=rank, local_rank=local_rank, world_size=cfg.world_size,
                             local_world_size=cfg.nproc, master_addr=LOOPBACK, master_port=port,
                             comm=cfg.comm, job_id=cfg.job_id, secret=cfg.secret, error_file=error_file,
-                            stack_file=stack_file,
-                            start_time=start_time, timeout_s=cfg.timeout_s)
+                            stack_file=stack_file, timeout_s=cfg.timeout_s)
     argv = [sys.executable, "-m", "pypto_rt.launch.rank_main", *(["-m"] if cfg.module else []), cfg.target,
             *cfg.args]
     logs = [os.path.join(cfg.log_dir, f"rank{rank}.{kind}.log") if cfg.log_dir else None

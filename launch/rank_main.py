@@ -33,8 +33,9 @@ import runpy
 import sys
 import time
 
+from pypto_rt import knobs
 from pypto_rt.errors import error_chain, find_wait
-from pypto_rt.launch import contract, files
+from pypto_rt.launch import files
 from pypto_rt.pypto_run import format_user_error, prepare
 
 USAGE = "usage: python -m pypto_rt.launch.rank_main (prog.py | -m module) [args...]   (started by pypto-launch)"
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _arm_stack_dump() -> None:
     """faulthandler writes every thread's stack to $PYPTO_STACK_FILE on SIGUSR1 (the file stays open)."""
-    path = os.environ.get(contract.STACK_FILE)
+    path = knobs.STACK_FILE.raw()
     if not path:
         return
     try:
@@ -92,7 +93,7 @@ def _end_communication(code: int) -> int:
         if code == 0:
             process.close()
         else:
-            process.abort(f"rank {_env_int(contract.RANK)} failed (exit code {code})")
+            process.abort(f"rank {_env_int(knobs.RANK)} failed (exit code {code})")
     except BaseException as e:  # noqa: BLE001 - the exit barrier failing is this rank's failure too
         return _fail(1, _type_name(e), format_user_error(e), exc=e, when=time.time())
     return code
@@ -109,10 +110,10 @@ def _run_program(target: str, module: bool) -> int:
         if code == 0:
             return 0
         # a bare non-zero exit prints nothing here (the launcher says it); a text exit prints its text
-        return _fail(code, "SystemExit", text or f"rank {_env_int(contract.RANK)} exited with code {e.code}",
+        return _fail(code, "SystemExit", text or f"rank {_env_int(knobs.RANK)} exited with code {e.code}",
                      quiet=text is None)
     except KeyboardInterrupt:
-        return _fail(130, "KeyboardInterrupt", f"rank {_env_int(contract.RANK)} was interrupted (SIGINT)")
+        return _fail(130, "KeyboardInterrupt", f"rank {_env_int(knobs.RANK)} was interrupted (SIGINT)")
     except BaseException as e:  # noqa: BLE001 - any failure of the user's program is this rank's failure
         when = time.time()
         _drop_own_frames(e)
@@ -125,9 +126,9 @@ def _fail(code: int, error_type: str, message: str, exc: BaseException | None = 
     """Print the error to stderr (unless `quiet`) and write the error record."""
     if not quiet:
         print(message, file=sys.stderr)
-    path = os.environ.get(contract.ERROR_FILE)
+    path = knobs.ERROR_FILE.raw()
     if path:
-        record = {"rank": _env_int(contract.RANK), "local_rank": _env_int(contract.LOCAL_RANK), "pid": os.getpid(),
+        record = {"rank": _env_int(knobs.RANK), "local_rank": _env_int(knobs.LOCAL_RANK), "pid": os.getpid(),
                   "time": when or time.time(), "exit_code": code, "error_type": error_type, "message": message,
                   "where": _where(exc), "wait": find_wait(exc), "peer_caused": _peer_caused(exc)}
         try:
@@ -171,9 +172,10 @@ def _type_name(e: BaseException) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _env_int(name: str) -> int:
+def _env_int(knob: knobs.Knob) -> int:
+    """A contract integer for an error record, which must be written even when the variable is malformed."""
     try:
-        return int(os.environ.get(name, "0"))
+        return int(knob.raw() or 0)
     except ValueError:
         return 0
 

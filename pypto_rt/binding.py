@@ -46,7 +46,7 @@ def bind_call(kernel, args: tuple, kwargs: dict) -> Binding:
 def _warn_shape(kernel, notes: list) -> None:
     """One EntryShapeWarning per kernel and argument shapes, at the caller's line."""
     key = tuple((name, tuple(actual)) for name, actual, _ in notes)
-    warned = kernel.cache.setdefault("shape_warnings", set())
+    warned = kernel.state.shape_warnings
     if key in warned:
         return
     warned.add(key)
@@ -60,12 +60,13 @@ def _warn_shape(kernel, notes: list) -> None:
 
 
 def _bind(kernel, args: tuple, kwargs: dict) -> Binding:
-    sig = kernel.cache.get("signature")
+    state = kernel.state
+    sig = state.signature
     if sig is None:
-        sig = kernel.cache["signature"] = inspect.signature(kernel.fn)
-        kernel.cache["plain_params"] = _plain_params(sig)
+        sig = state.signature = inspect.signature(kernel.fn)
+        state.plain_params = _plain_params(sig)
     where = None   # bind_call places the error
-    plain = kernel.cache["plain_params"]
+    plain = state.plain_params
     if plain is not None and not kwargs and len(args) == len(plain):
         # every parameter passed positionally (the common call): no inspect binding, same checks per argument
         ann = kernel.annotations()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pypto_rt import config
+from pypto_rt import config, options
 from pypto_rt.binding import Binding, bind_call
 from pypto_rt.errors import PyptoError, strip_internal_frames
 from pypto_rt.language._runtime import activate
@@ -15,31 +15,40 @@ from pypto_rt.ops.value import TensorValue
 
 
 @dataclass
-class CompiledKernel:
-    """What `kernel.compile(...)` returns: the checked entry, ready to run."""
+class CompiledEntry:
+    """What `kernel.compile(*args, config=...)` returns: the entry, its arguments checked and its host program and
+    kernels compiled (compiled executor). Calling it runs the kernel as a plain call does (same checks, for the
+    arguments given then), with `config`'s options (an `Options` or dict of them) applied to that call."""
     kernel: object
     binding: Binding
     executor: str
-    output_dir: str | None = None
+    config: options.Options
+
+    def __call__(self, *args, **kwargs):
+        with options.scoped(self.config):
+            return run_entry(self.kernel, args, kwargs)
 
 
-def compile_entry(kernel, args: tuple, kwargs: dict) -> CompiledKernel:
-    """Check an entry call's arguments and compile its host program and kernels (compiled executor)."""
+def compile_entry(kernel, args: tuple, kwargs: dict, settings=None) -> CompiledEntry:
+    """Check an entry call's arguments and compile its host program and kernels (compiled executor), with
+    `settings` (None, an `Options` or a dict of option values) in force."""
     try:
-        binding = bind_call(kernel, args, kwargs)
-        executor = config.EXECUTOR.get()
-        if executor == "compiled":
-            from pypto_rt.orchestration.run import compile_only
-            compile_only(kernel)
+        chosen = options.as_options(settings)
+        with options.scoped(chosen):
+            binding = bind_call(kernel, args, kwargs)
+            executor = config.EXECUTOR.get()
+            if executor == "compiled":
+                from pypto_rt.orchestration.run import compile_only
+                compile_only(kernel)
     except PyptoError as e:
         raise e.with_traceback(strip_internal_frames(e.__traceback__)) from None
-    return CompiledKernel(kernel, binding, executor)
+    return CompiledEntry(kernel, binding, executor, chosen)
 
 
 def run_entry(kernel, args: tuple, kwargs: dict):
     """Run an entry call; Out/InOut tensors are written in place, the kernel's return value is returned."""
     try:
-        if "replay_by_arguments" in kernel.cache and not kwargs and config.EXECUTOR.get() == "compiled":
+        if kernel.state.replay_by_arguments is not None and not kwargs and config.EXECUTOR.get() == "compiled":
             from pypto_rt.orchestration.run import replay_by_arguments   # a call like one replayed before
             replayed, result = replay_by_arguments(kernel, args)
             if replayed:

@@ -162,7 +162,8 @@ def _frame_span(frame, lineno: int, lasti: int) -> Span:
 
 def strip_internal_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """A copy of `tb` without pypto_rt's own frames (set PYPTO_FRONTEND_DEBUG=1 to keep them)."""
-    if os.environ.get("PYPTO_FRONTEND_DEBUG") == "1":
+    from pypto_rt import knobs   # (knobs imports this module)
+    if knobs.FRONTEND_DEBUG.on():
         return tb
     frames = []
     while tb is not None:

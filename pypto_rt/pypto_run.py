@@ -15,6 +15,8 @@ import sys
 import traceback
 import types
 
+from pypto_rt import knobs
+
 USAGE = "usage: pypto-run FILE.py [args...]   (runs a PyPTO kernel file on the CPU; see README)"
 
 
@@ -94,7 +96,7 @@ def prepare(path: str, args: list[str], folder: str | None = None, lazy_golden: 
     else:
         import pypto_rt.golden as golden
         sys.modules["golden"] = golden
-    os.environ["PYPTO_RUN_CPU_FALLBACK"] = "1"
+    os.environ[knobs.RUN_CPU_FALLBACK.env] = "1"   # for the harness, in this process and its children
     folder = folder or os.path.dirname(os.path.abspath(path))
     root = _library_root(folder)
     sys.path[:0] = [p for p in (folder, root) if p and p not in sys.path[:2]]

@@ -89,15 +89,16 @@ def test_every_cache_keys_on_the_shapes_passed():
                     x, y = torch.randn(rows, N), torch.zeros(rows, N)
                     kernel(x, y)
                     assert torch.equal(y, torch.exp(x)), rows
-        assert len(kernel_replays(host_program(kernel).kernels[0]).states()) == 3
-        kernel.cache.clear()
+            # (inside the scope: a program is compiled for the PYPTO_COALESCE in force)
+            assert len(kernel_replays(host_program(kernel).kernels[0]).states()) == 3
+        kernel.state.clear()
         for _ in range(5):
             for rows in (1, 4, 6):
                 x, y = torch.randn(rows, N), torch.zeros(rows, N)
                 kernel(x, y)
                 assert torch.equal(y, torch.exp(x)), rows
         assert len(decisions(kernel)) == 3
-        kernel.cache.clear()   # this process forgets it all: the program comes from the disk cache
+        kernel.state.clear()   # this process forgets it all: the program comes from the disk cache
         for rows in (4, 6, 1):
             x, y = torch.randn(rows, N), torch.zeros(rows, N)
             kernel(x, y)
@@ -159,7 +160,7 @@ def warmed_up(kernel):
     """The kernel after enough calls that the next one with the same arguments replays without binding."""
     for _ in range(6):
         kernel(torch.zeros(4, N), torch.zeros(4, N))
-    assert kernel.cache.get("replay_by_arguments")
+    assert kernel.state.replay_by_arguments
     return kernel
 
 

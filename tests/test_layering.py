@@ -134,6 +134,7 @@ SHARED_NAMES = {
     "config.py": "the runtime's knobs and pypto-launch's validated flags",
     "files.py": "kernel-library files as modules (golden) and the launcher's log folder (launch)",
     "Refused": "a run replay refuses and a peer the launch gateway refuses",
+    "RunResult": "the golden harness's result (the kernel library's own name for it) and Runtime.run's result",
 }
 
 

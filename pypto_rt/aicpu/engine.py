@@ -3,12 +3,14 @@ and reports failures, stalls and ring overflows on the host's next call.
 
 Threads: one host (orchestrator) thread calls submit/scope/wait/finish; the tensor map and the scope stack are
 touched only by it. Workers run blocks and settle tasks. Every piece of shared state (task states, fanin counts,
-consumer lists, ring counters, stats) is guarded by the module's one lock; host waits sleep on `_host_cv`
-(same lock) with a deadline, so nothing polls and nothing waits without the stall watchdog.
+consumer lists, ring counters, stats) is guarded by one lock (its runtime's); host waits sleep on `_host_cv`
+(same lock) with a deadline, so nothing polls and nothing waits without the stall watchdog. The lock, the condition
+and the worker pool belong to the runtime that made the engine (aicpu.resources), not to the module.
 
 Ring: a task holds one of `ring_size` slots from submit until it has finished AND its scope has closed.
 
-Imports only pypto_rt.errors and pypto_rt.config from pypto_rt.
+Imports only pypto_rt.errors, pypto_rt.config and pypto_rt.run_stats (where a run's figures are noted) from
+pypto_rt.
 """
 from __future__ import annotations
 
@@ -18,21 +20,20 @@ import threading
 import time
 from collections import deque
 
-from pypto_rt import config
+from pypto_rt import config, run_stats
 from pypto_rt.errors import PyptoError
 
-from . import heap, host_watch
+from . import heap, host_watch, resources
 from .failures import TaskFailedError, TaskPoisoned, ring_overflow_error, stall_error
 from .regions import MemoryRegion
+from .scope import RingScope
 from .stats import format_stats
 from .task import FINISHED, Task
 from .tensormap import TensorMap
 from .trace import write_trace
-from .workers import abandon, set_torch_threads, shared_pool
+from .workers import set_torch_threads
 
 _now = time.perf_counter_ns
-_lock = threading.Lock()
-_host_cv = threading.Condition(_lock)
 _CLOSE_GRACE_S = 2.0
 _CORES = os.cpu_count() or 1
 _EDGE_STAT = {"RAW": "RAW", "WAW": "WAW", "WAR": "WAR", "dep": "explicit", "order": "atomic_order"}
@@ -46,45 +47,18 @@ def _positive(what: str, value):
     return value
 
 
-class _Scope:
-    """Tasks submitted in a scope hold their ring slot at least until it closes. A context manager rather than a
-    generator one: the host opens one per loop iteration (the same object, entered again for each)."""
-    __slots__ = ("name", "span", "manual", "tasks", "engine")
-
-    def __init__(self, name: str, span, manual: bool, engine=None):
-        self.name, self.span, self.manual, self.engine = name, span, manual, engine
-        self.tasks: list[Task] = []
-
-    def __enter__(self):
-        self.engine._check_usable()
-        self.engine._scopes.append(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        engine = self.engine
-        scopes = engine._scopes
-        if scopes[-1] is self:
-            scopes.pop()
-        else:
-            scopes.remove(self)
-        tasks = self.tasks
-        if not tasks:
-            return
-        if engine._live:
-            with _lock:
-                engine._close_scope(self)
-        else:   # nothing in flight, so no worker touches the ring (see `_settle`)
-            engine._close_scope(self)
-
-
 class Engine:
     """One run of a task graph. Knobs left None come from PYPTO_NUM_WORKERS / _TIMEOUT_S / _RING_SIZE / _TRACE /
-    _STATS. Use as a context manager (exit = close) and call finish() to wait, raise and report."""
+    _STATS; its lock and workers from `home` (default: the calling context's runtime's, `resources.current()`).
+    Use as a context manager (exit = close) and call finish() to wait, raise and report."""
 
     def __init__(self, *, num_workers: int | None = None, timeout_s: float | None = None,
                  ring_size: int | None = None, trace_path: str | None = None, stats: bool | None = None,
-                 name: str = "run", inline: bool = False):
+                 name: str = "run", inline: bool = False, home: resources.EngineResources | None = None):
         heap.keep_heap_top()
+        self._home = home = home or resources.current()
+        self._lock, self._host_cv = home.lock, home.host_cv
+        self._knobs = config.current_overrides()   # the host's knob overrides, which its workers take on
         self.name = name
         self.inline = inline   # every block runs on the host thread, in submission order, when it next waits
         if num_workers is None:
@@ -95,13 +69,13 @@ class Engine:
         self.ring_size = _positive("ring_size", ring_size if ring_size is not None else
                                    config.get_int(config.RING_SIZE, 1) or 4096)
         self.trace_path = trace_path if trace_path is not None else config.TRACE.get() or None
-        self.print_stats = stats if stats is not None else config.STATS.get() == "1"
+        self.print_stats = stats if stats is not None else config.STATS.on()
         self.stats: dict = {}
         self.worker_threads = config.get_int(config.WORKER_THREADS, 1) or 1
         self.host_helps = (config.get_int(config.HOST_INLINE_US, 0) or 0) > 0   # 0: kernels never run on the host
-        self._pool = shared_pool(self.num_workers, self.worker_threads)
+        self._pool = home.pool(self.num_workers, self.worker_threads)
         self._tmap = TensorMap()
-        self._scopes = [_Scope(name, None, False)]
+        self._scopes = [RingScope(name, None, False)]
         self._live: dict[int, Task] = {}                      # submitted, not yet finished
         self._traced: list[Task] | None = [] if self.trace_path else None
         self._next_id = 0
@@ -139,7 +113,7 @@ class Engine:
             edges = list(edges) + [(p, "order") for p in dict.fromkeys(order) if p not in joined]
         task = Task(self._next_id, name, run, blocks, accesses, span, _now())
         self._next_id += 1
-        with _lock:
+        with self._lock:
             self._take_slot()
             self._wire(task, edges, deps)
             scope.tasks.append(task)
@@ -236,24 +210,24 @@ class Engine:
                 pending.pop()
             return not pending
 
-        with _lock:
+        with self._lock:
             self._wait(finished)
 
     def wait_region(self, region: MemoryRegion, for_write: bool = False) -> None:
         """Host access: wait for the in-flight tasks writing bytes of `region` (and reading them, for_write)."""
         self.wait(self._tmap.in_flight(region, for_write))
 
-    def scope(self, name: str = "scope", span=None, manual: bool = False) -> _Scope:
+    def scope(self, name: str = "scope", span=None, manual: bool = False) -> RingScope:
         """`with engine.scope(...)`: tasks submitted inside belong to this scope and keep their ring slots until it
         closes."""
-        return _Scope(name, span, manual, self)
+        return RingScope(name, span, manual, self)
 
     def finish(self) -> None:
         """Wait for every task; raise the first failure (or a stall); fill `stats`, write the trace, print stats."""
         self._check_open()
         t_finish = _now()
         try:
-            with _lock:
+            with self._lock:
                 self._close_scope(self._scopes[0])
                 self._wait(lambda: not self._live, help_out=self.host_helps)
         finally:
@@ -269,7 +243,7 @@ class Engine:
         self._closed = True
         if self._host_threads is not None:
             set_torch_threads(self._host_threads)
-        with _lock:
+        with self._lock:
             while self._deferred or self._queued:   # never started: dropped
                 task, block = (self._deferred or self._queued).popleft()
                 self._running += 1
@@ -277,7 +251,7 @@ class Engine:
                                  TaskPoisoned(task, self._failure, dropped=True))
             running = self._let_running_blocks_end(min(_CLOSE_GRACE_S, self.timeout_s))
         if running:
-            abandon(self._pool, self)
+            self._home.abandon(self._pool, self)
 
     def _let_running_blocks_end(self, grace_s: float) -> bool:
         """Lock held. Give blocks already running a short grace to end (a process that exits while a worker is
@@ -289,7 +263,7 @@ class Engine:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return True
-                _host_cv.wait(left)
+                self._host_cv.wait(left)
             return False
         finally:
             self._host_waiting -= 1
@@ -345,7 +319,7 @@ class Engine:
             producer.consumers.append(task)
             task.pending += 1
 
-    def _close_scope(self, scope: _Scope) -> None:
+    def _close_scope(self, scope: RingScope) -> None:
         for task in scope.tasks:
             self._release(task)
         self._scope_held -= len(scope.tasks)
@@ -373,7 +347,7 @@ class Engine:
                 idle_s = (_now() - self._last_progress) / 1e9
                 if idle_s >= self.timeout_s:
                     raise stall_error(self.name, list(self._live.values()), idle_s, _now())
-                _host_cv.wait(self.timeout_s - idle_s)
+                self._host_cv.wait(self.timeout_s - idle_s)
         finally:
             self._host_waiting -= 1
 
@@ -381,7 +355,7 @@ class Engine:
         """Lock held (released meanwhile): the host runs the next of `blocks` on its own lane."""
         task, block = blocks.popleft()
         self._running += 1
-        _lock.release()
+        self._lock.release()
         if self._host_threads is None:   # a block runs with a worker's thread count on any lane; restored by close
             self._host_threads = set_torch_threads(self.worker_threads)
         host_watch.entering(self, task)
@@ -389,7 +363,7 @@ class Engine:
             error = self.execute(task, block, self.num_workers)
         finally:
             host_watch.leaving(self)
-            _lock.acquire()
+            self._lock.acquire()
         if self.host_stall is not None:   # the watchdog interrupted this block: report the stall, not the interrupt
             raise self.host_stall
         if isinstance(error, _INTERRUPTS):
@@ -397,7 +371,7 @@ class Engine:
 
     def stall_report(self) -> PyptoError:
         """The watchdog's report of this run now (what a host wait raises after timeout_s without progress)."""
-        with _lock:
+        with self._lock:
             live = list(self._live.values())
         return stall_error(self.name, live, (_now() - self._last_progress) / 1e9, _now())
 
@@ -410,6 +384,7 @@ class Engine:
                       "idle_while_ready_ns": self._idle_ns, "wall_ns": t_end - self._t0}
         if self.trace_path:
             write_trace(self.trace_path, self.name, self._traced, self.num_workers, self._t0)
+        run_stats.note_engine(self.name, self.stats)
         if self.print_stats:
             print(format_stats(self.name, self.stats), file=sys.stderr)
 
@@ -437,7 +412,8 @@ class Engine:
     def run_queued(self, lane: int) -> None:
         """Worker thread, lock not held: claim the oldest unclaimed block and run it (the host may have taken
         it already, then there is nothing to do)."""
-        with _lock:
+        config.install(self._knobs)
+        with self._lock:
             if not self._queued:
                 return
             task, block = self._queued.popleft()
@@ -448,7 +424,7 @@ class Engine:
         """Worker thread, lock not held: run one block (or drop it once the run has failed or closed); returns
         what the block raised."""
         if self._failure is not None or self._closed:
-            with _lock:
+            with self._lock:
                 self._block_done(task, block, lane, 0, 0, TaskPoisoned(task, self._failure, dropped=True))
             return None
         t0 = self._last_progress = _now()
@@ -463,7 +439,7 @@ class Engine:
         except BaseException as exc:  # a kernel's failure belongs to its task, never to the worker
             error = exc
         t1 = _now()
-        with _lock:
+        with self._lock:
             if block == 0:
                 task.result = value
             self._block_done(task, block, lane, t0, t1, error)
@@ -504,7 +480,7 @@ class Engine:
                     stack.append(consumer)
             t.consumers = ()  # no edge is added to a finished task; this keeps the graph free of cycles
         if self._host_waiting:
-            _host_cv.notify_all()
+            self._host_cv.notify_all()
 
     def _release(self, task: Task) -> None:
         task.refs -= 1

@@ -1,8 +1,6 @@
-"""The worker pool: daemon threads that run task blocks, shared by every Engine of the process.
-
-Starting threads per run would dominate a small run's cost, so one pool lives at module level and is replaced
-only when a run asks for a different size, or when a run closes with a block still running (a kernel that may
-never return must not hold a lane of the next run). Work items are engine tokens on one FIFO, one per queued
+"""The worker pool: daemon threads that run task blocks, shared by the Engines of one runtime (aicpu.resources
+owns it). A pool is replaced when a run closes with a block still running (a kernel that may never return must
+not hold a lane of the next run). Work items are engine tokens on one FIFO, one per queued
 block; the pool knows nothing about them beyond calling `engine.run_queued(lane)`, which claims a block (the
 host may have claimed it first). Imports nothing from pypto_rt.
 
@@ -91,44 +89,24 @@ def set_torch_threads(n: int) -> int:
     return previous
 
 
-_pool: WorkerPool | None = None
-_pool_lock = threading.Lock()
 _abandoned: list[WorkerPool] = []   # pools given up while a block ran: interpreter exit waits for them
 _exit_code: int | None = None       # what the process exits with, where a runner told us (pypto-run)
 
 
-def shared_pool(size: int, torch_threads: int = 1) -> WorkerPool:
-    """The process's pool, (re)started at `size` lanes of `torch_threads` intra-op threads each.
-
-    One thread per worker is the default: on torch 2.13's CPU wheel an OpenMP team started from a non-main
-    thread made every small op ~3 ms (measured: exp on a 32x128 tile, 16 us -> 3.2 ms with 2 threads)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or (_pool.size, _pool.torch_threads) != (size, torch_threads):
-            if _pool is not None:
-                _pool.stop()
-            _pool = WorkerPool(size, torch_threads)
-        return _pool
-
-
-def _forget_pool_in_child() -> None:
-    """A forked process (a host-form rank) has none of its parent's threads: its first run starts a pool."""
-    global _pool, _pool_lock, _exit_code
-    _pool, _pool_lock, _exit_code = None, threading.Lock(), None
+def _forget_abandoned_in_child() -> None:
+    """A forked process (a host-form rank) has none of its parent's threads."""
+    global _exit_code
+    _exit_code = None
     _abandoned.clear()
 
 
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+os.register_at_fork(after_in_child=_forget_abandoned_in_child)
 
 
-def abandon(pool: WorkerPool, engine) -> None:
-    """Stop using `pool`, which still runs a block of the closed run `engine`: that block is asked to stop, the
-    pool's threads end once it has, and the next run starts a fresh pool."""
-    global _pool
-    with _pool_lock:
-        if _pool is pool:
-            _pool = None
-        _abandoned.append(pool)
+def give_up(pool: WorkerPool, engine) -> None:
+    """`pool` (no longer its owner's) still runs a block of the closed run `engine`: ask that block to stop and the
+    pool's threads to end once it has; interpreter exit waits for them (`_end_abandoned`)."""
+    _abandoned.append(pool)
     pool.stop_blocks_of(engine)
     pool.stop()
 

@@ -10,9 +10,9 @@ kernel's `pld.system.notify(signal, ...)` finds the window, its communicator and
 """
 from __future__ import annotations
 
-import os
 import threading
 
+from pypto_rt import knobs
 from pypto_rt.errors import PyptoError, user_span
 
 from .base import Communicator, Window
@@ -66,13 +66,13 @@ def set_host_form(job) -> None:
 
 
 def launched() -> bool:
-    return os.environ.get("PYPTO_LAUNCHED") == "1"
+    return knobs.LAUNCHED.on()
 
 
 def rank() -> int:
     if _comm is not None:
         return _comm.rank
-    return int(os.environ.get("RANK", "0")) if launched() else 0
+    return (knobs.get_int(knobs.RANK) or 0) if launched() else 0
 
 
 def world_size() -> int:
@@ -80,7 +80,7 @@ def world_size() -> int:
         return _host_form.world_size
     if _comm is not None:
         return _comm.world_size
-    return int(os.environ.get("WORLD_SIZE", "1")) if launched() else 1
+    return (knobs.get_int(knobs.WORLD_SIZE, 1) or 1) if launched() else 1
 
 
 def install(comm: Communicator) -> None:
@@ -99,7 +99,7 @@ def communicator(what: str) -> Communicator:
                                  user_span(3), "start the program with `pypto-launch --nproc N prog.py`, or "
                                  "dispatch chip programs with device=r from a @pl.jit.host program")
             from . import create_communicator
-            _comm = create_communicator(os.environ.get("PYPTO_COMM") or "shm")
+            _comm = create_communicator(knobs.COMM.get() or "shm")
         return _comm
 
 

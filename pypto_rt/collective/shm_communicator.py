@@ -21,7 +21,7 @@ import torch
 
 from pypto_rt.errors import PyptoError
 
-from . import knobs, store_rendezvous
+from . import comm_settings, store_rendezvous
 from .base import (CollectiveMismatchError, Communicator, PeerAbortedError, Window, check_peer, notify_op,
                    signature, wait_cmp)
 from .check import CollectiveCheck
@@ -67,14 +67,14 @@ class ShmCommunicator(StagedCollectives, Communicator):
     def __init__(self, rank: int | None = None, world_size: int | None = None, *, store=None,
                  prefix: str | None = None, owner_unlinks: bool | None = None, timeout_s: float | None = None,
                  start_timeout_s: float | None = None, host_store: bool = False):
-        rank = knobs.launched_int(knobs.RANK, rank, "rank")
-        world_size = knobs.launched_int(knobs.WORLD_SIZE, world_size, "world_size")
+        rank = comm_settings.launched_int(comm_settings.RANK, rank, "rank")
+        world_size = comm_settings.launched_int(comm_settings.WORLD_SIZE, world_size, "world_size")
         super().__init__(rank, world_size)
-        self.timeout_s = knobs.timeout_s() if timeout_s is None else float(timeout_s)
-        start_s = knobs.start_timeout_s() if start_timeout_s is None else float(start_timeout_s)
+        self.timeout_s = comm_settings.timeout_s() if timeout_s is None else float(timeout_s)
+        start_s = comm_settings.start_timeout_s() if start_timeout_s is None else float(start_timeout_s)
         base = store_rendezvous.open_store(rank, world_size, store, start_s, host_store)
         self.instance, self.store = store_rendezvous.instance_store(base, rank)
-        prefix = prefix or knobs.SHM_PREFIX.get() or None
+        prefix = prefix or comm_settings.SHM_PREFIX.get() or None
         if prefix is not None:
             check_prefix(prefix)
         self.owner_unlinks = prefix is None if owner_unlinks is None else bool(owner_unlinks)
@@ -100,7 +100,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         except BaseException as e:
             self.abort(f"{type(e).__name__}: {e}")
             raise
-        if knobs.comm_check():
+        if comm_settings.comm_check():
             self._check = CollectiveCheck(self.store, rank, world_size, self.timeout_s,
                                           self._watcher(None, "comm_check", None, None))
 

@@ -22,19 +22,18 @@ import socket
 
 import torch.distributed as dist
 
-from pypto_rt.config import Knob
 from pypto_rt.errors import PyptoError
+from pypto_rt.knobs import JOB_SECRET
 
-from . import knobs
+from . import comm_settings
 from .base import PeerAbortedError
 from .process import launched
 from .waits import backoff_wait, timeout_error, wait_record
 
-SECRET_ENV = "PYPTO_JOB_SECRET"
+SECRET_ENV = JOB_SECRET.env
 _JOB_KEY = "pypto/job"  # set under the secret's prefix by whoever serves the store
 _BACKLOG = 1024
 EXITED_KEY = "pypto-launch/exited"  # <key>/<rank> = exit code: set by the launcher when a rank's process ends
-JOB_SECRET = Knob(SECRET_ENV, "", None, "the job's store secret (keys live under it), set by pypto-launch")
 
 
 def listen(addr: str, port: int) -> socket.socket:
@@ -85,7 +84,7 @@ def open_store(rank: int, world_size: int, store=None, start_timeout_s: float = 
     `host_store=True` rank 0 runs it, torch's env:// convention); a private HashStore for a world of one."""
     if store is not None:
         return store
-    addr, port = knobs.MASTER_ADDR.get(), knobs.MASTER_PORT.get()
+    addr, port = comm_settings.MASTER_ADDR.get(), comm_settings.MASTER_PORT.get()
     if not addr or not port:
         if world_size == 1:
             return dist.HashStore()

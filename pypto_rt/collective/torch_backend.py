@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from pypto_rt import config
 
-from . import knobs, store_rendezvous
+from . import comm_settings, store_rendezvous
 from .base import (BackendUnavailableError, CommError, Communicator, PeerAbortedError, check_all_to_all,
                    check_all_to_all_v, check_allgather, check_reduce_scatter, check_src, reduce_op, signature)
 from .check import CollectiveCheck
@@ -57,7 +57,7 @@ def _select_device(backend: str, rank: int) -> list[int] | None:
     tensors passed to collectives must live on it. Returns the device ids for barriers (None for gloo)."""
     if backend not in ("nccl", "hccl"):
         return None
-    local = config.get_int(knobs.LOCAL_RANK)
+    local = config.get_int(comm_settings.LOCAL_RANK)
     module = torch.cuda if backend == "nccl" else torch.npu
     index = (rank if local is None else local) % module.device_count()
     module.set_device(index)
@@ -84,12 +84,12 @@ class TorchCommunicator(Communicator):
         missing = missing_library(backend)
         if missing:
             raise BackendUnavailableError(f"{missing}: {_INSTEAD}")
-        rank = knobs.launched_int(knobs.RANK, rank, "rank")
-        world_size = knobs.launched_int(knobs.WORLD_SIZE, world_size, "world_size")
+        rank = comm_settings.launched_int(comm_settings.RANK, rank, "rank")
+        world_size = comm_settings.launched_int(comm_settings.WORLD_SIZE, world_size, "world_size")
         super().__init__(rank, world_size)
         self.backend = backend
-        self.timeout_s = knobs.timeout_s() if timeout_s is None else float(timeout_s)
-        start_s = knobs.start_timeout_s() if start_timeout_s is None else float(start_timeout_s)
+        self.timeout_s = comm_settings.timeout_s() if timeout_s is None else float(timeout_s)
+        start_s = comm_settings.start_timeout_s() if start_timeout_s is None else float(start_timeout_s)
         self._device_ids = _select_device(backend, rank)
         base = store_rendezvous.open_store(rank, world_size, store, start_s, host_store)
         self.instance, self.store = store_rendezvous.instance_store(base, rank)
@@ -105,7 +105,7 @@ class TorchCommunicator(Communicator):
                 raise CommError(f"rank {rank}: this process already has a default process group as rank "
                                 f"{dist.get_rank()} of {dist.get_world_size()}, not rank {rank} of {world_size}")
             self.group = dist.new_group(backend=backend, timeout=timeout)
-        self._check = CollectiveCheck(self.store, rank, world_size, self.timeout_s) if knobs.comm_check() else None
+        self._check = CollectiveCheck(self.store, rank, world_size, self.timeout_s) if comm_settings.comm_check() else None
         self._closed = False
 
     # ------------------------------------------------------------------------------------------ plumbing

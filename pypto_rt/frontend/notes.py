@@ -24,7 +24,7 @@ def warn_once(kernel, notes) -> None:
     """Give each of `notes` as a StyleWarning at its line, unless `kernel` gave it before in this process."""
     if not notes:
         return
-    given = kernel.cache.setdefault("style_notes_given", set())
+    given = kernel.state.style_notes_given
     for note in notes:
         if note not in given:
             given.add(note)

@@ -10,21 +10,13 @@ import os
 
 import torch
 
-_THREADS_ENV = "PYPTO_GOLDEN_NUM_THREADS"
+from pypto_rt import knobs
 
 
 def _golden_num_threads() -> int:
-    """Thread count for goldens: the env override, else min(16, cpu count). Raises ValueError on a bad override."""
-    raw = os.environ.get(_THREADS_ENV)
-    if raw is None or not raw.strip():
-        return min(16, os.cpu_count() or 1)
-    try:
-        threads = int(raw)
-    except ValueError:
-        threads = 0
-    if threads <= 0:
-        raise ValueError(f"{_THREADS_ENV} must be a positive integer, got {raw!r}")
-    return threads
+    """Thread count for goldens: PYPTO_GOLDEN_NUM_THREADS, else min(16, cpu count); a bad value is a PyptoError."""
+    threads = knobs.get_int(knobs.GOLDEN_NUM_THREADS, 1)
+    return min(16, os.cpu_count() or 1) if threads is None else threads
 
 
 torch.set_num_threads(_golden_num_threads())

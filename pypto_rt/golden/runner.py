@@ -32,7 +32,6 @@ __all__ = ["RunResult", "run", "run_jit", "CPU_PLATFORMS", "NPU_PLATFORMS"]
 
 CPU_PLATFORMS = ("cpu", "a2a3sim", "a5sim")
 NPU_PLATFORMS = ("a2a3", "a5")
-_FALLBACK_ENV = "PYPTO_RUN_CPU_FALLBACK"
 _SIM_OF = {"a2a3": "a2a3sim", "a5": "a5sim"}
 
 Spec = TensorSpec | ScalarSpec
@@ -83,7 +82,7 @@ def _platform_error(platform: Any) -> str | None:
     if platform in CPU_PLATFORMS:
         return None
     if platform in NPU_PLATFORMS:
-        if os.environ.get(_FALLBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        if config.RUN_CPU_FALLBACK.on():
             print(f"[RUN] platform '{platform}' needs an Ascend NPU; running on the CPU instead (pypto-run)",
                   flush=True)
             return None
@@ -281,7 +280,7 @@ def _execute(state: _Run, kernel: Callable) -> RunResult:
     golden = state.compute_golden() if has_golden else None
     with _stage("runtime"):
         kernel(*state.ordered_args())
-    if os.environ.get("PYPTO_BENCH", "").strip() not in ("", "0", "false", "False"):
+    if config.BENCH.on():
         print("[RUN]   benchmark skipped: PYPTO_BENCH has no effect on the CPU", flush=True)
     if golden is None:
         return state.passed(", validation skipped: no golden_fn or golden_data")

@@ -93,8 +93,8 @@ def _one_torch_thread() -> None:
     per device is the parallelism; PYPTO_WORKER_THREADS is overridden to 1 in ranks."""
     import torch
     torch.set_num_threads(1)
-    os.environ["PYPTO_WORKER_THREADS"] = "1"
-    config._overrides.pop(config.WORKER_THREADS.env, None)
+    os.environ[config.WORKER_THREADS.env] = "1"
+    config.drop_override(config.WORKER_THREADS)
 
 
 def _run_dispatch(message, binding):

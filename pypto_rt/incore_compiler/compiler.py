@@ -79,7 +79,7 @@ def incore_kernel(kernel, backend: str = "torch", traced: bool = False) -> Kerne
     """A function run as InCore code throughout (`@pl.jit.incore`, or an inline kernel called from a kernel),
     compiled once per KernelFunction (`traced`: the variant a run recorded for replay executes, see traced_code)."""
     key = "incore_kernel_traced" if traced else "incore_kernel"
-    artifact = kernel.cache.get(key)
+    artifact = getattr(kernel.state, key)
     if artifact is None:
         start = time.perf_counter()
         ir = analyze(kernel, context="incore")
@@ -88,7 +88,7 @@ def incore_kernel(kernel, backend: str = "torch", traced: bool = False) -> Kerne
         artifact.compile_ms = (time.perf_counter() - start) * 1e3
         if not traced:
             artifact.traced_variant = lambda: incore_kernel(kernel, backend, traced=True)
-        kernel.cache[key] = artifact
+        setattr(kernel.state, key, artifact)
     return artifact
 
 

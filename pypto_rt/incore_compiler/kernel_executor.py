@@ -20,9 +20,9 @@ def refuse_replay_of_plain_python(kernel) -> None:
     """A run (or kernel block) being recorded for replay (replay.entry, replay.kernel) that calls a
     kernel function calling the user's plain Python must not be replayed: the replay would skip those calls."""
     if recording.recording():
-        calls = kernel.cache.get("python_calls")
+        calls = kernel.state.python_calls
         if calls is None:
-            calls = kernel.cache["python_calls"] = plain_python_calls(kernel.fn)
+            calls = kernel.state.python_calls = plain_python_calls(kernel.fn)
         if calls:
             recording.refuse(f"{kernel.name} calls plain Python ({calls[0]}), which only the engine runs")
 

@@ -12,6 +12,7 @@ import inspect
 from typing import Any, Callable
 
 from pypto_rt.errors import DSLError, NotSupportedError, user_span
+from pypto_rt.kernel_state import KernelState
 from pypto_rt.language import _runtime
 from pypto_rt.language.enums import FunctionType
 
@@ -30,7 +31,7 @@ class KernelFunction:
         self.kind = kind
         self.options = options
         self.span = user_span(3)
-        self.cache: dict[str, Any] = {}  # executor-owned per-kernel artefacts (rewritten code, ...)
+        self.state = KernelState()   # what each layer keeps for this kernel (compiled programs, replays, ...)
         functools.update_wrapper(self, fn)
 
     @property
@@ -51,19 +52,22 @@ class KernelFunction:
         return driver.run_entry(self, args, kwargs)
 
     def compile(self, *args, config=None, **kwargs):
-        """Check the arguments and prepare the kernel without running it; returns a CompiledKernel."""
+        """Check the arguments and compile the kernel without running it; returns an entry that runs it:
+        `compiled = fn.compile(x, y, out)` then `compiled(x, y, out)`. `config`: options in force while compiling
+        and whenever the compiled entry runs, as a `pypto_rt.Options` or a dict of its fields (e.g.
+        `{"coalesce": False}`); None: those in force where it is called."""
         from pypto_rt import driver
-        return driver.compile_entry(self, args, kwargs)
+        return driver.compile_entry(self, args, kwargs, config)
 
     def annotations(self) -> dict:
         """Evaluated parameter annotations, cached (handles `from __future__ import annotations`)."""
-        cached = self.cache.get("annotations")
+        cached = self.state.annotations
         if cached is None:
             try:
                 cached = inspect.get_annotations(self.fn, eval_str=True)
             except Exception as e:  # noqa: BLE001 - any failure here is the user's annotation
                 raise DSLError(f"cannot evaluate the annotations of {self.name}: {e}", self.span) from None
-            self.cache["annotations"] = cached
+            self.state.annotations = cached
         return cached
 
     def check_output_directions(self, output_names) -> None:

@@ -78,8 +78,8 @@ class HostExecutor(ExecutorBase):
         if is_incore(kernel):
             task = self._submit_function(kernel, args, kwargs, deps=None, blocks=1, name=None)
             return self.results(task)
-        if kernel.kind == "inline" and "inline_warned" not in kernel.cache:
-            kernel.cache["inline_warned"] = True
+        if kernel.kind == "inline" and not kernel.state.inline_warned:
+            kernel.state.inline_warned = True
             warn_directions_on_inline(kernel)
         return host_program(kernel, traced=recording.recording()).run(*args, **kwargs)
 

@@ -40,34 +40,39 @@ class HostProgram:
     notes: tuple = ()               # frontend.notes.StyleNote found when compiling (kept in the disk cache)
 
 
-def host_program(kernel, traced: bool = False) -> HostProgram:
-    """The compiled host program of a `@pl.jit` / inline / opaque / program function: from this process's
-    cache, else the disk cache, else compiled now (and stored). `traced`: the variant a run recorded for replay
-    executes (see replay.traced_code), compiled when first needed and kept in this process only."""
-    if traced:
-        program = kernel.cache.get("host_program_traced")
-        if program is None:
-            with config.scope(COALESCE=host_program(kernel).coalesce):   # the same program, arithmetic routed
-                program = kernel.cache["host_program_traced"] = _compile_host(kernel, traced=True)
-        return program
-    program = kernel.cache.get("host_program")
+def host_program(kernel, traced: bool = False, coalesce: str | None = None) -> HostProgram:
+    """The compiled host program of a `@pl.jit` / inline / opaque / program function for `coalesce` (default: the
+    PYPTO_COALESCE in force; one program per setting): from this process's cache, else the disk cache, else
+    compiled now (and stored). `traced`: the variant a run recorded for replay executes (see
+    replay.traced_code), compiled when first needed and kept in this process only."""
+    coalesce = config.COALESCE.get() if coalesce is None else coalesce
+    programs = kernel.state.host_programs_traced if traced else kernel.state.host_programs
+    program = programs.get(coalesce)
     if program is None:
-        with _gc_paused():
-            start = time.perf_counter()
-            program = program_cache.load(kernel, lambda kernels, factory, source, notes: _from_factory(
-                kernel, kernels, factory, source, start, notes))
-            if program is None:
-                program = _compile_host_now(kernel)
-                program_cache.store(kernel, program)
-        warn_once(kernel, program.notes)
-        for index, artifact in enumerate(program.kernels):
-            artifact.traced_variant = functools.partial(_traced_kernel, kernel, index)
-        kernel.cache["host_program"] = program
+        with config.scope(COALESCE=coalesce):
+            if traced:   # the same program, arithmetic routed
+                program = programs[coalesce] = _compile_host(kernel, traced=True)
+            else:
+                program = programs[coalesce] = _load_or_compile(kernel)
     return program
 
 
-def _traced_kernel(kernel, index: int) -> KernelArtifact:
-    return host_program(kernel, traced=True).kernels[index]
+def _load_or_compile(kernel) -> HostProgram:
+    with _gc_paused():
+        start = time.perf_counter()
+        program = program_cache.load(kernel, lambda kernels, factory, source, notes: _from_factory(
+            kernel, kernels, factory, source, start, notes))
+        if program is None:
+            program = _compile_host_now(kernel)
+            program_cache.store(kernel, program)
+    warn_once(kernel, program.notes)
+    for index, artifact in enumerate(program.kernels):
+        artifact.traced_variant = functools.partial(_traced_kernel, kernel, index, program.coalesce)
+    return program
+
+
+def _traced_kernel(kernel, index: int, coalesce: str) -> KernelArtifact:
+    return host_program(kernel, traced=True, coalesce=coalesce).kernels[index]
 
 
 def _from_factory(kernel, kernels, factory, source, start, notes=()) -> HostProgram:

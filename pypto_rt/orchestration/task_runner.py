@@ -39,7 +39,7 @@ from pypto_rt.replay.kernel import KernelReplays
 from pypto_rt.replay.policy import current_policy
 
 OUTLIER = 10   # a block this many times the average is left out of a kernel's RunHistory unless the next one is too
-CHECK_TOL = config.Knob("PYPTO_CHECK_TOL", "1e-5", None, "rtol = atol of PYPTO_CHECK=reference comparisons")
+CHECK_TOL = config.CHECK_TOL
 
 
 class CheckMismatchError(PyptoError):

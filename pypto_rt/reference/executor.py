@@ -42,15 +42,16 @@ class ReferenceExecutor(ExecutorBase):
         refuse_unrunnable(kernel, kwargs)
         incore = is_incore(kernel)
         context = "incore" if incore or self.incore_depth else "host"
-        if f"reference_{context}" not in kernel.cache:   # placement depends on where the function runs
+        state = kernel.state
+        if context not in state.reference_checked:   # placement depends on where the function runs
             warn_once(kernel, placement_notes(kernel, context))
-            kernel.cache[f"reference_{context}"] = True
-        fn = kernel.cache.get("reference")
+            state.reference_checked.add(context)
+        fn = state.reference
         if fn is None:
             if kernel.kind == "inline":
                 warn_directions_on_inline(kernel)
             fn = rewrite_spmd_with(kernel.fn) or kernel.fn
-            kernel.cache["reference"] = fn
+            state.reference = fn
         self.incore_depth += incore
         try:
             return fn(*args, **kwargs)

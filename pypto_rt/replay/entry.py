@@ -94,7 +94,7 @@ class _Specialisation:
 def decisions(kernel) -> list[ReplayDecision]:
     """How the next call of each specialisation of entry `kernel` seen so far would run, in the order first seen."""
     policy = current_policy()
-    return [spec.standing(policy) for spec in kernel.cache.get("replay", {}).values()]
+    return [spec.standing(policy) for spec in kernel.state.replay.values()]
 
 
 def disabled() -> ReplayDecision | None:
@@ -118,7 +118,7 @@ def by_arguments(kernel, args: tuple):
     """Replay straight from the caller's positional arguments when they match a recorded specialisation (skipping
     argument binding: a match has the shapes, dtypes and scalars of a call that bound without error); MISS when
     they do not."""
-    table = kernel.cache.get("replay_by_arguments")
+    table = kernel.state.replay_by_arguments
     if not table:
         return MISS
     policy = current_policy()
@@ -147,7 +147,9 @@ def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
             return
     key = _key(args)
     if key is not None:
-        kernel.cache.setdefault("replay_by_arguments", {})[key] = spec
+        if kernel.state.replay_by_arguments is None:
+            kernel.state.replay_by_arguments = {}
+        kernel.state.replay_by_arguments[key] = spec
 
 
 def run(kernel, binding, run_on_engine, args: tuple | None = None):
@@ -223,7 +225,7 @@ def _specialisation(kernel, binding, policy: ReplayPolicy) -> tuple[_Specialisat
     key = _key(binding.values)
     if key is None:
         return None, "an argument of a kind replay cannot key a specialisation on"
-    table = kernel.cache.setdefault("replay", {})
+    table = kernel.state.replay
     spec = table.get(key)
     if spec is None:
         if len(table) >= policy.max_specialisations:

@@ -268,7 +268,7 @@ def running_columns(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[RO
 
 def _kernel_source(kernel, tmp_path):
     with config.scope(DUMP_DIR=str(tmp_path), CACHE_DIR="off", REPLAY="0"):
-        kernel.cache.clear()
+        kernel.state.clear()
         args = [torch.randn(ROWS, COLS)] + ([torch.randn(1, COLS)] if kernel is scale_columns else [])
         kernel(*args, torch.zeros(ROWS, COLS))
     return "".join(p.read_text() for p in tmp_path.glob("*kernel0.py"))

@@ -97,7 +97,7 @@ X = torch.arange(128, dtype=torch.float32).reshape(16, 8)
 
 def run_in(folder, kernel) -> torch.Tensor:
     """kernel(X) with a fresh in-memory program, so the disk cache at `folder` is asked."""
-    kernel.cache.clear()
+    kernel.state.clear()
     with config.scope(CACHE_DIR=str(folder)):
         return kernel(X)
 

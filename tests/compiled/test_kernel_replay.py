@@ -36,7 +36,7 @@ def replay_at_once():
 
 def specialisations(kernel, region: int = 0) -> list:
     """How the blocks of each specialisation of region `region` of entry `kernel` run (BlockReplayStates)."""
-    found = kernel_replays(host_program(kernel).kernels[region])
+    found = kernel_replays(host_program(kernel, coalesce=ENGINE["COALESCE"]).kernels[region])
     return found.states() if found is not None else []
 
 

@@ -569,12 +569,12 @@ def add_tiles(x: pl.Tensor[[TILES * TILE, COLS], pl.FP32], y: pl.Out[pl.Tensor[[
 
 def test_the_recorded_run_executes_the_program_as_it_was_compiled():
     x = torch.randn(ROWS, COLS)
-    with config.scope(COALESCE="0"):   # compiled now: one task per 4-row tile
+    with config.scope(COALESCE="0"):   # one task per 4-row tile (a program follows the knob in force)
         add_tiles(x, torch.empty(ROWS, COLS))
-    for _ in range(CALLS):
-        y = torch.empty(ROWS, COLS)
-        decision = decided(add_tiles, x, y)
-        assert torch.equal(y, x + 1.0)
+        for _ in range(CALLS):
+            y = torch.empty(ROWS, COLS)
+            decision = decided(add_tiles, x, y)
+            assert torch.equal(y, x + 1.0)
     calls = int(re.search(r"replay of (\d+) torch calls", decision.reason).group(1))
     assert decision.kind == REPLAYED and calls >= 3 * TILES, f"one tile at a time, as on the engine: {decision}"
 

@@ -172,7 +172,7 @@ def _off_by_a_bit(exp, t):
 
 
 def test_dump_dir_holds_readable_host_and_kernel_code(tmp_path):
-    two_stages.cache.clear()
+    two_stages.state.clear()
     with config.scope(DUMP_DIR=str(tmp_path)):
         two_stages(torch.randn(N, N), torch.zeros(N, N))
     names = sorted(p.name for p in tmp_path.iterdir())

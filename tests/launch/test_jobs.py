@@ -60,7 +60,7 @@ def test_four_ranks_pass_with_torchrun_env_and_a_store_they_can_join(tmp_path, p
         assert (d["MASTER_ADDR"], d["PYPTO_LAUNCHED"], d["PYPTO_COMM"]) == ("127.0.0.1", "1", "shm")
         assert d["PYPTO_SHM_PREFIX"] == "pypto-" + d["PYPTO_JOB_ID"]
         assert d["PYPTO_ERROR_FILE"].endswith(f"rank{rank}.error.json")
-        assert d["PYPTO_TIMEOUT_S"] is None and float(d["PYPTO_START_TIME"]) > 0
+        assert d["PYPTO_TIMEOUT_S"] is None and d["PYPTO_START_TIME"] is None   # never read, so not set
         assert d["argv"] == [str(out), "extra"] and not d["torch_loaded"]
     assert len({d["PYPTO_JOB_ID"] for d in dumps.values()}) == 1
 

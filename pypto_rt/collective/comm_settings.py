@@ -1,0 +1,35 @@
+"""The settings communicators read, and how they read them; every knob is declared in `pypto_rt.knobs`.
+
+Its own settings (PYPTO_TIMEOUT_S, PYPTO_START_TIMEOUT_S, PYPTO_COMM_CHECK, PYPTO_SHM_PREFIX) and the launcher's
+rank contract (torchrun's names: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+"""
+from __future__ import annotations
+
+from pypto_rt import knobs
+from pypto_rt.errors import PyptoError
+from pypto_rt.knobs import (COMM_CHECK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, RANK, SHM_PREFIX,  # noqa: F401
+                            START_TIMEOUT_S, WORLD_SIZE, Knob)
+
+
+def timeout_s() -> float:
+    """PYPTO_TIMEOUT_S: the deadline of every blocking wait after the start rendezvous."""
+    return knobs.get_float(knobs.TIMEOUT_S)
+
+
+def start_timeout_s() -> float:
+    return knobs.get_float(START_TIMEOUT_S)
+
+
+def comm_check() -> bool:
+    return COMM_CHECK.on()
+
+
+def launched_int(knob: Knob, given: int | None, what: str) -> int:
+    """`given`, else the launcher's variable; a process started some other way must pass it."""
+    if given is not None:
+        return int(given)
+    value = knobs.get_int(knob)
+    if value is None:
+        raise PyptoError(f"the communicator's {what} is unknown: pass {what}= or set {knob.env}",
+                         hint="pypto-launch (and torchrun) set RANK and WORLD_SIZE for every rank")
+    return value
