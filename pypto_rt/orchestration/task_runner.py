@@ -277,6 +277,10 @@ def _reference_run(artifact):
     fn = getattr(artifact, "reference_run", None)
     if fn is None:
         ir = artifact.ir
+        if ir.anchor is None and artifact.traced_variant is not None:
+            # loaded from the disk cache, which keeps the generated code and not the region's body: the traced variant
+            # is compiled from the source (the same region, the same coalescing) and has it
+            ir = artifact.traced_variant().ir
         fn = BACKENDS["torch"].compile(ir, ir.env.globals, direct_ops=False).run
         artifact.reference_run = fn
     return fn

@@ -28,7 +28,7 @@ way the prologue cannot check:
   memory with an entry tensor (a view made before the run), or an op that declares itself non-replayable
   (`pypto_rt.ops.recording.refuse`: communication, printing).
 The op library calls torch only through its public API (no `torch.ops.aten`, no `torch._C`: those bypass the
-mode; tests/compiled/test_replay.py checks). Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`)
+mode; tests/replay/test_replay.py checks). Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`)
 are not recorded: under one specialisation they give the same answers every time. Outside tensors (module
 constants, op-library caches) are kept by reference.
 """

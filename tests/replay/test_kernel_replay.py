@@ -19,7 +19,7 @@ from pypto_rt.orchestration.task_runner import kernel_replays
 from pypto_rt.replay.policy import ReplayPolicy, policy_scope
 from pypto_rt.run_stats import ENGINE as ON_ENGINE
 from pypto_rt.run_stats import REFUSED, REPLAYED
-from tests.compiled import conformance_cases
+from tests.orchestration import conformance_cases
 
 KERNELS = conformance_cases.KERNELS
 TILE, TILES = 8, 12

@@ -23,7 +23,7 @@ from pypto_rt.replay.capture import Recorder
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.policy import ReplayPolicy, policy_scope
 from pypto_rt.run_stats import DISABLED, ENGINE, GUARD_MISS, RECORDED, REFUSED, REPLAYED
-from tests.compiled import conformance_cases
+from tests.orchestration import conformance_cases
 
 KERNELS = conformance_cases.KERNELS
 POLICY = ReplayPolicy()   # the declared limits

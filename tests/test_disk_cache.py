@@ -69,6 +69,24 @@ def test_cache_off_always_compiles(tmp_path):
         assert done.stdout.strip() == "compiled"
 
 
+def test_a_program_loaded_from_the_cache_runs_under_pypto_check(tmp_path):
+    """PYPTO_CHECK=reference compares each region with the op library. Turned on in a process that already loaded
+    the program from the disk cache (which keeps its regions' code, not their bodies), it checks that program as
+    it checks one compiled now."""
+    assert run(tmp_path, "2.0") == "compiled"
+    script = tmp_path / "prog.py"
+    script.write_text(script.read_text() + textwrap.dedent("""
+        from pypto_rt import config
+        with config.scope(CHECK="reference"):
+            assert torch.equal(scale(x), x * FACTOR), "wrong result under PYPTO_CHECK"
+        print("checked")
+    """))
+    env = dict(os.environ, PYPTO_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["loaded", "checked"]
+
+
 # ---------------------------------------------------------------------------------------------- trust (in-process)
 # The suite runs as root: a foreign owner is uid 65534. A "poisoned" entry is times2's program stored under
 # times3's entry name: a cache that trusts it makes times3 multiply by 2.
