@@ -250,6 +250,9 @@ class Engine:
                 self._block_done(task, block, self.num_workers, 0, 0,
                                  TaskPoisoned(task, self._failure, dropped=True))
             running = self._let_running_blocks_end(min(_CLOSE_GRACE_S, self.timeout_s))
+            # the tensor map's finished tasks hold their arguments; a worker keeps this engine until its next item,
+            # and the caller's tensors must not live that long
+            self._tmap = TensorMap()
         if running:
             self._home.abandon(self._pool, self)
 

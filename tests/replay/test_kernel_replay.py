@@ -8,6 +8,8 @@ shapes get their own recording; PYPTO_KERNEL_REPLAY=0 turns it off.
 """
 from __future__ import annotations
 
+import os
+
 
 import pytest
 import torch
@@ -301,7 +303,9 @@ def test_a_replay_slower_than_its_kernel_is_dropped_after_its_trial():
             assert torch.equal(y, (x + 1.0) * 0.5)
     (spec,) = specialisations(kernel)
     assert spec.decision.kind == ON_ENGINE, spec   # dropped: its blocks run the kernel
-    assert spec.hits == POLICY.kernel_warm_replays + POLICY.kernel_trial_replays
+    # after its whole trial; blocks already replaying on other workers when the verdict came finish their replay
+    trial = POLICY.kernel_warm_replays + POLICY.kernel_trial_replays
+    assert trial <= spec.hits < trial + (os.cpu_count() or 1), spec
 
 
 @pl.jit
