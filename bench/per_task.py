@@ -25,35 +25,24 @@ def plain_loop(x, y, n=k.N_TILES, t=k.TILE):
 
 
 def engine_counters(fn) -> dict:
-    """Stats of the Engine that one call of `fn` creates (empty when the runtime's layout has changed)."""
-    try:
-        from pypto_rt.orchestration import run as run_module
-    except ImportError:
-        return {}
-    original = getattr(run_module, "Engine", None)
-    if original is None:
-        return {}
-    made = []
+    """The engine's figures of one call of `fn` (run_stats: what PYPTO_STATS prints); empty for a replay."""
+    from pypto_rt import run_stats
 
-    class Recording(original):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            made.append(self)
-
-    run_module.Engine = Recording
-    try:
+    with run_stats.collect() as stats:
         fn()
-    finally:
-        run_module.Engine = original
-    return made[-1].stats if made else {}
+    return stats.engine or {}
+
+
+PER_TILE = {"COALESCE": "0"}   # the knob in force when the per-tile kernel runs
 
 
 def per_tile_kernel():
-    """`add_tiles` compiled with coalescing off: one task per 8x8 tile, what this benchmark is about."""
+    """`add_tiles` compiled with coalescing off: one task per 8x8 tile, what this benchmark is about (its calls run
+    under `PER_TILE`: each PYPTO_COALESCE setting has its own program)."""
     import pypto.language as pl
     from pypto_rt import config
     kernel = pl.jit(k.add_tiles.fn)
-    with config.scope(COALESCE="0"):
+    with config.scope(**PER_TILE):
         kernel(torch.zeros(k.TILE * k.N_TILES, k.TILE))   # compile now, with coalescing off
     return kernel
 
@@ -67,7 +56,7 @@ def bodies_alone(kernel, x, y, repeats: int = 5) -> float | None:
         from pypto_rt.orchestration.block import run_block
         from pypto_rt.orchestration.program import host_program
         from pypto_rt.orchestration.task_runner import kernel_replays
-        artifact = host_program(kernel).kernels[0]
+        artifact = host_program(kernel, coalesce=PER_TILE["COALESCE"]).kernels[0]
         replays = kernel_replays(artifact)
         body = replays.run if replays is not None else (
             lambda binding, inputs, block, n: run_block(binding, artifact.kernel.run, inputs, block, n))
@@ -91,15 +80,16 @@ def run(repeats: int = 11) -> str:
     per_tile = per_tile_kernel()
 
     def tasks():
-        with config.scope(REPLAY="0"):
+        with config.scope(REPLAY="0", **PER_TILE):
             per_tile(x, y_t)
 
     def tasks_through_op_library():
-        with config.scope(REPLAY="0", KERNEL_REPLAY="0"):
+        with config.scope(REPLAY="0", KERNEL_REPLAY="0", **PER_TILE):
             per_tile(x, y_k)
 
     def replayed():
-        per_tile(x, y_rp)
+        with config.scope(**PER_TILE):
+            per_tile(x, y_rp)
 
     def compiled():
         with config.scope(EXECUTOR="compiled"):

@@ -36,9 +36,10 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run(tmp_path, factor: str) -> str:
+def run(tmp_path, factor: str, then: str = "") -> str:
+    """Run SCRIPT (with `then` appended) in a fresh process using tmp_path's cache; its output."""
     script = tmp_path / "prog.py"
-    script.write_text(f"FACTOR = {factor}\n" + SCRIPT)
+    script.write_text(f"FACTOR = {factor}\n" + SCRIPT + textwrap.dedent(then))
     env = dict(os.environ, PYPTO_CACHE_DIR=str(tmp_path / "cache"))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -74,17 +75,12 @@ def test_a_program_loaded_from_the_cache_runs_under_pypto_check(tmp_path):
     the program from the disk cache (which keeps its regions' code, not their bodies), it checks that program as
     it checks one compiled now."""
     assert run(tmp_path, "2.0") == "compiled"
-    script = tmp_path / "prog.py"
-    script.write_text(script.read_text() + textwrap.dedent("""
+    assert run(tmp_path, "2.0", then="""
         from pypto_rt import config
         with config.scope(CHECK="reference"):
             assert torch.equal(scale(x), x * FACTOR), "wrong result under PYPTO_CHECK"
         print("checked")
-    """))
-    env = dict(os.environ, PYPTO_CACHE_DIR=str(tmp_path / "cache"))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["loaded", "checked"]
+    """).split() == ["loaded", "checked"]
 
 
 # ---------------------------------------------------------------------------------------------- trust (in-process)
