@@ -10,16 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pypto_rt.errors import PyptoError
+from pypto_rt.kernels.moe.errors import MoEConfigError
 
 SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_EXPERTS = 2048          # the gate sorts a padded row of at most 2048 slots (sort32 + three merges)
 MAX_GROUPS = 32             # group scores are sorted in one sort32 block
-
-
-class MoEConfigError(PyptoError):
-    """An `MoEConfig` field, or a world size, that an MoE layer cannot be built with."""
 
 
 def _fail(message: str, hint: str | None = None) -> None:

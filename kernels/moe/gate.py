@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.moe.config import MoEConfig, MoEConfigError
+from pypto_rt.kernels.moe.config import MoEConfig
+from pypto_rt.kernels.moe.errors import MoEArgumentError
 
 T_DYN = pl.dynamic("T_DYN")
 SORT_WIDTHS = (32, 128, 512, 2048)      # sort32 runs, then each mrgsort merges four runs
@@ -182,19 +183,19 @@ def gate(cfg: MoEConfig, logits: torch.Tensor, bias: torch.Tensor | None = None)
 def _checked_inputs(cfg: MoEConfig, logits, bias):
     """(logits [T, E] FP32 contiguous, bias [1, E] FP32 contiguous); an error naming the argument otherwise."""
     experts = cfg.num_experts
+    bad = MoEArgumentError.at_caller
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != experts:
-        raise MoEConfigError(f"gate: logits must be a [T, {experts}] tensor (num_experts={experts}), got "
-                             f"{_describe(logits)}")
+        raise bad(f"gate: logits must be a [T, {experts}] tensor (num_experts={experts}), got {_describe(logits)}")
     if not logits.is_floating_point():
-        raise MoEConfigError(f"gate: logits must be floating point, got {logits.dtype}")
+        raise bad(f"gate: logits must be floating point, got {logits.dtype}")
     if logits.shape[0] > cfg.max_tokens_per_rank:
-        raise MoEConfigError(f"gate: logits has {logits.shape[0]} tokens, over max_tokens_per_rank="
-                             f"{cfg.max_tokens_per_rank}", hint="split the batch or raise max_tokens_per_rank")
+        raise bad(f"gate: logits has {logits.shape[0]} tokens, over max_tokens_per_rank={cfg.max_tokens_per_rank}",
+                  hint="split the batch or raise max_tokens_per_rank")
     if bias is None:
         bias = torch.zeros(experts)
     elif not isinstance(bias, torch.Tensor) or bias.numel() != experts or not bias.is_floating_point():
-        raise MoEConfigError(f"gate: bias must be a floating-point tensor of {experts} elements (num_experts), "
-                             f"got {_describe(bias)}")
+        raise bad(f"gate: bias must be a floating-point tensor of {experts} elements (num_experts), "
+                  f"got {_describe(bias)}")
     return logits.float().contiguous(), bias.float().reshape(1, experts).contiguous()
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pypto_rt import config
-from pypto_rt.kernels.moe import MoEConfig, MoEConfigError
+from pypto_rt.kernels.moe import MoEArgumentError, MoEConfig
 from pypto_rt.kernels.moe import gate as gate_module
 from pypto_rt.kernels.moe.gate import gate
 from pypto_rt.kernels.moe.golden import gate_golden
@@ -136,6 +136,8 @@ def test_tied_groups_go_to_the_lowest_group_id():
     (torch.zeros(2, 16), torch.zeros(8), "bias must be a floating-point tensor of 16 elements"),
 ])
 def test_bad_inputs_are_errors_naming_the_argument(logits, bias, named):
-    with pytest.raises(MoEConfigError) as info:
+    with pytest.raises(MoEArgumentError) as info:
         gate(make(), logits, bias)
     assert named in info.value.message
+    assert info.value.span.file == __file__    # the caller's line, not the library's
+    assert f" --> {__file__}:" in str(info.value)
