@@ -100,8 +100,8 @@ def _renormalised(picked):
 
 
 @pl.jit.inline
-def _as_picked(picked):
-    return picked
+def _unchanged(row):
+    return row
 
 
 LOWEST = float(torch.finfo(torch.float32).min)   # pl.PadValue.min for FP32: never chosen over a real score
@@ -125,13 +125,35 @@ def _group_limiter(shape: GateShape):
             group_best[:, g : g + 1] = pl.row_sum(top2)
         ranked = _sort_32(group_best)[:, 0 : 2 * topk_group]
         chosen = pl.gather(ranked, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
+        ones = pl.full([1, topk_group], dtype=pl.FP32, value=1.0)
+        zeros = pl.full([1, topk_group], dtype=pl.FP32, value=0.0)
+        lowest = pl.full([1, group_size], dtype=pl.FP32, value=LOWEST)
         kept = pl.full([1, n_group * group_size], dtype=pl.FP32, value=LOWEST)
-        for j in pl.range(topk_group):
-            k0 = pl.read(chosen, [0, j]) * group_size
-            kept[:, k0 : k0 + group_size] = choice[:, k0 : k0 + group_size]
+        for g in pl.range(n_group):
+            g0 = g * group_size
+            member = choice[:, g0 : g0 + group_size]
+            was_chosen = pl.row_sum(pl.sel(pl.cmps(chosen, g, cmp_type=0), ones, zeros))   # [1, 1]: 1.0 or 0.0
+            keep = pl.cmps(pl.row_expand(member, was_chosen), 0.5, cmp_type=4)
+            kept[:, g0 : g0 + group_size] = pl.sel(keep, member, lowest)
         return kept
 
     return limit_groups
+
+
+def _score_picker(n_experts: int, top_k: int):
+    """An inline `(score [1, E], idx [1, K] INT32) -> score[idx] [1, K]`: a one-hot [E, K] matmul, exact since
+    every column has a single 1, and free of reads of data into the program (so a call can replay)."""
+
+    @pl.jit.inline
+    def pick_scores(score, idx):
+        experts = pl.reshape(pl.arange(0, [1, n_experts], dtype=pl.INT32), [n_experts, 1])
+        slots = pl.full([n_experts, top_k], dtype=pl.INT32, value=0)
+        hit = pl.cmp(pl.row_expand(slots, experts), pl.col_expand(slots, idx), cmp_type=0)
+        one_hot = pl.sel(hit, pl.full([n_experts, top_k], dtype=pl.FP32, value=1.0),
+                         pl.full([n_experts, top_k], dtype=pl.FP32, value=0.0))
+        return pl.matmul(score, one_hot)
+
+    return pick_scores
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,8 +162,9 @@ def gate_kernel(shape: GateShape):
     n_experts, top_k = shape.num_experts, shape.top_k
     expert_pad = _sort_width(n_experts)
     score_of, sort_experts = SCORES[shape.score_func], SORTS[expert_pad]
-    limit = _group_limiter(shape) if shape.n_group is not None else _as_picked
-    finish = _renormalised if shape.norm_topk_prob else _as_picked
+    limit = _group_limiter(shape) if shape.n_group is not None else _unchanged
+    pick_scores = _score_picker(n_experts, top_k)
+    finish = _renormalised if shape.norm_topk_prob else _unchanged
     scale = shape.routed_scaling_factor
 
     @pl.jit
@@ -160,8 +183,9 @@ def gate_kernel(shape: GateShape):
             choice = limit(pl.add(score, bias))
             padded = pl.fillpad_expand(choice, [1, expert_pad], pad_value=pl.PadValue.min)
             best = sort_experts(padded)[:, 0 : 2 * top_k]
-            topk_idx[t : t + 1, :] = pl.gather(best, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
-            picked = pl.gather(score, dim=-1, index=topk_idx[t : t + 1, :])
+            chosen = pl.gather(best, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
+            topk_idx[t : t + 1, :] = chosen
+            picked = pick_scores(score, chosen)
             topk_weights[t : t + 1, :] = pl.mul(finish(picked), scale)
         return topk_idx, topk_weights
 
