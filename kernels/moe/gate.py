@@ -6,9 +6,11 @@
     topk_idx     = top_k(choice)               (ties: lower expert id first)
     topk_weights = score[topk_idx] / (sum over k when norm_topk_prob) * routed_scaling_factor
 
-One block per token row: sort32 + mrgsort need single-row sources, so the row is padded with the most negative
-FP32 to a sortable width (32, 128, 512 or 2048 slots). Masked groups take that same value, so with top_k <= the
-kept experts (checked by MoEConfig) neither a pad slot nor a masked expert is ever picked.
+One block per ROW_TILE token rows (the wrapper pads T with zero logits to a multiple of ROW_TILE and drops those
+rows): scores, group scores, masks and weights are row-tile vector ops; only the sorts loop over rows, since
+sort32 + mrgsort take single-row sources. A row is padded with the most negative FP32 to a sortable width (32, 128,
+512 or 2048 slots); masked groups take that same value, so with top_k <= the kept experts (checked by MoEConfig)
+neither a pad slot nor a masked expert is ever picked.
 """
 
 import functools
@@ -46,19 +48,19 @@ def _sort_width(n: int) -> int:
 
 
 @pl.jit.inline
-def _softmax(row):
-    shifted = pl.exp(pl.row_expand_sub(row, pl.row_max(row)))
+def _softmax(rows):
+    shifted = pl.exp(pl.row_expand_sub(rows, pl.row_max(rows)))
     return pl.row_expand_div(shifted, pl.row_sum(shifted))
 
 
 @pl.jit.inline
-def _sigmoid(row):
-    return pl.recip(pl.add(pl.exp(pl.neg(row)), 1.0))
+def _sigmoid(rows):
+    return pl.recip(pl.add(pl.exp(pl.neg(rows)), 1.0))
 
 
 @pl.jit.inline
-def _sqrtsoftplus(row):
-    softplus = pl.add(pl.maximum(row, 0.0), pl.log(pl.add(pl.exp(pl.neg(pl.abs(row))), 1.0)))
+def _sqrtsoftplus(rows):
+    softplus = pl.add(pl.maximum(rows, 0.0), pl.log(pl.add(pl.exp(pl.neg(pl.abs(rows))), 1.0)))
     return pl.sqrt(softplus)
 
 
@@ -100,39 +102,47 @@ def _renormalised(picked):
 
 
 @pl.jit.inline
-def _unchanged(row):
-    return row
+def _unchanged(rows):
+    return rows
 
 
 LOWEST = float(torch.finfo(torch.float32).min)   # pl.PadValue.min for FP32: never chosen over a real score
+ROW_TILE = 8                                      # token rows per block; the wrapper pads T to a multiple
 
 
 def _group_limiter(shape: GateShape):
-    """An inline `choice [1, E] -> choice with the experts outside the topk_group best groups set to LOWEST`."""
+    """An inline `choice [R, E] -> choice with the experts outside each row's topk_group best groups at LOWEST`.
+    A group's score is the sum of its two largest choices (the maximum twice when it occurs twice)."""
     n_group, topk_group = shape.n_group, shape.topk_group
     group_size = shape.num_experts // n_group
-    sort_member = SORTS[_sort_width(group_size)]
-    member_pad = _sort_width(group_size)
     group_pad = _sort_width(n_group)
 
     @pl.jit.inline
     def limit_groups(choice):
-        group_best = pl.full([1, group_pad], dtype=pl.FP32, value=LOWEST)
-        for g in pl.range(n_group):
-            g0 = g * group_size
-            member = pl.fillpad_expand(choice[:, g0 : g0 + group_size], [1, member_pad], pad_value=pl.PadValue.min)
-            top2 = pl.gather(sort_member(member)[:, 0:4], mask_pattern=pl.tile.MaskPattern.P0101)
-            group_best[:, g : g + 1] = pl.row_sum(top2)
-        ranked = _sort_32(group_best)[:, 0 : 2 * topk_group]
-        chosen = pl.gather(ranked, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
-        ones = pl.full([1, topk_group], dtype=pl.FP32, value=1.0)
-        zeros = pl.full([1, topk_group], dtype=pl.FP32, value=0.0)
-        lowest = pl.full([1, group_size], dtype=pl.FP32, value=LOWEST)
-        kept = pl.full([1, n_group * group_size], dtype=pl.FP32, value=LOWEST)
+        ones = pl.full([ROW_TILE, group_size], dtype=pl.FP32, value=1.0)
+        zeros = pl.full([ROW_TILE, group_size], dtype=pl.FP32, value=0.0)
+        lowest = pl.full([ROW_TILE, group_size], dtype=pl.FP32, value=LOWEST)
+        group_best = pl.full([ROW_TILE, group_pad], dtype=pl.FP32, value=LOWEST)
         for g in pl.range(n_group):
             g0 = g * group_size
             member = choice[:, g0 : g0 + group_size]
-            was_chosen = pl.row_sum(pl.sel(pl.cmps(chosen, g, cmp_type=0), ones, zeros))   # [1, 1]: 1.0 or 0.0
+            first = pl.row_max(member)
+            is_first = pl.cmp(member, pl.row_expand(member, first), cmp_type=0)
+            repeats = pl.row_sum(pl.sel(is_first, ones, zeros))
+            second = pl.row_max(pl.sel(is_first, lowest, member))
+            second = pl.sel(pl.cmps(repeats, 1.5, cmp_type=4), first, second)
+            group_best[:, g : g + 1] = pl.add(first, second)
+        ranked = pl.full([ROW_TILE, 2 * topk_group], dtype=pl.FP32, value=0.0)
+        for r in pl.range(ROW_TILE):
+            ranked[r : r + 1, :] = _sort_32(group_best[r : r + 1, :])[:, 0 : 2 * topk_group]
+        chosen = pl.gather(ranked, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
+        chosen_ones = pl.full([ROW_TILE, topk_group], dtype=pl.FP32, value=1.0)
+        chosen_zeros = pl.full([ROW_TILE, topk_group], dtype=pl.FP32, value=0.0)
+        kept = pl.full([ROW_TILE, n_group * group_size], dtype=pl.FP32, value=LOWEST)
+        for g in pl.range(n_group):
+            g0 = g * group_size
+            member = choice[:, g0 : g0 + group_size]
+            was_chosen = pl.row_sum(pl.sel(pl.cmps(chosen, g, cmp_type=0), chosen_ones, chosen_zeros))
             keep = pl.cmps(pl.row_expand(member, was_chosen), 0.5, cmp_type=4)
             kept[:, g0 : g0 + group_size] = pl.sel(keep, member, lowest)
         return kept
@@ -141,24 +151,28 @@ def _group_limiter(shape: GateShape):
 
 
 def _score_picker(n_experts: int, top_k: int):
-    """An inline `(score [1, E], idx [1, K] INT32) -> score[idx] [1, K]`: a one-hot [E, K] matmul, exact since
-    every column has a single 1, and free of reads of data into the program (so a call can replay)."""
+    """An inline `(score [R, E], idx [R, K] INT32) -> score[r, idx[r, k]] [R, K]`: per slot k, a row sum of the
+    scores selected where the expert id equals idx[:, k] (exact: one term is not zero); no data is read into the
+    program, so a call can replay."""
 
     @pl.jit.inline
     def pick_scores(score, idx):
-        experts = pl.reshape(pl.arange(0, [1, n_experts], dtype=pl.INT32), [n_experts, 1])
-        slots = pl.full([n_experts, top_k], dtype=pl.INT32, value=0)
-        hit = pl.cmp(pl.row_expand(slots, experts), pl.col_expand(slots, idx), cmp_type=0)
-        one_hot = pl.sel(hit, pl.full([n_experts, top_k], dtype=pl.FP32, value=1.0),
-                         pl.full([n_experts, top_k], dtype=pl.FP32, value=0.0))
-        return pl.matmul(score, one_hot)
+        experts = pl.col_expand(pl.full([ROW_TILE, n_experts], dtype=pl.INT32, value=0),
+                                pl.arange(0, [1, n_experts], dtype=pl.INT32))
+        zeros = pl.full([ROW_TILE, n_experts], dtype=pl.FP32, value=0.0)
+        picked = pl.full([ROW_TILE, top_k], dtype=pl.FP32, value=0.0)
+        for k in pl.range(top_k):
+            hit = pl.cmp(experts, pl.row_expand(experts, idx[:, k : k + 1]), cmp_type=0)
+            picked[:, k : k + 1] = pl.row_sum(pl.sel(hit, score, zeros))
+        return picked
 
     return pick_scores
 
 
 @functools.lru_cache(maxsize=None)
 def gate_kernel(shape: GateShape):
-    """The compiled-once `@pl.jit` gate for one GateShape (logits [T, E] FP32, bias [1, E] FP32)."""
+    """The compiled-once `@pl.jit` gate for one GateShape: logits [T, E] FP32 with T a multiple of ROW_TILE,
+    bias [1, E] FP32."""
     n_experts, top_k = shape.num_experts, shape.top_k
     expert_pad = _sort_width(n_experts)
     score_of, sort_experts = SCORES[shape.score_func], SORTS[expert_pad]
@@ -178,15 +192,17 @@ def gate_kernel(shape: GateShape):
         topk_idx.bind_dynamic(0, T_DYN)
         topk_weights.bind_dynamic(0, T_DYN)
         t_dim = pl.tensor.dim(logits, 0)
-        for t in pl.spmd(t_dim, name_hint="moe_gate"):
-            score = score_of(logits[t : t + 1, :])
-            choice = limit(pl.add(score, bias))
-            padded = pl.fillpad_expand(choice, [1, expert_pad], pad_value=pl.PadValue.min)
-            best = sort_experts(padded)[:, 0 : 2 * top_k]
+        for tb in pl.spmd(t_dim // ROW_TILE, name_hint="moe_gate"):
+            t0 = tb * ROW_TILE
+            score = score_of(logits[t0 : t0 + ROW_TILE, :])
+            choice = limit(pl.col_expand_add(score, bias))
+            padded = pl.fillpad_expand(choice, [ROW_TILE, expert_pad], pad_value=pl.PadValue.min)
+            best = pl.full([ROW_TILE, 2 * top_k], dtype=pl.FP32, value=0.0)
+            for r in pl.range(ROW_TILE):
+                best[r : r + 1, :] = sort_experts(padded[r : r + 1, :])[:, 0 : 2 * top_k]
             chosen = pl.gather(best, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
-            topk_idx[t : t + 1, :] = chosen
-            picked = pick_scores(score, chosen)
-            topk_weights[t : t + 1, :] = pl.mul(finish(picked), scale)
+            topk_idx[t0 : t0 + ROW_TILE, :] = chosen
+            topk_weights[t0 : t0 + ROW_TILE, :] = pl.mul(finish(pick_scores(score, chosen)), scale)
         return topk_idx, topk_weights
 
     return moe_gate
@@ -197,11 +213,14 @@ def gate(cfg: MoEConfig, logits: torch.Tensor, bias: torch.Tensor | None = None)
     optional selection bias [num_experts]. Returns (topk_idx [T, top_k] int32, topk_weights [T, top_k] float32)."""
     logits, bias = _checked_inputs(cfg, logits, bias)
     tokens = logits.shape[0]
-    topk_idx = torch.zeros(tokens, cfg.top_k, dtype=torch.int32)
-    topk_weights = torch.zeros(tokens, cfg.top_k, dtype=torch.float32)
+    rows = -(-tokens // ROW_TILE) * ROW_TILE
+    topk_idx = torch.zeros(rows, cfg.top_k, dtype=torch.int32)
+    topk_weights = torch.zeros(rows, cfg.top_k, dtype=torch.float32)
     if tokens:
+        if rows != tokens:
+            logits = torch.cat([logits, logits.new_zeros(rows - tokens, cfg.num_experts)])
         gate_kernel(GateShape.of(cfg))(logits, bias, topk_idx, topk_weights)
-    return topk_idx, topk_weights
+    return topk_idx[:tokens], topk_weights[:tokens]
 
 
 def _checked_inputs(cfg: MoEConfig, logits, bias):

@@ -69,12 +69,13 @@ def test_group_limited_topk_keeps_only_the_best_groups():
     assert not torch.equal(idx, routed(ungrouped, logits)[0])
 
 
-def test_group_limited_deepseek_v3_shape_with_bias():
-    cfg = make(num_experts=256, top_k=8, n_group=8, topk_group=4, score_func="sigmoid",
-               routed_scaling_factor=2.5)
+@pytest.mark.parametrize("experts, n_group, topk_group, top_k", [(256, 8, 4, 8), (16, 8, 5, 4)])
+def test_group_limited_with_bias(experts, n_group, topk_group, top_k):
+    cfg = make(num_experts=experts, top_k=top_k, n_group=n_group, topk_group=topk_group, score_func="sigmoid",
+               routed_scaling_factor=2.5)     # (256, 8, 4, 8): DeepSeek-V3's routing
     gen = torch.Generator().manual_seed(4)
-    idx, weights = routed(cfg, torch.randn(3, 256, generator=gen), torch.randn(256, generator=gen) * 0.1)
-    assert all(len(set((row // 32).tolist())) <= 4 for row in idx)
+    idx, weights = routed(cfg, torch.randn(3, experts, generator=gen), torch.randn(experts, generator=gen) * 0.1)
+    assert all(len(set((row // (experts // n_group)).tolist())) <= topk_group for row in idx)
     torch.testing.assert_close(weights.sum(dim=1), torch.full((3,), 2.5), **TOL)
 
 
@@ -141,3 +142,12 @@ def test_bad_inputs_are_errors_naming_the_argument(logits, bias, named):
     assert named in info.value.message
     assert info.value.span.file == __file__    # the caller's line, not the library's
     assert f" --> {__file__}:" in str(info.value)
+
+
+def test_a_group_whose_best_expert_occurs_twice_scores_it_twice():
+    cfg = make(score_func="sigmoid", norm_topk_prob=False, n_group=4, topk_group=1, top_k=2)
+    logits = torch.full((1, 16), -3.0)
+    logits[0, [8, 9]] = 1.0                    # group 2: top-2 sum 2 * sigmoid(1.0) = 1.462
+    logits[0, [4, 5]] = torch.tensor([1.2, 0.8])   # group 1: sigmoid(1.2) + sigmoid(0.8) = 1.459
+    idx, _ = routed(cfg, logits)
+    assert idx.tolist() == [[8, 9]]
