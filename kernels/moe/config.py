@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pypto_rt.kernels.moe.errors import MoEConfigError
+from pypto_rt.kernels.moe.moe_errors import MoEConfigError
 
 SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -20,7 +20,7 @@ import torch
 
 import pypto.language as pl
 from pypto_rt.kernels.moe.config import MoEConfig
-from pypto_rt.kernels.moe.errors import MoEArgumentError
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError
 
 T_DYN = pl.dynamic("T_DYN")
 SORT_WIDTHS = (32, 128, 512, 2048)      # sort32 runs, then each mrgsort merges four runs
