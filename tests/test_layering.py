@@ -20,7 +20,9 @@ INSTALLED = ("pypto_rt", "launch", "kernels")   # launch/ and kernels/ are insta
 
 # package -> pypto_rt packages it must never import (at module level or inside functions)
 FORBIDDEN = {
-    "language": {"ops", "reference", "golden", "binding", "pypto_run", "host_form"},
+    # the surface reaches the runtime only through the driver's entry (ALLOWED below)
+    "language": {"ops", "reference", "golden", "binding", "pypto_run", "host_form", "frontend", "incore_compiler",
+                 "orchestration", "aicpu", "replay", "disk_cache", "executor_base", "runtime", "options", "driver"},
     # the op library is the semantic oracle: replay reaches it, never the reverse (ops.recording is its hook)
     "ops": {"reference", "golden", "driver", "binding", "pypto_run", "host_form", "replay", "orchestration"},
     # the oracle depends on no part of the compiled runtime; the product executors share executor_base with it
