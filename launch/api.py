@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import secrets
 
-from pypto_rt.launch.config import BACKENDS, COMMS, LaunchConfig
+from pypto_rt.launch.config import BACKENDS, COMMS, JOB_ID, LaunchConfig, missing_comm_library
 from pypto_rt.launch.result import JobResult
 
 
@@ -78,18 +77,9 @@ def config_problem(cfg: LaunchConfig) -> str | None:
         return f"backend must be 'local', the only one available yet (of {', '.join(BACKENDS)}), got {cfg.backend!r}"
     if cfg.timeout_s is not None and not (isinstance(cfg.timeout_s, (int, float)) and cfg.timeout_s > 0):
         return f"timeout_s must be a positive number of seconds or None, got {cfg.timeout_s!r}"
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", cfg.job_id):
+    if not JOB_ID.fullmatch(cfg.job_id):
         return f"job_id may hold only letters, digits, '_', '.', '-' (at most 64), got {cfg.job_id!r}"
     if not cfg.module and not os.path.isfile(cfg.target):
         return f"no such file: {cfg.target} (to run a module, pass module=True)"
-    return _missing_comm_library(cfg.comm)
-
-
-def _missing_comm_library(comm: str) -> str | None:
-    """What this machine lacks for an accelerator communicator (nccl, hccl), or None. (torch is imported only for
-    those.)"""
-    if comm not in ("nccl", "hccl"):
-        return None
-    from pypto_rt.collective.torch_backend import missing_library
-    problem = missing_library(comm)
-    return f"comm {comm!r}: {problem}; use comm='gloo' (CPU, any host) or 'shm' (one host)" if problem else None
+    problem = missing_comm_library(cfg.comm)
+    return f"comm {cfg.comm!r}: {problem}; use comm='gloo' (CPU, any host) or 'shm' (one host)" if problem else None

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import secrets
 import sys
 
 from pypto_rt import knobs
 from pypto_rt.errors import PyptoError
-from pypto_rt.launch.config import BACKENDS, COMMS, LaunchConfig
+from pypto_rt.launch.config import BACKENDS, COMMS, JOB_ID, LaunchConfig, missing_comm_library
 
 PROG = "pypto-launch"
 
@@ -120,7 +119,7 @@ def _config(ns: argparse.Namespace) -> LaunchConfig:
             raise UsageError(f"{source} must be a positive number of seconds, got {raw!r}")
     job_id, source = _pick(ns, "job-id")
     job_id = job_id or secrets.token_hex(6)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise UsageError(f"{source} may hold only letters, digits, '_', '.', '-' (at most 64), got {job_id!r}")
     tee = bool(ns.tee) or _env_flag(knobs.TEE)
     log_dir, _ = _pick(ns, "log-dir")
@@ -159,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as e:
             print(f"{PROG}: {e}", file=sys.stderr)
             return 2
-        problem = _missing_comm_library(cfg.comm)
+        problem = missing_comm_library(cfg.comm)
         if problem:
             print(f"{PROG}: --comm {cfg.comm}: {problem}; use --comm gloo (CPU, any host) or shm (one host)",
                   file=sys.stderr)
@@ -173,15 +172,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
 
-
-def _missing_comm_library(comm: str) -> str | None:
-    """Before any rank starts: what this machine lacks for an accelerator communicator (nccl, hccl), or None.
-    (torch is imported only for those.)"""
-    if comm not in ("nccl", "hccl"):
-        return None
-    from pypto_rt.collective.torch_backend import missing_library
-    return missing_library(comm)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

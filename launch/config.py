@@ -2,10 +2,21 @@
 argparse objects)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 COMMS = ("shm", "gloo", "nccl", "hccl")
 BACKENDS = ("local", "ray")
+JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")   # a job id names /dev/shm segments and log lines: no other characters
+
+
+def missing_comm_library(comm: str) -> str | None:
+    """What this machine lacks for an accelerator communicator (nccl, hccl), or None; checked before any rank
+    starts. (torch is imported only for those.)"""
+    if comm not in ("nccl", "hccl"):
+        return None
+    from pypto_rt.collective.torch_backend import missing_library
+    return missing_library(comm)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # ReplayDecision.kind values (what ran the call, or why no replay)
 REPLAYED = "replayed"          # the recorded torch calls ran
@@ -38,12 +38,12 @@ class ReplayDecision:
 class RunStats:
     """One entry call: `kernel` name, `replay` decision (None: replay not involved, e.g. the reference executor),
     and the engine's figures when the engine ran it (`engine`: tasks, dummy_tasks, edges, ring_high_water,
-    ring_size, workers, orchestration_ns, kernel_ns, idle_while_ready_ns, wall_ns; None for a replay)."""
+    ring_size, workers, orchestration_ns, kernel_ns, idle_while_ready_ns, wall_ns; None for a replay), and
+    `wall_ns`, the whole call as `Runtime.run` timed it (0 where nothing timed it)."""
     kernel: str = ""
     replay: ReplayDecision | None = None
     engine: dict | None = None
     wall_ns: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def tasks(self) -> int:
