@@ -172,3 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
 
+
+if __name__ == "__main__":
+    raise SystemExit(main())
