@@ -1,0 +1,189 @@
+"""`MoEBuffer`: expert-parallel dispatch and combine for one MoE layer shape, on the job's symmetric windows.
+
+    buf = MoEBuffer(cfg)                                   # collective: every rank, in the same order
+    recv = buf.dispatch(x, topk_idx, topk_weights)         # x [T, H], T <= max_tokens_per_rank, any T per rank
+    y = experts(recv.x, recv.counts)                       # recv.x [E_local, world * T_MAX, H]
+    out = buf.combine(y, recv.handle)                      # [T, H] = sum_k w[t, k] * y[route (t, k)]
+
+The kernels and their protocol are in `dispatch.py`. What this layer adds: the windows and persistent tensors
+(allocated once; calls only reuse them, so a serving loop's steps replay), argument checks that run before any
+communication (an error names the rank and the argument; a bad call on one rank would otherwise leave its
+peers waiting until the timeout report), and the order rules: dispatch and combine alternate, and a handle
+serves only the combine of its own dispatch.
+
+`recv.x` and `recv.counts` are the buffer's own tensors: valid until the next dispatch. Rows past
+`recv.counts[e]` in expert e's block are unspecified.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import pypto.language as pl
+import pypto.language.distributed as pld
+from pypto_rt.kernels.moe.config import MoEConfig
+from pypto_rt.kernels.moe.dispatch import SIGNALS, Layout, combine_kernel, dispatch_kernel
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError
+
+_PL = {torch.int32: pl.INT32, torch.float32: pl.FP32, torch.bfloat16: pl.BF16, torch.float16: pl.FP16}
+
+
+@dataclass(frozen=True)
+class DispatchHandle:
+    """What a combine needs from its dispatch: the call's number and token count (the routing stays in the
+    buffer's tensors and windows until the next dispatch)."""
+    call: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    x: torch.Tensor           # [E_local, world * T_MAX, H]: each local expert's rows, packed from row 0
+    counts: torch.Tensor      # [E_local] INT32: live rows per local expert
+    handle: DispatchHandle
+
+
+def _window(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    buf = pld.alloc_window_buffer(shape, dtype=_PL[dtype])
+    return pld.window(buf, shape, dtype=_PL[dtype])
+
+
+class MoEBuffer:
+    def __init__(self, cfg: MoEConfig, *, check_routes: bool = True):
+        """COLLECTIVE: every rank of the job constructs its buffers in the same order (each allocates windows).
+        check_routes: check that expert ids are in range and distinct per token before communicating (a read of
+        the routing on the host; turn it off for routing on an accelerator that is known to be valid)."""
+        if not isinstance(cfg, MoEConfig):
+            raise MoEConfigError(f"MoEBuffer takes an MoEConfig, got {type(cfg).__name__}")
+        self.cfg, self.check_routes = cfg, check_routes
+        self.rank, world = pld.rank(), pld.world_size()
+        try:
+            cfg.check_world(world)
+        except MoEConfigError as e:
+            raise MoEConfigError(f"rank {self.rank}: MoEBuffer: {e.message}", hint=e.hint) from None
+        self.layout = layout = Layout(world, cfg.num_experts, cfg.top_k, cfg.max_tokens_per_rank, cfg.hidden,
+                                      cfg.dtype)
+        lanes, t_max, k = layout.lanes, layout.max_tokens, layout.top_k
+        self._counts_in = _window([world, cfg.num_experts + world], torch.int32)
+        self._tokens_in = _window([lanes, cfg.hidden], cfg.dtype)
+        self._rows_in = _window([lanes, k], torch.int32)
+        self._weights_in = _window([lanes, k], torch.float32)
+        self._back_in = _window([lanes, cfg.hidden], cfg.dtype)
+        self._signals = _window([world, SIGNALS], torch.int32)
+        self._epoch = torch.zeros(1, 1, dtype=torch.int32)
+        self._recv_rows = torch.zeros(layout.local_experts * lanes + 1, cfg.hidden, dtype=cfg.dtype)
+        self._recv_counts = torch.zeros(1, layout.local_experts, dtype=torch.int32)
+        self._route_pos = torch.zeros(t_max, k, dtype=torch.float32)
+        self._slots = torch.zeros(t_max, world, dtype=torch.float32)
+        self._members = torch.zeros(t_max, world, dtype=torch.float32)
+        self._calls = 0
+        self._open: DispatchHandle | None = None     # the dispatch whose combine has not run yet
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world
+
+    @property
+    def local_experts(self) -> int:
+        return self.layout.local_experts
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> DispatchResult:
+        """Send each token once to every rank holding one of its experts; returns this rank's expert rows."""
+        if self._open is not None:
+            raise self._error("dispatch", f"call {self._open.call}'s combine has not run: dispatch and combine "
+                              "alternate on a buffer", "call buf.combine(y, recv.handle) before the next dispatch "
+                              "(or use one MoEBuffer per layer in flight)")
+        tokens = self._check_tokens(x, topk_idx, topk_weights)
+        idx = topk_idx.to(torch.int32).contiguous()
+        weights = topk_weights.to(torch.float32).contiguous()
+        kernel = dispatch_kernel(self.layout)
+        kernel(x.contiguous(), idx, weights, self._epoch, self._route_pos[:tokens], self._slots[:tokens],
+               self._members[:tokens], self._recv_rows, self._recv_counts, self._counts_in, self._tokens_in,
+               self._rows_in, self._weights_in, self._signals)
+        self._calls += 1
+        self._open = handle = DispatchHandle(self._calls, tokens)
+        layout = self.layout
+        recv_x = self._recv_rows[:-1].view(layout.local_experts, layout.lanes, self.cfg.hidden)
+        return DispatchResult(recv_x, self._recv_counts[0], handle)
+
+    def combine(self, y: torch.Tensor, handle: DispatchHandle, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Return each token's routes to its rank: out[t] = sum_k topk_weights[t, k] * y[route of (t, k)]."""
+        if not isinstance(handle, DispatchHandle):
+            raise self._error("combine", f"handle must be the `recv.handle` of a dispatch, got "
+                              f"{type(handle).__name__}")
+        if self._open is None or handle != self._open:
+            latest = f"call {self._open.call}" if self._open is not None else "none (its combine already ran)"
+            raise self._error("combine", f"the handle of dispatch call {handle.call} is not the open dispatch "
+                              f"({latest})", "pass the handle of this buffer's latest dispatch, once")
+        layout, cfg = self.layout, self.cfg
+        shape = [layout.local_experts, layout.lanes, cfg.hidden]
+        if not isinstance(y, torch.Tensor) or list(y.shape) != shape or y.dtype != cfg.dtype:
+            raise self._error("combine", f"y must be {cfg.dtype} {shape} (shaped like recv.x), got {_describe(y)}")
+        tokens = handle.tokens
+        if out is None:
+            out = torch.empty(tokens, cfg.hidden, dtype=cfg.dtype)
+        elif list(out.shape) != [tokens, cfg.hidden] or out.dtype != cfg.dtype or not out.is_contiguous():
+            raise self._error("combine", f"out must be a contiguous {cfg.dtype} [{tokens}, {cfg.hidden}], got "
+                              f"{_describe(out)}")
+        kernel = combine_kernel(layout)
+        kernel(y.reshape(layout.local_experts * layout.lanes, cfg.hidden), self._epoch, self._slots[:tokens],
+               self._members[:tokens], out, self._counts_in, self._rows_in, self._weights_in, self._back_in,
+               self._signals)
+        self._open = None
+        return out
+
+    def sent_rows(self) -> list[int]:
+        """Token rows this rank's latest dispatch sent to each rank (one per token and destination rank; the
+        combine sends as many back). Reads the buffer's counts: call it for statistics, not in the hot loop."""
+        n_experts = self.cfg.num_experts
+        return self._counts_in[self.rank, n_experts:].tolist()
+
+    # ------------------------------------------------------------------------------------------- checks
+    def _check_tokens(self, x, topk_idx, topk_weights) -> int:
+        cfg = self.cfg
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != cfg.hidden:
+            raise self._error("dispatch", f"x must be a [T, {cfg.hidden}] tensor (hidden={cfg.hidden}), got "
+                              f"{_describe(x)}")
+        if x.dtype != cfg.dtype:
+            raise self._error("dispatch", f"x is {x.dtype}, the config's dtype is {cfg.dtype}",
+                              f"cast x with x.to({cfg.dtype}) or build the MoEConfig with dtype={x.dtype}")
+        tokens = x.shape[0]
+        if tokens > cfg.max_tokens_per_rank:
+            raise self._error("dispatch", f"x has {tokens} tokens, over max_tokens_per_rank="
+                              f"{cfg.max_tokens_per_rank}", "split the batch or raise max_tokens_per_rank")
+        routes = [tokens, cfg.top_k]
+        if not isinstance(topk_idx, torch.Tensor) or list(topk_idx.shape) != routes or \
+                topk_idx.is_floating_point() or topk_idx.dtype == torch.bool:
+            raise self._error("dispatch", f"topk_idx must be an integer [T, top_k] = {routes} tensor, got "
+                              f"{_describe(topk_idx)}")
+        if not isinstance(topk_weights, torch.Tensor) or list(topk_weights.shape) != routes or \
+                not topk_weights.is_floating_point():
+            raise self._error("dispatch", f"topk_weights must be a floating-point {routes} tensor, got "
+                              f"{_describe(topk_weights)}")
+        if self.check_routes and tokens:
+            self._check_expert_ids(topk_idx)
+        return tokens
+
+    def _check_expert_ids(self, topk_idx: torch.Tensor) -> None:
+        experts = self.cfg.num_experts
+        bad = (topk_idx < 0) | (topk_idx >= experts)
+        if bool(bad.any()):
+            t, k = (int(i) for i in bad.nonzero()[0])
+            raise self._error("dispatch", f"topk_idx[{t}, {k}] = {int(topk_idx[t, k])} is not an expert id "
+                              f"(num_experts={experts}: ids 0..{experts - 1})")
+        ordered = topk_idx.sort(dim=1).values
+        repeated = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+        if bool(repeated.any()):
+            t = int(repeated.nonzero()[0])
+            raise self._error("dispatch", f"token {t} routes to expert {sorted(topk_idx[t].tolist())} more than "
+                              "once", "a token's top_k experts must be distinct (as torch.topk picks them)")
+
+    def _error(self, method: str, message: str, hint: str | None = None) -> MoEArgumentError:
+        return MoEArgumentError.at_caller(f"rank {self.rank}: MoEBuffer.{method}: {message}", hint)
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {list(value.shape)}"
+    return type(value).__name__
