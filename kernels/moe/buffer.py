@@ -112,10 +112,12 @@ class MoEBuffer:
         if not isinstance(handle, DispatchHandle):
             raise self._error("combine", f"handle must be the `recv.handle` of a dispatch, got "
                               f"{type(handle).__name__}")
-        if self._open is None or handle != self._open:
-            latest = f"call {self._open.call}" if self._open is not None else "none (its combine already ran)"
-            raise self._error("combine", f"the handle of dispatch call {handle.call} is not the open dispatch "
-                              f"({latest})", "pass the handle of this buffer's latest dispatch, once")
+        if self._open is None:
+            raise self._error("combine", f"dispatch call {handle.call}'s combine already ran (a handle serves one "
+                              "combine)", "dispatch again, then combine with that call's recv.handle")
+        if handle != self._open:
+            raise self._error("combine", f"the handle is from dispatch call {handle.call}, but the open dispatch "
+                              f"is call {self._open.call}", "pass the recv.handle of this buffer's latest dispatch")
         layout, cfg = self.layout, self.cfg
         shape = [layout.local_experts, layout.lanes, cfg.hidden]
         if not isinstance(y, torch.Tensor) or list(y.shape) != shape or y.dtype != cfg.dtype:
@@ -176,8 +178,10 @@ class MoEBuffer:
         repeated = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
         if bool(repeated.any()):
             t = int(repeated.nonzero()[0])
-            raise self._error("dispatch", f"token {t} routes to expert {sorted(topk_idx[t].tolist())} more than "
-                              "once", "a token's top_k experts must be distinct (as torch.topk picks them)")
+            experts = topk_idx[t].tolist()
+            twice = next(e for e in experts if experts.count(e) > 1)
+            raise self._error("dispatch", f"token {t} routes to expert {twice} more than once (topk_idx[{t}] = "
+                              f"{experts})", "a token's top_k experts must be distinct (as torch.topk picks them)")
 
     def _error(self, method: str, message: str, hint: str | None = None) -> MoEArgumentError:
         return MoEArgumentError.at_caller(f"rank {self.rank}: MoEBuffer.{method}: {message}", hint)

@@ -85,6 +85,13 @@ def _prefix_matrix(t_dim):
                   pl.full([t_dim, t_dim], dtype=pl.FP32, value=0.0))
 
 
+@pl.jit.inline
+def _route_tokens(n, top_k):
+    """[n * top_k, 1] INT32: row j * top_k + k holds j (the token of each route slot)."""
+    tokens = pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1])
+    return pl.reshape(pl.row_expand(pl.full([n, top_k], dtype=pl.INT32, value=0), tokens), [n * top_k, 1])
+
+
 @functools.lru_cache(maxsize=None)
 def dispatch_kernel(layout: Layout):
     """The compiled-once dispatch for one Layout."""
@@ -199,12 +206,13 @@ def dispatch_kernel(layout: Layout):
             for src in pl.range(world):
                 n = pl.read(counts_in, [src, n_experts + me])
                 if n > 0:
-                    arrived = tokens_in[src * t_max : src * t_max + n, :]
-                    for k in pl.range(top_k):
-                        target = rows_in[src * t_max : src * t_max + n, k : k + 1]
-                        target = pl.sel(pl.cmps(target, 0, cmp_type=5), target,
-                                        pl.full([n, 1], dtype=pl.INT32, value=scratch))
-                        recv_rows = pl.scatter_update(recv_rows, 0, target, arrived)
+                    # each arrived token once per route slot: slot k of token j is row j * top_k + k
+                    routes = n * top_k
+                    targets = pl.reshape(rows_in[src * t_max : src * t_max + n, :], [routes, 1])
+                    targets = pl.sel(pl.cmps(targets, 0, cmp_type=5), targets,
+                                     pl.full([routes, 1], dtype=pl.INT32, value=scratch))
+                    copies = pl.mgather(tokens_in, pl.adds(_route_tokens(n, top_k), src * t_max), coalesce="row")
+                    recv_rows = pl.scatter_update(recv_rows, 0, targets, copies)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -240,13 +248,17 @@ def combine_kernel(layout: Layout):
             for src in pl.range(world):
                 n = pl.read(counts_in, [src, n_experts + me])
                 if n > 0:
-                    total = pl.full([n, hidden], dtype=pl.FP32, value=0.0)
-                    for k in pl.range(top_k):
-                        picked = rows_in[src * t_max : src * t_max + n, k : k + 1]
-                        rows = pl.mgather(y, picked, coalesce="row", gather_oob="zero")
-                        weight = weights_in[src * t_max : src * t_max + n, k : k + 1]
-                        total = pl.add(total, pl.row_expand_mul(pl.cast(rows, pl.FP32), weight))
-                    pld.tile.remote_store(pl.cast(total, dtype), target=back_in, peer=src, offsets=[me * t_max, 0])
+                    # slot k of token j is row j * top_k + k; a slot on another rank (-1) gathers zeros
+                    routes = n * top_k
+                    picked = pl.reshape(rows_in[src * t_max : src * t_max + n, :], [routes, 1])
+                    rows = pl.cast(pl.mgather(y, picked, coalesce="row", gather_oob="zero"), pl.FP32)
+                    weight = pl.reshape(weights_in[src * t_max : src * t_max + n, :], [routes, 1])
+                    weighted = pl.reshape(pl.row_expand_mul(rows, weight), [n, top_k * hidden])
+                    total = weighted[:, 0:hidden]
+                    for k in pl.range(1, top_k):
+                        total = pl.add(total, weighted[:, k * hidden : (k + 1) * hidden])
+                    pld.tile.remote_store(pl.cast(total, dtype, mode="rint"), target=back_in, peer=src,
+                                          offsets=[me * t_max, 0])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, COMBINE_SIGNAL], value=1,
                                   op=pld.NotifyOp.AtomicAdd)
@@ -262,7 +274,7 @@ def combine_kernel(layout: Layout):
                 back = pl.add(pl.cast(slots[:, d : d + 1], pl.INT32), d * t_max)
                 rows = pl.cast(pl.mgather(back_in, back, coalesce="row", gather_oob="zero"), pl.FP32)
                 total = pl.add(total, pl.sel(goes, rows, zeros))
-            out[:, :] = pl.cast(total, dtype)
+            out[:, :] = pl.cast(total, dtype, mode="rint")
         return out
 
     return moe_combine

@@ -1,0 +1,84 @@
+"""MoEBuffer dispatch and combine in launched jobs on the shm communicator (tests/kernels/moe/progs/).
+
+dispatch_combine.py checks, on every rank and for three calls on one buffer with token counts that differ per
+rank and call (one rank with none): recv.counts against the job's route counts, recv.x's live rows in (rank,
+token) order, and combine against out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1).
+"""
+import os
+import re
+
+import pytest
+
+from tests.multirank.launched import launch
+
+PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs")
+DISPATCH_COMBINE = os.path.join(PROGS, "dispatch_combine.py")
+ERRORS = os.path.join(PROGS, "moe_errors.py")
+
+
+def _all_pass(job, nproc: int, checks: int):
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(nproc):
+        passed = re.findall(rf"\brank {rank}/{nproc}: PASS ", job.out)
+        assert len(passed) == checks, job.out[-3000:]
+    assert "FAIL" not in job.out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("nproc, args", [
+    (2, ()),
+    (2, ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3")),
+    (4, ("--routing", "skewed")),
+    (8, ("--top-k", "6", "--max-tokens", "4")),
+], ids=["2-bf16", "2-fp32-k3", "4-skewed", "8-k6"])
+def test_dispatch_combine_is_exact_on_every_rank(nproc, args):
+    job = launch(nproc, DISPATCH_COMBINE, "--timeout-s", "90", args=args, limit_s=170)
+    _all_pass(job, nproc, checks=9)
+
+
+@pytest.mark.timeout(120)
+def test_mistakes_raise_before_communicating_and_the_buffer_keeps_working():
+    job = launch(2, ERRORS, "--timeout-s", "60", args=("recover",))
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(2):
+        caught = dict(re.findall(rf"\] rank {rank}: CAUGHT (\w+): (.*)$", job.out, re.M))
+        assert set(caught) == {"tokens", "expert_range", "duplicate_expert", "dtype", "hidden", "weights_shape",
+                               "combine_without_dispatch", "dispatch_twice", "combine_twice"}, job.out
+        assert all(m.startswith(f"rank {rank}: MoEBuffer.") for m in caught.values()), caught
+        assert "over max_tokens_per_rank=4" in caught["tokens"]
+        assert "topk_idx[1, 0] = 4 is not an expert id" in caught["expert_range"]
+        assert "routes to expert" in caught["duplicate_expert"]
+        assert "combine has not run" in caught["dispatch_twice"]
+        assert "combine already ran" in caught["combine_twice"]
+        assert f"rank {rank}: PASS nothing was sent" in job.out
+        assert f"rank {rank}: PASS the call after the mistakes" in job.out
+
+
+@pytest.mark.timeout(120)
+def test_a_mistake_on_one_rank_names_that_rank_and_the_users_line():
+    job = launch(2, ERRORS, "--timeout-s", "60", args=("uncaught",))
+    assert job.rc != 0
+    summary = job.err.split("pypto-launch: job", 1)[-1]
+    assert "rank 0 failed first" in summary, job.err[-3000:]
+    assert "rank 0: MoEBuffer.dispatch: x has 5 tokens, over max_tokens_per_rank=4" in summary
+    assert "moe_errors.py" in summary and "buf.dispatch(x, idx, w)" in summary
+    assert job.seconds < 50, job.seconds   # the launcher ends rank 1's wait; not the 60 s deadline
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_that_never_dispatches_ends_in_the_wait_report():
+    job = launch(2, ERRORS, "--timeout-s", "4", args=("absent",))
+    assert job.rc != 0
+    summary = job.err.split("pypto-launch: job", 1)[-1]
+    assert "rank 0 failed first" in summary, job.err[-3000:]
+    assert re.search(r"rank 0 waits in `wait` \(label moe_send\) for cell \[1, 0\] of window '\w+' \(seen 0, "
+                     r"expected >= 1\), which rank 1 would set", summary), summary
+
+
+@pytest.mark.timeout(120)
+def test_a_world_size_that_does_not_divide_the_experts_is_named_on_every_rank():
+    job = launch(3, ERRORS, "--timeout-s", "30", args=("world",))
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(3):
+        assert f"rank {rank}: CAUGHT world: rank {rank}: MoEBuffer: world size 3 does not divide num_experts=4" \
+            in job.out
