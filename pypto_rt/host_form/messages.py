@@ -2,7 +2,8 @@
 
 Host to rank: ("store", port, secret), ("alloc", nbytes), ("run", sequence, kernel_ref, args, kwargs), ("exit",).
 Rank to host: ("ok",) for an alloc, ("done", sequence, entry_shape_warnings), ("error", report), ("alive", cpu_s).
-A kernel travels as (module, qualname): the forked rank has the same modules. An argument travels as a view of one
+A kernel travels as (module, qualname), or as its creation serial when a factory made it: the forked rank has
+the same modules and the kernels made before the fork. An argument travels as a view of one
 of the entry's tensors (shared memory since before the fork), a window view, or the value itself.
 """
 from __future__ import annotations
@@ -14,19 +15,32 @@ from pypto_rt.aicpu.failures import StallError
 from pypto_rt.collective import process
 from pypto_rt.collective.base import CommTimeoutError
 from pypto_rt.errors import NotSupportedError, error_chain, find_wait, strip_internal_frames
+from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.ops.value import TensorValue
 
 
-def kernel_ref(kernel, span) -> tuple[str, str]:
+def kernel_ref(kernel, span) -> tuple:
+    """How a rank finds `kernel`: ("name", module, qualname) when that name leads to it, else ("made", serial)
+    (a kernel a factory made: the rank, forked after it was made, has it under the same serial)."""
     module = getattr(kernel.fn, "__module__", None)
     if module not in sys.modules:
         raise NotSupportedError(f"cannot dispatch {kernel.name}: its module is not importable", span)
-    return module, kernel.fn.__qualname__
+    qualname = kernel.fn.__qualname__
+    if "<locals>" not in qualname:
+        return "name", module, qualname
+    return "made", kernel.serial
 
 
-def resolve_kernel(ref: tuple[str, str]):
+def resolve_kernel(ref: tuple):
     """The rank's own object for a `kernel_ref`."""
-    module, qualname = ref
+    if ref[0] == "made":
+        kernel = KernelFunction.made(ref[1])
+        if kernel is None:
+            raise NotSupportedError("a host-form program dispatched a kernel made after its rank processes "
+                                    "started", hint="make the kernel (call its factory) at module level, before "
+                                    "the @pl.jit.host program runs")
+        return kernel
+    _, module, qualname = ref
     target = sys.modules[module]
     for part in qualname.split("."):
         target = getattr(target, part)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import weakref
 from typing import Any, Callable
 
 from pypto_rt.errors import DSLError, NotSupportedError, user_span
@@ -22,7 +24,14 @@ ENTRY_KINDS = ("jit", "host", "function", "opaque", "incore")
 
 
 class KernelFunction:
-    """A decorated PyPTO function. `kind`: jit | inline | incore | opaque | host | function | extern."""
+    """A decorated PyPTO function. `kind`: jit | inline | incore | opaque | host | function | extern.
+
+    `serial`: this process's creation number; `KernelFunction.made(serial)` finds the kernel again, also in a
+    process forked after it was made (how a host-form job names a kernel a factory made, which has no importable
+    qualified name)."""
+
+    _serials = itertools.count()
+    _made: "weakref.WeakValueDictionary[int, KernelFunction]" = weakref.WeakValueDictionary()
 
     def __init__(self, fn: Callable, kind: str, options: dict):
         if not inspect.isfunction(fn):
@@ -32,7 +41,13 @@ class KernelFunction:
         self.options = options
         self.span = user_span(3)
         self.state = KernelState()   # what each layer keeps for this kernel (compiled programs, replays, ...)
+        self.serial = next(KernelFunction._serials)
+        KernelFunction._made[self.serial] = self
         functools.update_wrapper(self, fn)
+
+    @classmethod
+    def made(cls, serial: int) -> "KernelFunction | None":
+        return cls._made.get(serial)
 
     @property
     def name(self) -> str:

@@ -6,6 +6,8 @@ token) order, and combine against out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1).
 """
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -82,3 +84,12 @@ def test_a_world_size_that_does_not_divide_the_experts_is_named_on_every_rank():
     for rank in range(3):
         assert f"rank {rank}: CAUGHT world: rank {rank}: MoEBuffer: world size 3 does not divide num_experts=4" \
             in job.out
+
+
+@pytest.mark.timeout(120)
+def test_the_kernels_run_in_a_host_form_program_with_windows_it_allocates():
+    """The library's factory-made kernels dispatched with device=r (a rank finds them by creation serial)."""
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "pypto-run"),
+                           os.path.join(PROGS, "dispatch_host_form.py")], capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "'out' PASS" in proc.stdout
