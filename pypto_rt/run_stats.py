@@ -38,7 +38,7 @@ class ReplayDecision:
 class RunStats:
     """One entry call: `kernel` name, `replay` decision (None: replay not involved, e.g. the reference executor),
     and the engine's figures when the engine ran it (`engine`: tasks, dummy_tasks, edges, ring_high_water,
-    ring_size, workers, orchestration_ns, kernel_ns, idle_while_ready_ns, wall_ns; None for a replay), and
+    ring_size, workers, orchestration_ns, kernel_ns, idle_while_ready_ns, wall_ns, host_reads; None for a replay), and
     `wall_ns`, the whole call as `Runtime.run` timed it (0 where nothing timed it)."""
     kernel: str = ""
     replay: ReplayDecision | None = None
@@ -52,6 +52,11 @@ class RunStats:
     @property
     def edges(self) -> int:
         return sum(self.engine["edges"].values()) if self.engine else 0
+
+    @property
+    def host_reads(self) -> int:
+        """Elements of data the host program read (0 for a replay: it reads what it needs itself, see replay)."""
+        return self.engine.get("host_reads", 0) if self.engine else 0
 
 
 _current: contextvars.ContextVar[RunStats | None] = contextvars.ContextVar("pypto_rt_run_stats", default=None)

@@ -85,6 +85,7 @@ class Engine:
         self._host_waiting = 0
         self._edges = {"RAW": 0, "WAW": 0, "WAR": 0, "explicit": 0, "atomic_order": 0}
         self._dummies = self._kernel_ns = self._idle_ns = 0
+        self.host_reads = 0   # elements of data the host program read (its executor counts them)
         self._t0 = self._last_progress = _now()               # progress = a submit, a block start or end
         self._lane_free = [self._t0] * (self.num_workers + 1)   # the last lane: blocks the host runs itself
         self._deferred: deque = deque()                         # (task, block) the host will run when it waits
@@ -384,7 +385,8 @@ class Engine:
         self.stats = {"tasks": self._next_id, "dummy_tasks": self._dummies, "edges": dict(self._edges),
                       "ring_high_water": self._ring_high, "ring_size": self.ring_size, "workers": self.num_workers,
                       "orchestration_ns": t_finish - self._t0, "kernel_ns": self._kernel_ns,
-                      "idle_while_ready_ns": self._idle_ns, "wall_ns": t_end - self._t0}
+                      "idle_while_ready_ns": self._idle_ns, "wall_ns": t_end - self._t0,
+                      "host_reads": self.host_reads}
         if self.trace_path:
             write_trace(self.trace_path, self.name, self._traced, self.num_workers, self._t0)
         run_stats.note_engine(self.name, self.stats)

@@ -3,7 +3,8 @@
 The stats dict (Engine.stats, filled by finish) has: tasks, dummy_tasks, edges {RAW, WAW, WAR, explicit,
 atomic_order (printed when there are any)}, ring_high_water, ring_size, workers, and the times orchestration_ns
 (construction to finish(): the host program submitting), kernel_ns (sum of block run times), idle_while_ready_ns
-(worker lanes idle while a block of theirs was queued), wall_ns (construction to the end of finish()).
+(worker lanes idle while a block of theirs was queued), wall_ns (construction to the end of finish()), and
+host_reads (elements of tensor data the host program read: `pl.read` or `x[i, j]` outside InCore regions).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def format_stats(run: str, stats: dict) -> str:
             f" · orchestration {ms('orchestration_ns')}"
             f" · kernels {ms('kernel_ns')} on {_count(stats['workers'], 'worker')}"
             f" · worker idle while work was ready {ms('idle_while_ready_ns')}"
+            f" · host reads {stats.get('host_reads', 0)}"
             f" · wall {ms('wall_ns')}")
 
 

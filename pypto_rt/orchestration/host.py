@@ -250,6 +250,8 @@ class HostExecutor(ExecutorBase):
 
     # -- host ops --------------------------------------------------------------------------------
     def call_op(self, name, args, kwargs):
+        if name in _READS or (name == "__getitem__" and _reads_one_element(args)):
+            self.engine.host_reads += 1
         if name in _READS and not kwargs and len(args) == 2 and type(args[0]) is TensorValue and self.engine.idle():
             # `pl.read(t, [i])` with nothing in flight (a host loop over an index tensor): no wait, no dispatch
             try:

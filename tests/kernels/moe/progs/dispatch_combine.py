@@ -6,13 +6,15 @@
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
 rows by (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1), and
-recv.counts must equal the job's route counts per local expert. Exit 0 when every check passes.
+recv.counts must equal the job's route counts per local expert; neither call may read data on the host. Exit 0
+when every check passes.
 """
 import argparse
 
 import torch
 
 import pypto.language.distributed as pld
+from pypto_rt import run_stats
 from pypto_rt.kernels.moe import MoEBuffer, MoEConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -50,7 +52,8 @@ def main():
         xs = [torch.randn(n, args.hidden, generator=gen).to(dtype) for n in counts]
         idxs = [routing(world, experts, args.top_k, n, args.routing == "skewed", gen) for n in counts]
         ws = [torch.rand(n, args.top_k, generator=gen) for n in counts]
-        recv = buf.dispatch(xs[me], idxs[me], ws[me])
+        with run_stats.collect() as dispatched:
+            recv = buf.dispatch(xs[me], idxs[me], ws[me])
         every = torch.cat(idxs).long()
         want_counts = torch.bincount(every.reshape(-1), minlength=experts)[me * e_local:(me + 1) * e_local]
         checks[f"call {call}: recv.counts"] = torch.equal(recv.counts.long(), want_counts)
@@ -62,7 +65,9 @@ def main():
             got = recv.x[e, :len(rows)]
             live_ok &= len(rows) == int(recv.counts[e]) and (not rows or torch.equal(got, torch.stack(rows)))
         checks[f"call {call}: recv.x rows in (rank, token) order"] = live_ok
-        out = buf.combine(y, recv.handle)
+        with run_stats.collect() as combined:
+            out = buf.combine(y, recv.handle)
+        checks[f"call {call}: no host reads"] = dispatched.host_reads == combined.host_reads == 0
         mult = (idxs[me].float() + 1) * ws[me]
         want = (xs[me].float() * mult.sum(dim=1, keepdim=True))
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
