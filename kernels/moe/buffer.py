@@ -72,6 +72,9 @@ class MoEBuffer:
         self._back_in = _window([lanes, cfg.hidden], cfg.dtype)
         self._signals = _window([world, SIGNALS], torch.int32)
         self._epoch = torch.zeros(1, 1, dtype=torch.int32)
+        self._send_x = torch.zeros(lanes + 1, cfg.hidden, dtype=cfg.dtype)     # staged by destination (+ a spill row)
+        self._send_rows = torch.zeros(lanes + 1, k, dtype=torch.int32)
+        self._send_weights = torch.zeros(lanes + 1, k, dtype=torch.float32)
         self._recv_rows = torch.zeros(layout.local_experts * lanes + 1, cfg.hidden, dtype=cfg.dtype)
         self._recv_counts = torch.zeros(1, layout.local_experts, dtype=torch.int32)
         self._route_pos = torch.zeros(t_max, k, dtype=torch.float32)
@@ -99,7 +102,8 @@ class MoEBuffer:
         weights = topk_weights.to(torch.float32).contiguous()
         kernel = dispatch_kernel(self.layout)
         kernel(x.contiguous(), idx, weights, self._epoch, self._route_pos[:tokens], self._slots[:tokens],
-               self._members[:tokens], self._recv_rows, self._recv_counts, self._counts_in, self._tokens_in,
+               self._members[:tokens], self._send_x, self._send_rows, self._send_weights, self._recv_rows,
+               self._recv_counts, self._counts_in, self._tokens_in,
                self._rows_in, self._weights_in, self._signals)
         self._calls += 1
         self._open = handle = DispatchHandle(self._calls, tokens)

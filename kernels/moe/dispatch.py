@@ -1,39 +1,42 @@
 """MoE dispatch and combine across ranks as `@pl.jit` kernels on symmetric windows (the `MoEBuffer` protocol).
 
 Sizes: W ranks, E experts (E_LOCAL = E // W per rank, global expert e lives on rank e // E_LOCAL), K routes per
-token, T_MAX tokens per rank at most, H hidden. Windows, one per rank, the same layout everywhere:
+token, T_MAX tokens per rank at most, H hidden, LANES = W * T_MAX. Windows, one per rank, the same layout
+everywhere:
 
     counts_in  [W, E + W] INT32   row s: what rank s routes, per global expert (E) and per destination rank
                                   (W: how many of its tokens it sends there); the counts travel first
-    tokens_in  [W * T_MAX, H]     rows s*T_MAX .. +n: rank s's tokens for this rank, each once (deduplicated)
-    rows_in    [W * T_MAX, K]     INT32, per received token and route: its row in this rank's receive layout
-                                  (local expert * W * T_MAX + offset), or -1 when that route is on another rank
-    weights_in [W * T_MAX, K]     FP32, the route's combine weight (0 where rows_in is -1)
-    back_in    [W * T_MAX, H]     rows d*T_MAX .. : rank d's weighted sums for this rank's tokens (combine)
+    tokens_in  [LANES, H]         the tokens sent here, each once, packed from row 0 in source-rank order
+    rows_in    [LANES, K]         INT32, per token and route slot: its row in this rank's receive layout (local
+                                  expert * LANES + offset), or -1 when that route is on another rank
+    weights_in [LANES, K]         FP32, the route's combine weight (0 where rows_in is -1)
+    back_in    [LANES, H]         rows d * T_MAX + slot: rank d's weighted sums for this rank's tokens (combine)
     signals    [W, 3] INT32       column 0 counts, 1 payload, 2 combine; row s counts rank s's notifications
 
-Every signal only grows: call i of a buffer waits until each cell reaches i (its *epoch*, kept in the
-`epoch` tensor and raised by the dispatch kernel itself), so the windows are never cleared and a late signal
-of an old call cannot satisfy a newer wait. Dispatch and combine alternate on a buffer (MoEBuffer checks):
-a rank writes a peer's windows for call i + 1 only after its combine of call i saw that peer's combine rows,
-which the peer sends after it read its windows of call i.
+Every signal only grows: call i of a buffer waits until each cell reaches i (its *epoch*, kept in the `epoch`
+tensor and raised by the dispatch kernel itself), so the windows are never cleared and a late signal of an old
+call cannot satisfy a newer wait. Dispatch and combine alternate on a buffer (MoEBuffer checks): a rank writes
+a peer's windows for call i + 1 only after its combine of call i saw that peer's combine rows, which the peer
+sends after it read its windows of call i.
 
 Dispatch (three communication regions, in program order):
-1. `moe_layout`: routes -> per-expert and per-destination counts, each route's rank among its expert's rows
-   from this rank (exclusive prefix counts as a matmul with a strictly lower triangular matrix), each token's
-   slot in the block it sends to each destination; counts go to every rank's counts_in, then signal 0;
-2. `moe_send`: once every rank's counts arrived, the receive offset of each (destination, expert) is the sum
-   of the counts of lower ranks, so the sender knows each route's final row; per destination with live
-   tokens it gathers those rows of x and sends them once, with their routes' rows and weights, then signal 1;
-3. `moe_receive`: once every payload arrived, each received token is copied into the rows of its routes on
-   this rank (a row scatter per route slot; -1 lands on a scratch row past the layout), and the counts per
+1. `moe_layout`: routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each route's rank
+   among this rank's rows for its expert and each token's slot among those it sends to each rank (exclusive
+   prefix counts: a matmul with a strictly lower triangular matrix); the count row goes to every rank, then
+   signal 0;
+2. `moe_send`: once every rank's counts arrived, the sum of lower ranks' counts gives, per expert, where this
+   rank's rows start in the receiver's layout and, per destination, where its tokens start in that rank's
+   tokens_in; the (token, destination) pairs are staged by destination in one scatter each for the rows, their
+   route rows and weights, and each destination gets its live rows in one store; then signal 1;
+3. `moe_receive`: once every payload arrived, every arrived token is copied to the rows of its routes here in
+   one gather and one scatter (a route on another rank lands on a spill row past the layout), and the counts per
    local expert are summed.
-Combine (two regions): `moe_return` sums, per received token, its routes' expert rows times their weights
-(the weights are applied on the expert's rank, so one row per token and rank travels back) and sends those
-rows to the token's rank, then signal 2; `moe_reduce` adds, per token, the rows that came back from each rank
-its routes went to.
+Combine (two regions): `moe_return` sums, per arrived token, its routes' expert rows times their weights (the
+weights are applied on the expert's rank, so one row per token and rank travels back; a gather in route-slot
+major order makes the sum over slots one column sum) and stores each source's rows to it, then signal 2;
+`moe_reduce` gathers, per token, the row each of its ranks sent back and sums them.
 
-Only live rows cross: a put carries exactly the rows a destination needs (row counts are read inside the
+Only live rows cross: a store carries exactly the rows a destination needs (the row counts are read inside the
 regions, never by the host program). The host program reads no data, so repeated calls with the same shapes
 can replay with any routing.
 """
@@ -86,10 +89,35 @@ def _prefix_matrix(t_dim):
 
 
 @pl.jit.inline
-def _route_tokens(n, top_k):
-    """[n * top_k, 1] INT32: row j * top_k + k holds j (the token of each route slot)."""
-    tokens = pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1])
-    return pl.reshape(pl.row_expand(pl.full([n, top_k], dtype=pl.INT32, value=0), tokens), [n * top_k, 1])
+def _repeat_rows(n, times):
+    """[n * times, 1] INT32: row i * times + j holds i."""
+    rows = pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1])
+    return pl.reshape(pl.row_expand(pl.full([n, times], dtype=pl.INT32, value=0), rows), [n * times, 1])
+
+
+@pl.jit.inline
+def _cycle_rows(n, times):
+    """[n * times, 1] INT32: row i * times + j holds j."""
+    cols = pl.arange(0, [1, times], dtype=pl.INT32)
+    return pl.reshape(pl.col_expand(pl.full([n, times], dtype=pl.INT32, value=0), cols), [n * times, 1])
+
+
+@pl.jit.inline
+def _rank_blocks(n_experts, world, e_local):
+    """[E, W] FP32 with 1 where expert e lives on rank d (d * e_local <= e < (d + 1) * e_local)."""
+    experts = pl.row_expand(pl.full([n_experts, world], dtype=pl.INT32, value=0),
+                            pl.reshape(pl.arange(0, [1, n_experts], dtype=pl.INT32), [n_experts, 1]))
+    first = pl.col_expand(pl.full([n_experts, world], dtype=pl.INT32, value=0),
+                          pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), e_local))
+    inside = pl.and_(pl.cmp(experts, first, cmp_type=5), pl.cmp(experts, pl.adds(first, e_local), cmp_type=2))
+    return pl.sel(inside, pl.full([n_experts, world], dtype=pl.FP32, value=1.0),
+                  pl.full([n_experts, world], dtype=pl.FP32, value=0.0))
+
+
+@pl.jit.inline
+def _k_major(block, n, top_k):
+    """[n, K] -> [K * n, 1]: row k * n + j holds block[j, k] (so a [K * n, H] gather sums over k as K blocks)."""
+    return pl.reshape(pl.transpose(block, 0, 1), [top_k * n, 1])
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,6 +137,9 @@ def dispatch_kernel(layout: Layout):
         route_pos: pl.InOut[pl.Tensor[[T_DYN, top_k], pl.FP32]],
         slots: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
         members: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
+        send_x: pl.InOut[pl.Tensor[[lanes + 1, hidden], dtype]],
+        send_rows: pl.InOut[pl.Tensor[[lanes + 1, top_k], pl.INT32]],
+        send_weights: pl.InOut[pl.Tensor[[lanes + 1, top_k], pl.FP32]],
         recv_rows: pl.InOut[pl.Tensor[[e_local * lanes + 1, hidden], dtype]],
         recv_counts: pl.InOut[pl.Tensor[[1, e_local], pl.INT32]],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
@@ -128,20 +159,12 @@ def dispatch_kernel(layout: Layout):
             me = pld.rank(pld.get_comm_ctx(signals))
             now = pl.read(epoch, [0, 0]) + 1
             pl.write(epoch, [0, 0], now)
-            experts = pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.INT32, value=0),
-                                    pl.arange(0, [1, n_experts], dtype=pl.INT32))
-            ones = pl.full([t_dim, n_experts], dtype=pl.FP32, value=1.0)
-            zeros = pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0)
-            routed = pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0)
-            for k in pl.range(top_k):
-                hit = pl.cmp(experts, pl.row_expand(experts, topk_idx[:, k : k + 1]), cmp_type=0)
-                routed = pl.add(routed, pl.sel(hit, ones, zeros))
+            routed = pl.scatter(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), dim=-1, index=topk_idx,
+                                src=pl.full([t_dim, top_k], dtype=pl.FP32, value=1.0))     # [T, E] 0/1
             prefix = _prefix_matrix(t_dim)
-            # a route's rank among this rank's rows for its expert (top-k experts of a token are distinct)
+            # a route's rank among this rank's rows for its expert (a token's top-k experts are distinct)
             route_pos[:, :] = pl.gather(pl.matmul(prefix, routed), dim=-1, index=topk_idx)
-            goes = pl.full([t_dim, world], dtype=pl.FP32, value=0.0)    # 1 where a token has a route on rank d
-            for d in pl.range(world):
-                goes[:, d : d + 1] = pl.row_max(routed[:, d * e_local : (d + 1) * e_local])
+            goes = pl.mins(pl.matmul(routed, _rank_blocks(n_experts, world, e_local)), 1.0)   # [T, W] 0/1
             members[:, :] = goes
             slots[:, :] = pl.matmul(prefix, goes)
             counts = pl.full([1, n_counts], dtype=pl.FP32, value=0.0)
@@ -158,39 +181,46 @@ def dispatch_kernel(layout: Layout):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COUNTS_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            all_counts = pl.cast(pl.load(counts_in, [0, 0], [world, n_experts]), pl.FP32)
             lower = pl.cmps(pl.arange(0, [1, world], dtype=pl.INT32), me, cmp_type=2)
             before = pl.sel(lower, pl.full([1, world], dtype=pl.FP32, value=1.0),
                             pl.full([1, world], dtype=pl.FP32, value=0.0))
-            offsets = pl.matmul(before, all_counts)            # [1, E]: rows lower ranks take per expert
-            base = pl.full([1, n_experts], dtype=pl.FP32, value=0.0)
-            local = pl.mul(pl.cast(pl.arange(0, [1, e_local], dtype=pl.INT32), pl.FP32), float(lanes))
-            for d in pl.range(world):
-                base[:, d * e_local : (d + 1) * e_local] = pl.add(offsets[:, d * e_local : (d + 1) * e_local], local)
-            rows = pl.add(pl.gather(pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), base),
-                                    dim=-1, index=topk_idx), route_pos)
-            row_ids = pl.cast(rows, pl.INT32)
-            no_row = pl.full([t_dim, top_k], dtype=pl.INT32, value=-1)
-            no_weight = pl.full([t_dim, top_k], dtype=pl.FP32, value=0.0)
-            token_ids = pl.reshape(pl.arange(0, [1, t_dim], dtype=pl.INT32), [t_dim, 1])
+            # what lower ranks take: rows of each expert [:, :E], token rows in each destination [:, E:]
+            taken = pl.matmul(before, pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32))
+            experts = pl.arange(0, [1, n_experts], dtype=pl.INT32)
+            local = pl.cast(pl.muls(pl.rems(experts, e_local), lanes), pl.FP32)
+            base = pl.add(taken[:, 0:n_experts], local)
+            row_ids = pl.cast(pl.add(pl.gather(pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0),
+                                                             base), dim=-1, index=topk_idx), route_pos), pl.INT32)
+            # one send row per (token, destination rank), row t * W + d; its routes that are on rank d
+            pair_token = _repeat_rows(t_dim, world)
+            pair_rank = _cycle_rows(t_dim, world)
+            pair_experts = pl.mgather(topk_idx, pair_token, coalesce="row")
+            first = pl.row_expand(pair_experts, pl.muls(pair_rank, e_local))
+            there = pl.and_(pl.cmp(pair_experts, first, cmp_type=5),
+                            pl.cmp(pair_experts, pl.adds(first, e_local), cmp_type=2))
+            pairs = t_dim * world
+            rows_there = pl.sel(there, pl.mgather(row_ids, pair_token, coalesce="row"),
+                                pl.full([pairs, top_k], dtype=pl.INT32, value=-1))
+            weights_there = pl.sel(there, pl.mgather(topk_weights, pair_token, coalesce="row"),
+                                   pl.full([pairs, top_k], dtype=pl.FP32, value=0.0))
+            # staged by destination: rank d's rows at d * T_MAX + slot; pairs that do not go land past them
+            staged = pl.add(pl.reshape(pl.cast(slots, pl.INT32), [pairs, 1]), pl.muls(pair_rank, t_max))
+            goes = pl.cmps(pl.reshape(members, [pairs, 1]), 0.5, cmp_type=4)
+            staged = pl.sel(goes, staged, pl.full([pairs, 1], dtype=pl.INT32, value=lanes))
+            send_x = pl.scatter_update(send_x, 0, staged, pl.mgather(x, pair_token, coalesce="row"))
+            send_rows = pl.scatter_update(send_rows, 0, staged, rows_there)
+            send_weights = pl.scatter_update(send_weights, 0, staged, weights_there)
+            at = pl.cast(taken, pl.INT32)
             for d in pl.range(world):
                 n = pl.read(counts_in, [me, n_experts + d])
                 if n > 0:
-                    there = pl.and_(pl.cmps(topk_idx, d * e_local, cmp_type=5),
-                                    pl.cmps(topk_idx, (d + 1) * e_local, cmp_type=2))
-                    slot = pl.cast(slots[:, d : d + 1], pl.INT32)
-                    goes = pl.cmps(members[:, d : d + 1], 0.5, cmp_type=4)
-                    order = pl.full([t_max + 1, 1], dtype=pl.INT32, value=0)
-                    order = pl.scatter_update(order, 0, pl.sel(goes, slot, pl.full([t_dim, 1], dtype=pl.INT32,
-                                                                                      value=t_max)), token_ids)
-                    picked = order[0:n, :]
-                    pld.tile.remote_store(pl.mgather(x, picked, coalesce="row"), target=tokens_in, peer=d,
-                                          offsets=[me * t_max, 0])
-                    pld.tile.remote_store(pl.mgather(pl.sel(there, row_ids, no_row), picked, coalesce="row"),
-                                          target=rows_in, peer=d, offsets=[me * t_max, 0])
-                    pld.tile.remote_store(pl.mgather(pl.sel(there, topk_weights, no_weight), picked,
-                                                     coalesce="row"),
-                                          target=weights_in, peer=d, offsets=[me * t_max, 0])
+                    row = pl.read(at, [0, n_experts + d])    # after the token rows of lower ranks
+                    pld.tile.remote_store(send_x[d * t_max : d * t_max + n, :], target=tokens_in, peer=d,
+                                          offsets=[row, 0])
+                    pld.tile.remote_store(send_rows[d * t_max : d * t_max + n, :], target=rows_in, peer=d,
+                                          offsets=[row, 0])
+                    pld.tile.remote_store(send_weights[d * t_max : d * t_max + n, :], target=weights_in, peer=d,
+                                          offsets=[row, 0])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, PAYLOAD_SIGNAL], value=1,
                                   op=pld.NotifyOp.AtomicAdd)
@@ -200,19 +230,18 @@ def dispatch_kernel(layout: Layout):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, PAYLOAD_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            mine = pl.load(counts_in, [0, me * e_local], [world, e_local])
-            recv_counts[:, :] = pl.cast(pl.col_sum(pl.cast(mine, pl.FP32)), pl.INT32)
-            scratch = e_local * lanes
-            for src in pl.range(world):
-                n = pl.read(counts_in, [src, n_experts + me])
-                if n > 0:
-                    # each arrived token once per route slot: slot k of token j is row j * top_k + k
-                    routes = n * top_k
-                    targets = pl.reshape(rows_in[src * t_max : src * t_max + n, :], [routes, 1])
-                    targets = pl.sel(pl.cmps(targets, 0, cmp_type=5), targets,
-                                     pl.full([routes, 1], dtype=pl.INT32, value=scratch))
-                    copies = pl.mgather(tokens_in, pl.adds(_route_tokens(n, top_k), src * t_max), coalesce="row")
-                    recv_rows = pl.scatter_update(recv_rows, 0, targets, copies)
+            arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32)
+            recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32)
+            n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32), [0, 0])
+            if n > 0:
+                # every arrived token once per route slot (row j * K + k); slots on other ranks (-1) land past
+                # the layout
+                routes = n * top_k
+                targets = pl.reshape(rows_in[0:n, :], [routes, 1])
+                targets = pl.sel(pl.cmps(targets, 0, cmp_type=5), targets,
+                                 pl.full([routes, 1], dtype=pl.INT32, value=e_local * lanes))
+                copies = pl.mgather(tokens_in, _repeat_rows(n, top_k), coalesce="row")
+                recv_rows = pl.scatter_update(recv_rows, 0, targets, copies)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -245,20 +274,23 @@ def combine_kernel(layout: Layout):
         t_dim = pl.tensor.dim(out, 0)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             me = pld.rank(pld.get_comm_ctx(signals))
-            for src in pl.range(world):
-                n = pl.read(counts_in, [src, n_experts + me])
-                if n > 0:
-                    # slot k of token j is row j * top_k + k; a slot on another rank (-1) gathers zeros
-                    routes = n * top_k
-                    picked = pl.reshape(rows_in[src * t_max : src * t_max + n, :], [routes, 1])
-                    rows = pl.cast(pl.mgather(y, picked, coalesce="row", gather_oob="zero"), pl.FP32)
-                    weight = pl.reshape(weights_in[src * t_max : src * t_max + n, :], [routes, 1])
-                    weighted = pl.reshape(pl.row_expand_mul(rows, weight), [n, top_k * hidden])
-                    total = weighted[:, 0:hidden]
-                    for k in pl.range(1, top_k):
-                        total = pl.add(total, weighted[:, k * hidden : (k + 1) * hidden])
-                    pld.tile.remote_store(pl.cast(total, dtype, mode="rint"), target=back_in, peer=src,
-                                          offsets=[me * t_max, 0])
+            arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32)
+            n = pl.read(pl.cast(pl.col_sum(arrived), pl.INT32), [0, 0])
+            if n > 0:
+                # per arrived token: the sum of its routes' expert rows on this rank times their weights (a route
+                # on another rank, -1, gathers zeros); one row per token goes back to its rank
+                rows = pl.cast(pl.mgather(y, _k_major(rows_in[0:n, :], n, top_k), coalesce="row",
+                                          gather_oob="zero"), pl.FP32)
+                weighted = pl.row_expand_mul(rows, _k_major(weights_in[0:n, :], n, top_k))
+                sums = pl.cast(pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, n * hidden])), [n, hidden]),
+                               dtype, mode="rint")
+                starts = pl.cast(pl.matmul(_prefix_matrix(world), arrived), pl.INT32)   # [W, 1] first row per source
+                for src in pl.range(world):
+                    count = pl.read(counts_in, [src, n_experts + me])
+                    if count > 0:
+                        first = pl.read(starts, [src, 0])
+                        pld.tile.remote_store(sums[first : first + count, :], target=back_in, peer=src,
+                                              offsets=[me * t_max, 0])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, COMBINE_SIGNAL], value=1,
                                   op=pld.NotifyOp.AtomicAdd)
@@ -267,14 +299,16 @@ def combine_kernel(layout: Layout):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COMBINE_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            total = pl.full([t_dim, hidden], dtype=pl.FP32, value=0.0)
-            zeros = pl.full([t_dim, hidden], dtype=pl.FP32, value=0.0)
-            for d in pl.range(world):
-                goes = pl.cmps(pl.row_expand(zeros, members[:, d : d + 1]), 0.5, cmp_type=4)
-                back = pl.add(pl.cast(slots[:, d : d + 1], pl.INT32), d * t_max)
-                rows = pl.cast(pl.mgather(back_in, back, coalesce="row", gather_oob="zero"), pl.FP32)
-                total = pl.add(total, pl.sel(goes, rows, zeros))
-            out[:, :] = pl.cast(total, dtype, mode="rint")
+            # token t's row from rank d is row d * T_MAX + its slot there; ranks it did not go to gather zeros
+            back = pl.add(pl.cast(slots, pl.INT32), pl.col_expand(pl.full([t_dim, world], dtype=pl.INT32, value=0),
+                                                                  pl.muls(pl.arange(0, [1, world], dtype=pl.INT32),
+                                                                          t_max)))
+            back = pl.sel(pl.cmps(members, 0.5, cmp_type=4), back,
+                          pl.full([t_dim, world], dtype=pl.INT32, value=-1))
+            rows = pl.cast(pl.mgather(back_in, _k_major(back, t_dim, world), coalesce="row", gather_oob="zero"),
+                           pl.FP32)
+            out[:, :] = pl.cast(pl.reshape(pl.col_sum(pl.reshape(rows, [world, t_dim * hidden])), [t_dim, hidden]),
+                                dtype, mode="rint")
         return out
 
     return moe_combine
