@@ -77,6 +77,7 @@ class MoEBuffer:
         self._send_weights = torch.zeros(lanes + 1, k, dtype=torch.float32)
         self._recv_rows = torch.zeros(layout.local_experts * lanes + 1, cfg.hidden, dtype=cfg.dtype)
         self._recv_counts = torch.zeros(1, layout.local_experts, dtype=torch.int32)
+        self._no_addend = torch.zeros(t_max, cfg.hidden, dtype=cfg.dtype)
         self._route_pos = torch.zeros(t_max, k, dtype=torch.float32)
         self._slots = torch.zeros(t_max, world, dtype=torch.float32)
         self._members = torch.zeros(t_max, world, dtype=torch.float32)
@@ -111,8 +112,10 @@ class MoEBuffer:
         recv_x = self._recv_rows[:-1].view(layout.local_experts, layout.lanes, self.cfg.hidden)
         return DispatchResult(recv_x, self._recv_counts[0], handle)
 
-    def combine(self, y: torch.Tensor, handle: DispatchHandle, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Return each token's routes to its rank: out[t] = sum_k topk_weights[t, k] * y[route of (t, k)]."""
+    def combine(self, y: torch.Tensor, handle: DispatchHandle, out: torch.Tensor | None = None,
+                add: torch.Tensor | None = None) -> torch.Tensor:
+        """Return each token's routes to its rank: out[t] = sum_k topk_weights[t, k] * y[route of (t, k)]
+        (+ add[t], e.g. the shared expert's output, summed before the one rounding to the config's dtype)."""
         if not isinstance(handle, DispatchHandle):
             raise self._error("combine", f"handle must be the `recv.handle` of a dispatch, got "
                               f"{type(handle).__name__}")
@@ -132,9 +135,13 @@ class MoEBuffer:
         elif list(out.shape) != [tokens, cfg.hidden] or out.dtype != cfg.dtype or not out.is_contiguous():
             raise self._error("combine", f"out must be a contiguous {cfg.dtype} [{tokens}, {cfg.hidden}], got "
                               f"{_describe(out)}")
+        if add is None:
+            add = self._no_addend[:tokens]
+        elif list(add.shape) != [tokens, cfg.hidden] or add.dtype != cfg.dtype:
+            raise self._error("combine", f"add must be {cfg.dtype} [{tokens}, {cfg.hidden}], got {_describe(add)}")
         kernel = combine_kernel(layout)
         kernel(y.reshape(layout.local_experts * layout.lanes, cfg.hidden), self._epoch, self._slots[:tokens],
-               self._members[:tokens], out, self._counts_in, self._rows_in, self._weights_in, self._back_in,
+               self._members[:tokens], add.contiguous(), out, self._counts_in, self._rows_in, self._weights_in, self._back_in,
                self._signals)
         self._open = None
         return out

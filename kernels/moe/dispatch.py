@@ -34,7 +34,8 @@ Dispatch (three communication regions, in program order):
 Combine (two regions): `moe_return` sums, per arrived token, its routes' expert rows times their weights (the
 weights are applied on the expert's rank, so one row per token and rank travels back; a gather in route-slot
 major order makes the sum over slots one column sum) and stores each source's rows to it, then signal 2;
-`moe_reduce` gathers, per token, the row each of its ranks sent back and sums them.
+`moe_reduce` gathers, per token, the row each of its ranks sent back and sums them with the token's row of
+`addend` (e.g. the shared expert's output; zeros when there is none), rounding once.
 
 Only live rows cross: a store carries exactly the rows a destination needs (the row counts are read inside the
 regions, never by the host program). The host program reads no data, so repeated calls with the same shapes
@@ -261,6 +262,7 @@ def combine_kernel(layout: Layout):
         epoch: pl.Tensor[[1, 1], pl.INT32],
         slots: pl.Tensor[[T_DYN, world], pl.FP32],
         members: pl.Tensor[[T_DYN, world], pl.FP32],
+        addend: pl.Tensor[[T_DYN, hidden], dtype],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         rows_in: pld.DistributedTensor[[lanes, top_k], pl.INT32],
@@ -270,6 +272,7 @@ def combine_kernel(layout: Layout):
     ):
         slots.bind_dynamic(0, T_DYN)
         members.bind_dynamic(0, T_DYN)
+        addend.bind_dynamic(0, T_DYN)
         out.bind_dynamic(0, T_DYN)
         t_dim = pl.tensor.dim(out, 0)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
@@ -307,8 +310,8 @@ def combine_kernel(layout: Layout):
                           pl.full([t_dim, world], dtype=pl.INT32, value=-1))
             rows = pl.cast(pl.mgather(back_in, _k_major(back, t_dim, world), coalesce="row", gather_oob="zero"),
                            pl.FP32)
-            out[:, :] = pl.cast(pl.reshape(pl.col_sum(pl.reshape(rows, [world, t_dim * hidden])), [t_dim, hidden]),
-                                dtype, mode="rint")
+            total = pl.reshape(pl.col_sum(pl.reshape(rows, [world, t_dim * hidden])), [t_dim, hidden])
+            out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
         return out
 
     return moe_combine

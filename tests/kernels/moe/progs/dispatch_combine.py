@@ -5,7 +5,8 @@
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
-rows by (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1), and
+rows by (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1) (+ x[t] on
+the second call, which passes it as `add`), and
 recv.counts must equal the job's route counts per local expert; neither call may read data on the host. Exit 0
 when every check passes.
 """
@@ -66,10 +67,10 @@ def main():
             live_ok &= len(rows) == int(recv.counts[e]) and (not rows or torch.equal(got, torch.stack(rows)))
         checks[f"call {call}: recv.x rows in (rank, token) order"] = live_ok
         with run_stats.collect() as combined:
-            out = buf.combine(y, recv.handle)
+            out = buf.combine(y, recv.handle, add=xs[me] if call == 1 else None)
         checks[f"call {call}: no host reads"] = dispatched.host_reads == combined.host_reads == 0
         mult = (idxs[me].float() + 1) * ws[me]
-        want = (xs[me].float() * mult.sum(dim=1, keepdim=True))
+        want = xs[me].float() * (mult.sum(dim=1, keepdim=True) + (1 if call == 1 else 0))   # call 1 adds x
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
         checks[f"call {call}: combine"] = list(out.shape) == [counts[me], args.hidden] and torch.allclose(
             out.float(), want, rtol=tol, atol=tol)

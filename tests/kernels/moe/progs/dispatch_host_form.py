@@ -3,8 +3,8 @@
     pypto-run dispatch_host_form.py
 
 The library's kernels (pypto_rt.kernels.moe.dispatch) are dispatched per rank with `device=r`; between them an
-"expert" kernel multiplies each local expert's rows by (global expert id + 1), so the output must be
-out[r, t] = sum_k w[r, t, k] * x[r, t] * (e[r, t, k] + 1). Every rank routes all T tokens (the host form passes
+"expert" kernel multiplies each local expert's rows by (global expert id + 1), and the combine adds x itself,
+so the output must be out[r, t] = x[r, t] * (1 + sum_k w[r, t, k] * (e[r, t, k] + 1)). Every rank routes all T tokens (the host form passes
 one shape for every rank).
 """
 import torch
@@ -66,7 +66,7 @@ def moe_round_trip(
         moe_dispatch(x[r], topk_idx[r], topk_weights[r], epoch[r], route_pos[r], slots[r], members[r],
                      send_x[r], send_rows[r], send_weights[r], recv_rows[r], recv_counts[r], counts_in, tokens_in, rows_in, weights_in, signals, device=r)
         scale_experts(recv_rows[r], y[r], r, device=r)
-        moe_combine(y[r], epoch[r], slots[r], members[r], out[r], counts_in, rows_in, weights_in, back_in,
+        moe_combine(y[r], epoch[r], slots[r], members[r], x[r], out[r], counts_in, rows_in, weights_in, back_in,
                     signals, device=r)
 
 
@@ -76,7 +76,7 @@ def routing():
 
 def golden(values):
     scale = (values["topk_idx"].float() + 1) * values["topk_weights"]
-    values["out"][:] = values["x"] * scale.sum(dim=-1, keepdim=True)
+    values["out"][:] = values["x"] * (scale.sum(dim=-1, keepdim=True) + 1)   # + x: the combine's addend
 
 
 def scratch(name, shape, dtype):
