@@ -3,8 +3,9 @@
 Routed: recv_x [E_local, R, H] holds each local expert's rows packed from row 0, counts [E_local] INT32 how many
 are live. Block b of the spmd serves expert b // EXPERT_SPLIT and its row tiles b % EXPERT_SPLIT,
 + EXPERT_SPLIT, ... below the live count, which the block reads itself (pl.read inside the region: the host
-program never reads device data). A tile's rows past the count are zeroed on load (fillpad), and only the live
-rows are stored: y's rows past counts[e] keep what `out` held (zeros when the wrapper allocates it).
+program never reads device data). A tile's rows past the count are zeroed on load, so their results are zeros:
+y's rows past counts[e] are zeros in the last live tile and keep what `out` held after it (all zeros when the
+wrapper allocates `out`). The last tile of an expert may overhang R: only its rows below R are stored.
 
 Shared: the same FFN on the local tokens x [T, H], one block per ROW_TILE rows, the last one partial.
 """
@@ -16,12 +17,27 @@ import torch
 
 import pypto.language as pl
 from pypto_rt.kernels.moe.config import MoEConfig
+from pypto_rt.kernels.moe import ffn
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, ROW_TILE, FfnShape, bf16_ffn, cast_to, int8_ffn
-from pypto_rt.kernels.moe.moe_errors import MoEArgumentError
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 from pypto_rt.kernels.moe.weights import ExpertWeights, QuantizedExpertWeights
 
 EXPERT_SPLIT = 4            # spmd blocks per local expert: a skewed expert's tiles still spread over workers
 T_DYN = pl.dynamic("T_DYN")
+
+
+def _live_rows(hidden: int, dt):
+    """An inline `(tile [ROW_TILE, hidden], n) -> the tile with its rows from n on zeroed` (whatever they held:
+    NaN too). An integer compare and a select rather than a valid box, so the count stays data: a replay reads
+    it again instead of pinning it."""
+
+    @pl.jit.inline
+    def live_rows(tile, n):
+        row = pl.row_expand(pl.full([ROW_TILE, hidden], dtype=pl.INT32, value=0),
+                            pl.reshape(pl.arange(0, [1, ROW_TILE], dtype=pl.INT32), [ROW_TILE, 1]))
+        return pl.sel(pl.cmps(row, n, cmp_type=2), tile, pl.full([ROW_TILE, hidden], dtype=dt, value=0.0))
+
+    return live_rows
 
 
 @dataclass(frozen=True)
@@ -35,7 +51,7 @@ class RoutedShape:
 def routed_bf16_kernel(shape: RoutedShape):
     n_local, rows, hidden, inter = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter
     dt = PL_DTYPES[shape.ffn.dtype]
-    ffn, to_out = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt)
+    ffn, to_out, live_rows = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
 
     @pl.jit
     def moe_experts(
@@ -51,10 +67,9 @@ def routed_bf16_kernel(shape: RoutedShape):
             live = pl.min(pl.read(counts, [e]), rows)
             for tb in pl.range(blk % EXPERT_SPLIT, (live + ROW_TILE - 1) // ROW_TILE, EXPERT_SPLIT):
                 t0 = tb * ROW_TILE
-                valid = pl.min(ROW_TILE, live - t0)
-                x = pl.fillpad(pl.set_validshape(recv_x[e, t0 : t0 + ROW_TILE, :], valid, hidden))
-                y_tile = ffn(x, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :])
-                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(to_out(y_tile), valid, hidden)
+                x = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
+                y_tile = to_out(ffn(x, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
+                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(y_tile, pl.min(ROW_TILE, rows - t0), hidden)
         return y
 
     return moe_experts
@@ -64,7 +79,7 @@ def routed_bf16_kernel(shape: RoutedShape):
 def routed_int8_kernel(shape: RoutedShape):
     n_local, rows, hidden, inter = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter
     dt = PL_DTYPES[shape.ffn.dtype]
-    ffn, to_out = int8_ffn(shape.ffn), cast_to(pl.FP32, dt)
+    ffn, to_out, live_rows = int8_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
 
     @pl.jit
     def moe_experts_int8(
@@ -83,11 +98,10 @@ def routed_int8_kernel(shape: RoutedShape):
             live = pl.min(pl.read(counts, [e]), rows)
             for tb in pl.range(blk % EXPERT_SPLIT, (live + ROW_TILE - 1) // ROW_TILE, EXPERT_SPLIT):
                 t0 = tb * ROW_TILE
-                valid = pl.min(ROW_TILE, live - t0)
-                x = pl.fillpad(pl.set_validshape(recv_x[e, t0 : t0 + ROW_TILE, :], valid, hidden))
+                x = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
                 y_tile = ffn(x, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :], up_scale[e : e + 1, :],
                              w_down[e, :, :], down_scale[e : e + 1, :])
-                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(to_out(y_tile), valid, hidden)
+                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(to_out(y_tile), pl.min(ROW_TILE, rows - t0), hidden)
         return y
 
     return moe_experts_int8
@@ -158,7 +172,7 @@ def _weight_args(weights) -> tuple:
 
 
 def _ffn_shape(cfg: MoEConfig, weights) -> FfnShape:
-    return FfnShape(cfg.hidden, weights.inter, cfg.dtype, weights.quantized, cfg.swiglu_limit)
+    return FfnShape(cfg.hidden, weights.inter, cfg.dtype, weights.quantized, cfg.swiglu_limit, ffn.K_TILE_MAX)
 
 
 def run_experts(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.Tensor,
@@ -166,7 +180,7 @@ def run_experts(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.Ten
     """The routed experts of this rank on the dispatch layout: recv_x [E_local, R, H] in cfg.dtype
     (R = world * max_tokens_per_rank, world = num_experts // E_local), counts [E_local] int32 (read by the kernel,
     never by the host). Returns y like recv_x, written in `out` when given: y[e, :counts[e]] is expert e's FFN of
-    those rows; rows past counts[e] are not written (zeros when `out` is None)."""
+    those rows; rows past counts[e] are zeros, or keep out's contents past the last live row tile."""
     _check_weights("run_experts", cfg, weights)
     recv_x, counts = _checked_dispatch_layout(cfg, weights, recv_x, counts)
     y = _checked_out("run_experts", recv_x, out)
@@ -182,7 +196,7 @@ def shared_expert(cfg: MoEConfig, weights, x: torch.Tensor) -> torch.Tensor:
     _check_weights("shared_expert", cfg, weights, shared=True)
     bad = MoEArgumentError.at_caller
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != cfg.hidden:
-        raise bad(f"shared_expert: x must be a [T, {cfg.hidden}] tensor (hidden={cfg.hidden}), got {_describe(x)}")
+        raise bad(f"shared_expert: x must be a [T, {cfg.hidden}] tensor (hidden={cfg.hidden}), got {describe(x)}")
     if x.dtype != cfg.dtype:
         raise bad(f"shared_expert: x is {x.dtype}, but the config's dtype is {cfg.dtype}", hint="cast x first")
     y = torch.zeros_like(x, memory_format=torch.contiguous_format)
@@ -196,7 +210,7 @@ def shared_expert(cfg: MoEConfig, weights, x: torch.Tensor) -> torch.Tensor:
 def _check_weights(where: str, cfg: MoEConfig, weights, shared: bool = False) -> None:
     bad = MoEArgumentError.at_caller
     if not isinstance(weights, (ExpertWeights, QuantizedExpertWeights)):
-        raise bad(f"{where}: weights must be ExpertWeights or QuantizedExpertWeights, got {_describe(weights)}",
+        raise bad(f"{where}: weights must be ExpertWeights or QuantizedExpertWeights, got {describe(weights)}",
                   hint="load them with load_moe_weights, or build ExpertWeights(w_gate, w_up, w_down)")
     if weights.hidden != cfg.hidden:
         raise bad(f"{where}: the weights' hidden size is {weights.hidden}, the config's hidden={cfg.hidden}")
@@ -221,12 +235,12 @@ def _checked_dispatch_layout(cfg: MoEConfig, weights, recv_x, counts):
     want = [n_local, rows, cfg.hidden]
     if not isinstance(recv_x, torch.Tensor) or list(recv_x.shape) != want:
         raise bad(f"run_experts: recv_x must be {want} ([local experts, world * max_tokens_per_rank, hidden]), "
-                  f"got {_describe(recv_x)}")
+                  f"got {describe(recv_x)}")
     if recv_x.dtype != cfg.dtype:
         raise bad(f"run_experts: recv_x is {recv_x.dtype}, but the config's dtype is {cfg.dtype}")
     if not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32 or counts.numel() != n_local:
         raise bad(f"run_experts: counts must be an int32 tensor of {n_local} elements (one per local expert), "
-                  f"got {_describe(counts)}")
+                  f"got {describe(counts)}")
     return recv_x.contiguous(), counts.contiguous().view(n_local)
 
 
@@ -237,11 +251,6 @@ def _checked_out(where: str, like: torch.Tensor, out):
             or not out.is_contiguous():
         raise MoEArgumentError.at_caller(
             f"{where}: out must be a contiguous {like.dtype} tensor of shape {list(like.shape)}, "
-            f"got {_describe(out)}")
+            f"got {describe(out)}")
     return out
 
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} {list(value.shape)}"
-    return type(value).__name__

@@ -40,7 +40,7 @@ class FfnShape:
     dtype: torch.dtype            # activations in and out, and the bf16 path's weights and h
     quantized: bool
     swiglu_limit: float | None
-    k_most: int = K_TILE_MAX
+    k_most: int                   # the longest contraction step (K_TILE_MAX)
 
     @property
     def hidden_step(self) -> int:

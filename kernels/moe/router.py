@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.moe.ffn import K_TILE_MAX, PL_DTYPES, ROW_TILE, cast_to, k_tile, projection
-from pypto_rt.kernels.moe.moe_errors import MoEArgumentError
+from pypto_rt.kernels.moe import ffn
+from pypto_rt.kernels.moe.ffn import PL_DTYPES, ROW_TILE, cast_to, k_tile, projection
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 
 T_DYN = pl.dynamic("T_DYN")
 
@@ -22,6 +23,7 @@ class RouterShape:
     hidden: int
     x_dtype: torch.dtype
     w_dtype: torch.dtype
+    k_step: int
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,7 +31,7 @@ def router_kernel(shape: RouterShape):
     experts, hidden = shape.experts, shape.hidden
     xdt, wdt = PL_DTYPES[shape.x_dtype], PL_DTYPES[shape.w_dtype]
     same = xdt == wdt
-    project = projection(hidden, k_tile(hidden, K_TILE_MAX), pl.FP32,
+    project = projection(hidden, shape.k_step, pl.FP32,
                          None if same else cast_to(xdt, pl.FP32), None if same else cast_to(wdt, pl.FP32))
 
     @pl.jit
@@ -57,19 +59,14 @@ def router_logits(gate_weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     bad = MoEArgumentError.at_caller
     if not isinstance(gate_weight, torch.Tensor) or gate_weight.dim() != 2 or gate_weight.dtype not in PL_DTYPES:
         raise bad(f"router_logits: gate_weight must be a 2-D [num_experts, hidden] tensor of "
-                  f"{', '.join(map(str, PL_DTYPES))}, got {_describe(gate_weight)}")
+                  f"{', '.join(map(str, PL_DTYPES))}, got {describe(gate_weight)}")
     experts, hidden = gate_weight.shape
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != hidden or x.dtype not in PL_DTYPES:
         raise bad(f"router_logits: x must be a [T, {hidden}] tensor (gate_weight's hidden size) of "
-                  f"{', '.join(map(str, PL_DTYPES))}, got {_describe(x)}")
+                  f"{', '.join(map(str, PL_DTYPES))}, got {describe(x)}")
     logits = torch.zeros(x.shape[0], experts, dtype=torch.float32)
     if x.shape[0]:
-        kernel = router_kernel(RouterShape(experts, hidden, x.dtype, gate_weight.dtype))
+        kernel = router_kernel(RouterShape(experts, hidden, x.dtype, gate_weight.dtype, k_tile(hidden, ffn.K_TILE_MAX)))
         kernel(x.contiguous(), gate_weight.contiguous(), logits)
     return logits
 
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} {list(value.shape)}"
-    return type(value).__name__

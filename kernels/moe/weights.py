@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pypto_rt.kernels.moe.ffn import AMAX_EPS, INT8_MAX
+from pypto_rt.kernels.moe.ffn import AMAX_EPS, INT8_MAX, PL_DTYPES
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class ExpertWeights:
     w_down: torch.Tensor
 
     quantized = False
+
+    def __post_init__(self):
+        _check_stack(self, [("w_gate", None), ("w_up", None), ("w_down", None)])
 
     @property
     def experts(self) -> int:
@@ -53,6 +57,11 @@ class QuantizedExpertWeights:
     down_scale: torch.Tensor
 
     quantized = True
+
+    def __post_init__(self):
+        _check_stack(self, [("w_gate", torch.int8), ("gate_scale", torch.float32), ("w_up", torch.int8),
+                            ("up_scale", torch.float32), ("w_down", torch.int8), ("down_scale", torch.float32)])
+
     experts = ExpertWeights.experts
     inter = ExpertWeights.inter
     hidden = ExpertWeights.hidden
@@ -83,3 +92,28 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = rows.abs().amax(dim=-1).clamp_min(AMAX_EPS) / INT8_MAX
     quantized = torch.round(rows / scale.unsqueeze(-1)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return quantized.contiguous(), scale.contiguous()
+
+
+def _check_stack(weights, fields: list) -> None:
+    """Each field is a tensor of its dtype (None: the model dtypes, all the same) and the shapes agree with w_gate
+    [n, I, H]; an error naming the field otherwise."""
+    kind = type(weights).__name__
+    for name, dtype in fields:
+        value = getattr(weights, name)
+        if not isinstance(value, torch.Tensor) or (value.dtype != dtype if dtype else value.dtype not in PL_DTYPES):
+            want = dtype or " or ".join(map(str, PL_DTYPES))
+            raise MoEArgumentError.at_caller(f"{kind}: {name} must be a {want} tensor, got {describe(value)}")
+    if weights.w_gate.dim() != 3:
+        raise MoEArgumentError.at_caller(f"{kind}: w_gate must be [experts, intermediate, hidden], got "
+                                         f"{describe(weights.w_gate)}")
+    n, inter, hidden = weights.w_gate.shape
+    shapes = {"w_up": [n, inter, hidden], "w_down": [n, hidden, inter], "gate_scale": [n, inter],
+              "up_scale": [n, inter], "down_scale": [n, hidden]}
+    for name, _ in fields:
+        value = getattr(weights, name)
+        if name in shapes and list(value.shape) != shapes[name]:
+            raise MoEArgumentError.at_caller(f"{kind}: {name} must be {shapes[name]} to match w_gate "
+                                             f"{list(weights.w_gate.shape)}, got {describe(value)}")
+        if name in ("w_up", "w_down") and value.dtype != weights.w_gate.dtype:
+            raise MoEArgumentError.at_caller(f"{kind}: {name} is {value.dtype}, w_gate is {weights.w_gate.dtype}")
+
