@@ -24,8 +24,8 @@ ROUTER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class _Source:
-    """The state dict under a prefix: `has(name)`, and `get(name, shape)`, which loads the tensor once and checks
-    its shape (None in `shape`: any extent)."""
+    """The state dict under a prefix: `has(name)` (from its key list: a Mapping's own `in` may load the value),
+    and `get(name, shape)`, which loads the tensor and checks its shape (None in `shape`: any extent)."""
 
     def __init__(self, state_dict, prefix: str):
         if not (isinstance(state_dict, Mapping) or hasattr(state_dict, "get_tensor")):
@@ -33,12 +33,10 @@ class _Source:
                 f"load_moe_weights: state_dict must be a mapping of names to tensors (or a safetensors handle), "
                 f"got {type(state_dict).__name__}")
         self.state_dict, self.prefix = state_dict, prefix
+        self.keys = frozenset(state_dict.keys())
 
     def has(self, name: str) -> bool:
-        key = self.prefix + name
-        if isinstance(self.state_dict, Mapping):
-            return key in self.state_dict
-        return key in self.state_dict.keys()
+        return self.prefix + name in self.keys
 
     def get(self, name: str, shape: list) -> torch.Tensor:
         key = self.prefix + name
