@@ -45,11 +45,12 @@ class RoutedShape:
     ffn: FfnShape
     n_local: int
     rows: int
+    split: int                  # spmd blocks per local expert (EXPERT_SPLIT)
 
 
 @functools.lru_cache(maxsize=None)
 def routed_bf16_kernel(shape: RoutedShape):
-    n_local, rows, hidden, inter = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter
+    n_local, rows, hidden, inter, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter, shape.split
     dt = PL_DTYPES[shape.ffn.dtype]
     ffn, to_out, live_rows = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
 
@@ -62,10 +63,10 @@ def routed_bf16_kernel(shape: RoutedShape):
         w_down: pl.Tensor[[n_local, hidden, inter], dt],
         y: pl.Out[pl.Tensor[[n_local, rows, hidden], dt]],
     ):
-        for blk in pl.spmd(n_local * EXPERT_SPLIT, name_hint="moe_experts"):
-            e = blk // EXPERT_SPLIT
+        for blk in pl.spmd(n_local * split, name_hint="moe_experts"):
+            e = blk // split
             live = pl.min(pl.read(counts, [e]), rows)
-            for tb in pl.range(blk % EXPERT_SPLIT, (live + ROW_TILE - 1) // ROW_TILE, EXPERT_SPLIT):
+            for tb in pl.range(blk % split, (live + ROW_TILE - 1) // ROW_TILE, split):
                 t0 = tb * ROW_TILE
                 x = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
                 y_tile = to_out(ffn(x, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
@@ -77,7 +78,7 @@ def routed_bf16_kernel(shape: RoutedShape):
 
 @functools.lru_cache(maxsize=None)
 def routed_int8_kernel(shape: RoutedShape):
-    n_local, rows, hidden, inter = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter
+    n_local, rows, hidden, inter, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter, shape.split
     dt = PL_DTYPES[shape.ffn.dtype]
     ffn, to_out, live_rows = int8_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
 
@@ -93,10 +94,10 @@ def routed_int8_kernel(shape: RoutedShape):
         down_scale: pl.Tensor[[n_local, hidden], pl.FP32],
         y: pl.Out[pl.Tensor[[n_local, rows, hidden], dt]],
     ):
-        for blk in pl.spmd(n_local * EXPERT_SPLIT, name_hint="moe_experts_int8"):
-            e = blk // EXPERT_SPLIT
+        for blk in pl.spmd(n_local * split, name_hint="moe_experts_int8"):
+            e = blk // split
             live = pl.min(pl.read(counts, [e]), rows)
-            for tb in pl.range(blk % EXPERT_SPLIT, (live + ROW_TILE - 1) // ROW_TILE, EXPERT_SPLIT):
+            for tb in pl.range(blk % split, (live + ROW_TILE - 1) // ROW_TILE, split):
                 t0 = tb * ROW_TILE
                 x = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
                 y_tile = ffn(x, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :], up_scale[e : e + 1, :],
@@ -184,7 +185,7 @@ def run_experts(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.Ten
     _check_weights("run_experts", cfg, weights)
     recv_x, counts = _checked_dispatch_layout(cfg, weights, recv_x, counts)
     y = _checked_out("run_experts", recv_x, out)
-    shape = RoutedShape(_ffn_shape(cfg, weights), recv_x.shape[0], recv_x.shape[1])
+    shape = RoutedShape(_ffn_shape(cfg, weights), recv_x.shape[0], recv_x.shape[1], EXPERT_SPLIT)
     kernel = routed_int8_kernel(shape) if weights.quantized else routed_bf16_kernel(shape)
     kernel(recv_x, counts, *_weight_args(weights), y)
     return y
