@@ -8,7 +8,7 @@
 With swiglu_limit set, both clamp the SwiGLU inputs first: gate <= limit, -limit <= up <= limit. Weights use the
 Hugging Face layout (w_gate, w_up [I, H]; w_down [H, I]; int8 scales per output channel, [1, I] and [1, H]). The
 contractions walk H and I in k_tile steps (matmul, then matmul_acc). Rows are independent: the callers zero the
-tile's rows past the live ones (fillpad), and a zero row yields a zero row (its int8 scale is AMAX_EPS / 127).
+tile's rows past the live ones, and a zero row yields a zero row (its int8 scale is AMAX_EPS / 127).
 """
 from __future__ import annotations
 
@@ -123,14 +123,14 @@ def _dequantize(acc, row_scale, channel_scale):
 
 def bf16_ffn(shape: FfnShape):
     """An inline `(x [ROW_TILE, H] dtype, w_gate [I, H], w_up [I, H], w_down [H, I]) -> y [ROW_TILE, H] FP32`."""
-    up_proj = projection(shape.hidden, shape.hidden_step, pl.FP32)
-    down_proj = projection(shape.inter, shape.inter_step, pl.FP32)
+    from_hidden = projection(shape.hidden, shape.hidden_step, pl.FP32)
+    from_inter = projection(shape.inter, shape.inter_step, pl.FP32)
     swiglu, to_dtype = _swiglu(shape.swiglu_limit), cast_to(pl.FP32, PL_DTYPES[shape.dtype])
 
     @pl.jit.inline
     def ffn(x, w_gate, w_up, w_down):
-        h = to_dtype(swiglu(up_proj(x, w_gate), up_proj(x, w_up)))
-        return down_proj(h, w_down)
+        h = to_dtype(swiglu(from_hidden(x, w_gate), from_hidden(x, w_up)))
+        return from_inter(h, w_down)
 
     return ffn
 
@@ -138,8 +138,8 @@ def bf16_ffn(shape: FfnShape):
 def int8_ffn(shape: FfnShape):
     """An inline `(x [ROW_TILE, H] dtype, wq_gate [I, H] INT8, gate_scale [1, I], wq_up, up_scale, wq_down [H, I],
     down_scale [1, H]) -> y [ROW_TILE, H] FP32` (W8A8 with per-row activation scales)."""
-    up_proj = projection(shape.hidden, shape.hidden_step, pl.INT32)
-    down_proj = projection(shape.inter, shape.inter_step, pl.INT32)
+    from_hidden = projection(shape.hidden, shape.hidden_step, pl.INT32)
+    from_inter = projection(shape.inter, shape.inter_step, pl.INT32)
     swiglu, to_fp32 = _swiglu(shape.swiglu_limit), cast_to(PL_DTYPES[shape.dtype], pl.FP32)
 
     @pl.jit.inline
@@ -147,10 +147,10 @@ def int8_ffn(shape: FfnShape):
         xf = to_fp32(x)
         x_scale = _row_scale(xf)
         xq = _quantize(xf, x_scale)
-        gate = _dequantize(up_proj(xq, wq_gate), x_scale, gate_scale)
-        up = _dequantize(up_proj(xq, wq_up), x_scale, up_scale)
+        gate = _dequantize(from_hidden(xq, wq_gate), x_scale, gate_scale)
+        up = _dequantize(from_hidden(xq, wq_up), x_scale, up_scale)
         h = swiglu(gate, up)
         h_scale = _row_scale(h)
-        return _dequantize(down_proj(_quantize(h, h_scale), wq_down), h_scale, down_scale)
+        return _dequantize(from_inter(_quantize(h, h_scale), wq_down), h_scale, down_scale)
 
     return ffn

@@ -69,6 +69,20 @@ def test_rows_past_counts_are_zeros_in_their_tile_and_untouched_after_it(form):
         assert (y[e, n:tile_end] == 0).all() and (y[e, tile_end:] == 7.0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("form", ["bf16", "int8"])
+def test_other_model_dtypes(dtype, form):
+    cfg = make(dtype=dtype)
+    bf16 = expert_weights(4, 20)
+    weights = ExpertWeights(bf16.w_gate.to(dtype), bf16.w_up.to(dtype), bf16.w_down.to(dtype))
+    weights = forms(weights)[form]
+    recv_x, live = dispatched(21, [4, 0, 24, 17])
+    recv_x = recv_x.to(dtype)
+    y = run_experts(cfg, weights, recv_x, live)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y, experts_golden(cfg, weights, recv_x, live), rtol=2e-3, atol=2e-3)
+
+
 def test_int8_tracks_the_bf16_experts_loosely():
     cfg, weights = make(), expert_weights(4, 5)
     recv_x, live = dispatched(6, [9, 24, 2, 16])
