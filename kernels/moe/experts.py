@@ -17,7 +17,7 @@ import torch
 
 import pypto.language as pl
 from pypto_rt.kernels.moe.config import MoEConfig
-from pypto_rt.kernels.moe import ffn
+from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, ROW_TILE, FfnShape, bf16_ffn, cast_to, int8_ffn
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 from pypto_rt.kernels.moe.weights import ExpertWeights, QuantizedExpertWeights
@@ -173,7 +173,7 @@ def _weight_args(weights) -> tuple:
 
 
 def _ffn_shape(cfg: MoEConfig, weights) -> FfnShape:
-    return FfnShape(cfg.hidden, weights.inter, cfg.dtype, weights.quantized, cfg.swiglu_limit, ffn.K_TILE_MAX)
+    return FfnShape(cfg.hidden, weights.inter, cfg.dtype, weights.quantized, cfg.swiglu_limit, ffn_module.K_TILE_MAX)
 
 
 def run_experts(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.Tensor,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.moe import ffn
+from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, ROW_TILE, cast_to, k_tile, projection
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 
@@ -66,7 +66,8 @@ def router_logits(gate_weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
                   f"{', '.join(map(str, PL_DTYPES))}, got {describe(x)}")
     logits = torch.zeros(x.shape[0], experts, dtype=torch.float32)
     if x.shape[0]:
-        kernel = router_kernel(RouterShape(experts, hidden, x.dtype, gate_weight.dtype, k_tile(hidden, ffn.K_TILE_MAX)))
+        shape = RouterShape(experts, hidden, x.dtype, gate_weight.dtype, k_tile(hidden, ffn_module.K_TILE_MAX))
+        kernel = router_kernel(shape)
         kernel(x.contiguous(), gate_weight.contiguous(), logits)
     return logits
 
