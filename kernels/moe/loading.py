@@ -15,12 +15,13 @@ from collections.abc import Mapping
 import torch
 
 from pypto_rt.kernels.moe.config import MoEConfig
-from pypto_rt.kernels.moe.moe_errors import MoEArgumentError
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 from pypto_rt.kernels.moe.weights import ExpertWeights, MoEWeights, RouterWeights
 
 MIXTRAL = ("w1", "w3", "w2")
 DEEPSEEK = ("gate_proj", "up_proj", "down_proj")
 ROUTER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SOURCE_DTYPES = ROUTER_DTYPES + (torch.float64,)    # checkpoint dtypes converted exactly enough to cfg.dtype
 
 
 class _Source:
@@ -47,11 +48,15 @@ class _Source:
         value = self.state_dict[key] if isinstance(self.state_dict, Mapping) else self.state_dict.get_tensor(key)
         if callable(value) and not isinstance(value, torch.Tensor):
             value = value()
+        if isinstance(value, torch.Tensor) and value.dtype.is_floating_point and value.dtype not in SOURCE_DTYPES:
+            raise MoEArgumentError.at_caller(
+                f"load_moe_weights: {key!r} is {value.dtype}; load_moe_weights reads "
+                f"{', '.join(map(str, SOURCE_DTYPES))} weights",
+                hint="dequantise a block-scaled FP8 checkpoint (weight * weight_scale_inv) before loading it")
         if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.dim() != len(shape) \
                 or any(n is not None and n != got for n, got in zip(shape, value.shape)):
-            got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-            raise MoEArgumentError.at_caller(f"load_moe_weights: {key!r} is {got}, expected a floating-point "
-                                             f"tensor of shape {expected}")
+            raise MoEArgumentError.at_caller(f"load_moe_weights: {key!r} is {describe(value)}, expected a "
+                                             f"floating-point tensor of shape {expected}")
         return value
 
 

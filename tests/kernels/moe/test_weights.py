@@ -4,7 +4,8 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from pypto_rt.kernels.moe import MoEArgumentError, MoEConfig, MoEConfigError
+from pypto_rt.kernels.moe import MoEArgumentError, MoEConfig, MoEConfigError, run_experts, shared_expert
+from pypto_rt.kernels.moe.golden import experts_golden, shared_expert_golden
 from pypto_rt.kernels.moe.loading import load_moe_weights
 from pypto_rt.kernels.moe.weights import ExpertWeights, QuantizedExpertWeights, quantize_rows
 
@@ -80,6 +81,18 @@ def test_deepseek_names_with_bias_and_shared_expert_quantised_at_load():
     assert ((restored - source).abs() <= step / 2 + 1e-6).all()
 
 
+@pytest.mark.parametrize("quantize", [False, True])
+def test_loaded_weights_run_in_the_expert_kernels(quantize):
+    weights = load_moe_weights(CFG, deepseek(""), rank=1, world=2, quantize=quantize)
+    gen = torch.Generator().manual_seed(3)
+    recv_x, counts = torch.randn(4, 8, H, generator=gen).bfloat16(), torch.tensor([8, 0, 3, 5], dtype=torch.int32)
+    torch.testing.assert_close(run_experts(CFG, weights.experts, recv_x, counts),
+                               experts_golden(CFG, weights.experts, recv_x, counts), rtol=1.6e-2, atol=1e-2)
+    x = recv_x[0, :5]
+    torch.testing.assert_close(shared_expert(CFG, weights.shared, x), shared_expert_golden(CFG, weights.shared, x),
+                               rtol=1.6e-2, atol=1e-2)
+
+
 def test_lazy_getters_of_other_ranks_are_never_called():
     called = []
 
@@ -122,6 +135,8 @@ def test_weights_are_converted_to_the_config_dtype():
     (lambda sd: sd.pop("gate.weight"), "no 'gate.weight' (expected [8, 16])"),
     (lambda sd: sd.update({"experts.4.w1.weight": torch.zeros(I, H, dtype=torch.int8)}), "expected a floating-point"),
     (lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("experts.4.")], "neither experts.4.w1.weight (Mixtral)"),
+    (lambda sd: sd.update({"experts.6.w1.weight": torch.zeros(I, H, dtype=torch.float8_e4m3fn)}),
+     "'experts.6.w1.weight' is torch.float8_e4m3fn; load_moe_weights reads"),
 ])
 def test_missing_or_misshaped_keys_are_errors_naming_the_key_and_shape(edit, named):
     sd = mixtral("")
