@@ -48,21 +48,15 @@ class RoutedShape:
     split: int                  # spmd blocks per local expert (EXPERT_SPLIT)
 
 
-@functools.lru_cache(maxsize=None)
-def routed_bf16_kernel(shape: RoutedShape):
-    n_local, rows, hidden, inter, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter, shape.split
+def routed_bf16(shape: RoutedShape):
+    """The inline `(recv_x, counts, w_gate, w_up, w_down, y) -> y` of the bf16 routed experts (for kernels that
+    compose it, e.g. with dispatch and combine); `routed_bf16_kernel` is its `@pl.jit` entry."""
+    n_local, rows, hidden, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.split
     dt = PL_DTYPES[shape.ffn.dtype]
     ffn, to_out, live_rows = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
 
-    @pl.jit
-    def moe_experts(
-        recv_x: pl.Tensor[[n_local, rows, hidden], dt],
-        counts: pl.Tensor[[n_local], pl.INT32],
-        w_gate: pl.Tensor[[n_local, inter, hidden], dt],
-        w_up: pl.Tensor[[n_local, inter, hidden], dt],
-        w_down: pl.Tensor[[n_local, hidden, inter], dt],
-        y: pl.Out[pl.Tensor[[n_local, rows, hidden], dt]],
-    ):
+    @pl.jit.inline
+    def routed_experts(recv_x, counts, w_gate, w_up, w_down, y):
         for blk in pl.spmd(n_local * split, name_hint="moe_experts"):
             e = blk // split
             live = pl.min(pl.read(counts, [e]), rows)
@@ -73,14 +67,58 @@ def routed_bf16_kernel(shape: RoutedShape):
                 y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(y_tile, pl.min(ROW_TILE, rows - t0), hidden)
         return y
 
+    return routed_experts
+
+
+def routed_int8(shape: RoutedShape):
+    """The inline `(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y) -> y` of the W8A8
+    routed experts; `routed_int8_kernel` is its `@pl.jit` entry."""
+    n_local, rows, hidden, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.split
+    dt = PL_DTYPES[shape.ffn.dtype]
+    ffn, to_out, live_rows = int8_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
+
+    @pl.jit.inline
+    def routed_experts_int8(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y):
+        for blk in pl.spmd(n_local * split, name_hint="moe_experts_int8"):
+            e = blk // split
+            live = pl.min(pl.read(counts, [e]), rows)
+            for tb in pl.range(blk % split, (live + ROW_TILE - 1) // ROW_TILE, split):
+                t0 = tb * ROW_TILE
+                x = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
+                y_tile = ffn(x, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :], up_scale[e : e + 1, :],
+                             w_down[e, :, :], down_scale[e : e + 1, :])
+                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(to_out(y_tile), pl.min(ROW_TILE, rows - t0), hidden)
+        return y
+
+    return routed_experts_int8
+
+
+@functools.lru_cache(maxsize=None)
+def routed_bf16_kernel(shape: RoutedShape):
+    n_local, rows, hidden, inter = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter
+    dt = PL_DTYPES[shape.ffn.dtype]
+    routed_experts = routed_bf16(shape)
+
+    @pl.jit
+    def moe_experts(
+        recv_x: pl.Tensor[[n_local, rows, hidden], dt],
+        counts: pl.Tensor[[n_local], pl.INT32],
+        w_gate: pl.Tensor[[n_local, inter, hidden], dt],
+        w_up: pl.Tensor[[n_local, inter, hidden], dt],
+        w_down: pl.Tensor[[n_local, hidden, inter], dt],
+        y: pl.Out[pl.Tensor[[n_local, rows, hidden], dt]],
+    ):
+        routed_experts(recv_x, counts, w_gate, w_up, w_down, y)
+        return y
+
     return moe_experts
 
 
 @functools.lru_cache(maxsize=None)
 def routed_int8_kernel(shape: RoutedShape):
-    n_local, rows, hidden, inter, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter, shape.split
+    n_local, rows, hidden, inter = shape.n_local, shape.rows, shape.ffn.hidden, shape.ffn.inter
     dt = PL_DTYPES[shape.ffn.dtype]
-    ffn, to_out, live_rows = int8_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
+    routed_experts_int8 = routed_int8(shape)
 
     @pl.jit
     def moe_experts_int8(
@@ -94,15 +132,7 @@ def routed_int8_kernel(shape: RoutedShape):
         down_scale: pl.Tensor[[n_local, hidden], pl.FP32],
         y: pl.Out[pl.Tensor[[n_local, rows, hidden], dt]],
     ):
-        for blk in pl.spmd(n_local * split, name_hint="moe_experts_int8"):
-            e = blk // split
-            live = pl.min(pl.read(counts, [e]), rows)
-            for tb in pl.range(blk % split, (live + ROW_TILE - 1) // ROW_TILE, split):
-                t0 = tb * ROW_TILE
-                x = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
-                y_tile = ffn(x, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :], up_scale[e : e + 1, :],
-                             w_down[e, :, :], down_scale[e : e + 1, :])
-                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(to_out(y_tile), pl.min(ROW_TILE, rows - t0), hidden)
+        routed_experts_int8(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y)
         return y
 
     return moe_experts_int8
