@@ -1,6 +1,5 @@
-"""MoE expert parallelism as a library (issue 14). Built so far: `MoEConfig`, the gate kernel
-(`pypto_rt.kernels.moe.gate.gate`), the routed and shared experts (bf16 and W8A8), the router GEMM and weight
-loading from Hugging Face-style state dicts; dispatch, combine and `MoELayer` come later."""
+"""MoE expert parallelism as a library (issue 14). Built so far: `MoEConfig` and the gate kernel
+(`pypto_rt.kernels.moe.gate.gate`); dispatch, combine, experts and `MoELayer` come later."""
 from pypto_rt.kernels.moe.config import MoEConfig
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, MoEError
 from pypto_rt.kernels.moe.experts import run_experts, shared_expert
