@@ -35,6 +35,7 @@ class MoEConfig:
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
     intermediate_size: int | None = None
+    swiglu_limit: float | None = None       # experts clamp gate <= limit, -limit <= up <= limit (None: no clamp)
 
     def __post_init__(self) -> None:
         for name in ("hidden", "num_experts", "top_k", "max_tokens_per_rank"):
@@ -55,6 +56,9 @@ class MoEConfig:
         factor = self.routed_scaling_factor
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
             _fail(f"routed_scaling_factor={factor!r} must be a positive number")
+        limit = self.swiglu_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+            _fail(f"swiglu_limit={limit!r} must be a positive number or None")
         self._check_groups()
 
     def _check_groups(self) -> None:
