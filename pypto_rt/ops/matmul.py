@@ -3,7 +3,8 @@ batched operands with numpy broadcasting of batch dims), the tile forms (`pl.til
 `matmul_bias`, `batch_matmul`, `batch_matmul_acc`) and `pl.gemv` / `gemv_acc` / `gemv_bias`. Operands are
 zero-padded outside their valid boxes (the hardware loads only the valid part into a zeroed tile), so
 garbage or NaN there never reaches the result. Float operands are multiplied in FP32 (`x.float() @
-w.float()`, what the goldens do); integer operands exactly in int64 (torch's int8 matmul would wrap).
+w.float()`, what the goldens do); integer operands exactly: 8-bit ones in float64 through BLAS (every sum of
+int8 products below 2^53 is exact there: K up to 5e11), wider ones in int64 (torch's int8 matmul would wrap).
 Without `out_dtype` the result is FP32 for float operands and INT32 for integer ones (DESIGN.md decision:
 the accumulator dtype), otherwise it is cast to `out_dtype`. Accumulating forms require an FP32 (float
 operands) or INT32 (int operands) accumulator, return a new value in its dtype and keep its valid box;
@@ -41,6 +42,14 @@ def _is_float(*values: TensorValue) -> bool:
     return any(v.dtype.is_float() for v in values)
 
 
+def _compute_dtype(lhs: TensorValue, rhs: TensorValue) -> torch.dtype:
+    """FP32 for float operands; float64 for two 8-bit integer ones (exact, and ~30x faster than int64, which
+    has no BLAS); int64 for wider integers."""
+    if _is_float(lhs, rhs):
+        return torch.float32
+    return torch.float64 if lhs.dtype.get_byte() == rhs.dtype.get_byte() == 1 else torch.int64
+
+
 def _acc_dtype(*values: TensorValue):
     """The hardware accumulator dtype: FP32 when any operand is float, INT32 for integer operands."""
     return D.FP32 if _is_float(*values) else D.INT32
@@ -68,7 +77,7 @@ def _oriented(name: str, lhs: TensorValue, rhs: TensorValue, a_trans: bool, b_tr
     if (lhs.ndim > 2 or rhs.ndim > 2) and min(lhs.ndim, rhs.ndim) < 2:
         raise OpError(f"pl.{name}: batched matmul needs both operands at least 2-D, got lhs {_shape(lhs)}, "
                       f"rhs {_shape(rhs)}")
-    compute = torch.float32 if _is_float(lhs, rhs) else torch.int64
+    compute = _compute_dtype(lhs, rhs)
     a, b = _padded(lhs, compute), _padded(rhs, compute)
     a = a.transpose(-1, -2) if a_trans else a
     b = b.transpose(-1, -2) if b_trans else b
@@ -86,16 +95,21 @@ def _oriented(name: str, lhs: TensorValue, rhs: TensorValue, a_trans: bool, b_tr
 
 
 def _product(name: str, lhs, rhs, a_trans=False, b_trans=False) -> torch.Tensor:
-    """lhs @ rhs in FP32 (float operands) or int64 (integer operands)."""
+    """lhs @ rhs in FP32 (float operands) or int64 (integer operands, computed exactly: see _compute_dtype)."""
     if lhs.valid is None and rhs.valid is None and lhs.data.dim() == 2 and rhs.data.dim() == 2:
         # the common case: two fully valid 2-D operands, nothing to pad or broadcast
-        compute = torch.float32 if lhs.dtype.is_float() or rhs.dtype.is_float() else torch.int64
+        compute = _compute_dtype(lhs, rhs)
         a, b = _as(lhs.data, compute), _as(rhs.data, compute)
         a, b = (a.t() if a_trans else a), (b.t() if b_trans else b)
         if a.shape[1] == b.shape[0]:
-            return torch.mm(a, b)
+            return _exact_int(torch.mm(a, b))
     a, b = _oriented(name, lhs, rhs, a_trans, b_trans)   # checks shapes and says what is wrong
-    return torch.matmul(a, b)
+    return _exact_int(torch.matmul(a, b))
+
+
+def _exact_int(product: torch.Tensor) -> torch.Tensor:
+    """An integer product computed in float64 (exact integers) back as int64."""
+    return product.to(torch.int64) if product.dtype == torch.float64 else product
 
 
 def _result(data: torch.Tensor, dtype, like: TensorValue, valid=None) -> TensorValue:
