@@ -133,7 +133,8 @@ def _bind_tensor(kernel, name, spec: TensorType, arg, binding: Binding, where):
     if spec.shape is not None:
         _check_shape(kernel, name, spec.shape, tuple(arg.shape), binding, where)
     if spec.direction == "in":
-        binding.readonly[arg.untyped_storage().data_ptr()] = name
+        if arg.untyped_storage().nbytes():   # (empty tensors share data_ptr 0: they alias nothing)
+            binding.readonly[arg.untyped_storage().data_ptr()] = name
     elif spec.direction != "window" and _overlaps_itself(arg):
         wrapper = "pl.Out" if spec.direction == "out" else "pl.InOut"
         raise KernelArgumentError(

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import pypto.language as pl
+from pypto_rt import config
 from pypto_rt.errors import DSLError, InWriteWarning, KernelArgumentError, OpError
 
 N = 8
@@ -199,3 +200,22 @@ def test_direction_wrapper_on_an_inline_parameter_warns_and_still_aliases():
     with pytest.warns(DeprecationWarning, match="inline_with_out: pl.Out/pl.InOut on parameter"):
         calls_inline_with_out(x, y)
     assert torch.equal(y, x.abs())
+
+
+@pl.jit
+def copy_rows(x: pl.Tensor[[T_DYN, N], pl.FP32], y: pl.Out[pl.Tensor[[T_DYN, N], pl.FP32]]):
+    x.bind_dynamic(0, T_DYN)
+    y.bind_dynamic(0, T_DYN)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy"):
+        y[:, :] = pl.add(x, 1.0)
+    return y
+
+
+@pytest.mark.parametrize("executor", ["reference", "compiled"])
+def test_empty_tensors_alias_nothing(executor):
+    """Zero-element tensors share data_ptr 0: writing an empty Out next to an empty In must not warn."""
+    import warnings
+
+    with config.scope(EXECUTOR=executor), warnings.catch_warnings():
+        warnings.simplefilter("error", InWriteWarning)
+        copy_rows(torch.zeros(0, N), torch.empty(0, N))
