@@ -93,3 +93,18 @@ def experts_golden(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.
 def shared_expert_golden(cfg: MoEConfig, weights, x: torch.Tensor) -> torch.Tensor:
     """The shared expert (one stacked expert) on the tokens x [T, H]."""
     return ffn_golden(cfg, weights, 0, x)
+
+
+def moe_layer_golden(cfg: MoEConfig, weights, x: torch.Tensor) -> torch.Tensor:
+    """A whole MoE layer on one process: `weights` holds every expert (`load_moe_weights(..., rank=0, world=1)`).
+    out[t] = sum_k w[t, k] * expert_{e[t, k]}(x[t]) (+ shared(x[t])), summed in FP32 and rounded once."""
+    logits = router_golden(weights.router.weight, x)
+    topk_idx, topk_weights = gate_golden(cfg, logits, weights.router.bias)
+    total = torch.zeros(x.shape[0], cfg.hidden)
+    for t in range(x.shape[0]):
+        for k in range(cfg.top_k):
+            row = ffn_golden(cfg, weights.experts, int(topk_idx[t, k]), x[t:t + 1])
+            total[t] += topk_weights[t, k] * row[0].float()
+    if weights.shared is not None:
+        total += shared_expert_golden(cfg, weights.shared, x).float()
+    return total.to(cfg.dtype)

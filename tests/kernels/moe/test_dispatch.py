@@ -94,3 +94,13 @@ def test_the_kernels_run_in_a_host_form_program_with_windows_it_allocates():
                            os.path.join(PROGS, "dispatch_host_form.py")], capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "'out' PASS" in proc.stdout
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("nproc, args", [(2, ("--names", "deepseek")), (2, ("--quantize",)),
+                                         (4, ("--names", "deepseek", "--quantize"))],
+                         ids=["2-deepseek-bf16", "2-mixtral-int8", "4-deepseek-int8"])
+def test_moe_layer_matches_its_golden_and_loads_only_its_experts(nproc, args):
+    """MoELayer.from_state_dict + three calls (router, gate, dispatch, experts, combine + shared expert)."""
+    job = launch(nproc, os.path.join(PROGS, "moe_layer.py"), "--timeout-s", "90", args=args, limit_s=170)
+    _all_pass(job, nproc, checks=4)

@@ -1,0 +1,63 @@
+"""`MoELayer`: one MoE layer on this rank of an expert-parallel job, one call per decoder step.
+
+    layer = MoELayer.from_state_dict(cfg, state_dict, prefix="model.layers.3.mlp.", quantize=True)   # collective
+    out = layer(x)    # x [T, H] -> [T, H]: router -> gate -> dispatch -> routed experts -> combine (+ shared)
+
+Each step runs the router GEMM, the gate, `MoEBuffer.dispatch`, the routed experts on the dispatch layout
+(int8 when the weights are quantised, else the config's dtype), and `MoEBuffer.combine`, whose reduce also adds
+the shared expert's output (computed on the local tokens), so the result is rounded once. Every stage is a
+`@pl.jit` kernel: nothing is read to the host, and the tensors a step needs are the layer's own, so repeated
+steps with the same token count replay whatever the routing.
+"""
+import torch
+
+import pypto.language.distributed as pld
+from pypto_rt.kernels.moe.buffer import MoEBuffer
+from pypto_rt.kernels.moe.config import MoEConfig
+from pypto_rt.kernels.moe.experts import run_experts, shared_expert
+from pypto_rt.kernels.moe.gate import gate
+from pypto_rt.kernels.moe.loading import load_moe_weights
+from pypto_rt.kernels.moe.moe_errors import MoEConfigError
+from pypto_rt.kernels.moe.router import router_logits
+from pypto_rt.kernels.moe.weights import MoEWeights
+
+
+class MoELayer:
+    def __init__(self, cfg: MoEConfig, weights: MoEWeights, *, buffer: MoEBuffer | None = None):
+        """COLLECTIVE unless `buffer` is given (the layer's MoEBuffer allocates windows on every rank). `weights`:
+        this rank's share (`load_moe_weights`): the router, experts rank * E_local .. + E_local - 1, the shared
+        expert if any. Layers may share one buffer when their calls do not interleave."""
+        if not isinstance(weights, MoEWeights):
+            raise MoEConfigError(f"MoELayer takes MoEWeights (see load_moe_weights), got {type(weights).__name__}")
+        self.buffer = buffer if buffer is not None else MoEBuffer(cfg)
+        if self.buffer.cfg != cfg:
+            raise MoEConfigError("MoELayer: the buffer was built for another MoEConfig",
+                                 hint="build the MoEBuffer with the layer's config, or let the layer build it")
+        first, local = self.buffer.rank * self.buffer.local_experts, self.buffer.local_experts
+        if weights.first_expert != first or weights.experts.experts != local:
+            raise MoEConfigError(
+                f"rank {self.buffer.rank}: MoELayer: the weights hold experts {weights.first_expert}.."
+                f"{weights.first_expert + weights.experts.experts - 1}, this rank owns {first}..{first + local - 1}",
+                hint="load them with load_moe_weights(cfg, state_dict, rank=pld.rank(), world=pld.world_size())")
+        self.cfg, self.weights = cfg, weights
+        layout = self.buffer.layout
+        self._expert_rows = torch.zeros(layout.local_experts, layout.lanes, cfg.hidden, dtype=cfg.dtype)
+
+    @classmethod
+    def from_state_dict(cls, cfg: MoEConfig, state_dict, *, prefix: str = "", quantize: bool = False,
+                        buffer: MoEBuffer | None = None) -> "MoELayer":
+        """COLLECTIVE: this rank loads its share of a Hugging Face-style state dict (Mixtral or DeepSeek names, see
+        load_moe_weights), quantising its routed and shared experts to int8 when `quantize`."""
+        weights = load_moe_weights(cfg, state_dict, rank=pld.rank(), world=pld.world_size(), prefix=prefix,
+                                   quantize=quantize)
+        return cls(cfg, weights, buffer=buffer)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] in cfg.dtype (T <= max_tokens_per_rank, may differ per rank, may be 0) -> [T, H]."""
+        cfg, weights, buf = self.cfg, self.weights, self.buffer
+        logits = router_logits(weights.router.weight, x)
+        topk_idx, topk_weights = gate(cfg, logits, weights.router.bias)
+        recv = buf.dispatch(x, topk_idx, topk_weights)
+        y = run_experts(cfg, weights.experts, recv.x, recv.counts, out=self._expert_rows)
+        shared = shared_expert(cfg, weights.shared, x) if weights.shared is not None else None
+        return buf.combine(y, recv.handle, add=shared)
