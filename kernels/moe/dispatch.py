@@ -36,6 +36,10 @@ its routes went to.
 Only live rows cross: a put carries exactly the rows a destination needs (row counts are read inside the
 regions, never by the host program). The host program reads no data, so repeated calls with the same shapes
 can replay with any routing.
+
+The pieces both transports compute alike (counts, rows, blocks, expansion, weighted sums) are `@pl.jit.inline`
+helpers in `dispatch_parts.py`; `dispatch_collective.py` is this protocol on collectives (no windows).
+`WindowTransport` (below) holds one MoEBuffer's windows and runs these kernels on them.
 """
 
 import functools
@@ -45,6 +49,8 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
+from pypto_rt.kernels.moe.dispatch_parts import (destination_block, expand_rows, route_layout, route_rows,
+                                                 sum_returned, weighted_routes)
 
 T_DYN = pl.dynamic("T_DYN")
 COUNTS_SIGNAL, PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1, 2
@@ -73,16 +79,6 @@ class Layout:
     @property
     def pl_dtype(self):
         return {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}[self.dtype]
-
-
-@pl.jit.inline
-def _prefix_matrix(t_dim):
-    """[T, T] FP32 with 1 where column < row: `matmul(prefix, m)` counts, per row, the ones above it in m."""
-    rows = pl.row_expand(pl.full([t_dim, t_dim], dtype=pl.INT32, value=0),
-                         pl.reshape(pl.arange(0, [1, t_dim], dtype=pl.INT32), [t_dim, 1]))
-    cols = pl.col_expand(pl.full([t_dim, t_dim], dtype=pl.INT32, value=0), pl.arange(0, [1, t_dim], dtype=pl.INT32))
-    return pl.sel(pl.cmp(cols, rows, cmp_type=2), pl.full([t_dim, t_dim], dtype=pl.FP32, value=1.0),
-                  pl.full([t_dim, t_dim], dtype=pl.FP32, value=0.0))
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,26 +117,7 @@ def dispatch_kernel(layout: Layout):
             me = pld.rank(pld.get_comm_ctx(signals))
             now = pl.read(epoch, [0, 0]) + 1
             pl.write(epoch, [0, 0], now)
-            experts = pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.INT32, value=0),
-                                    pl.arange(0, [1, n_experts], dtype=pl.INT32))
-            ones = pl.full([t_dim, n_experts], dtype=pl.FP32, value=1.0)
-            zeros = pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0)
-            routed = pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0)
-            for k in pl.range(top_k):
-                hit = pl.cmp(experts, pl.row_expand(experts, topk_idx[:, k : k + 1]), cmp_type=0)
-                routed = pl.add(routed, pl.sel(hit, ones, zeros))
-            prefix = _prefix_matrix(t_dim)
-            # a route's rank among this rank's rows for its expert (top-k experts of a token are distinct)
-            route_pos[:, :] = pl.gather(pl.matmul(prefix, routed), dim=-1, index=topk_idx)
-            goes = pl.full([t_dim, world], dtype=pl.FP32, value=0.0)    # 1 where a token has a route on rank d
-            for d in pl.range(world):
-                goes[:, d : d + 1] = pl.row_max(routed[:, d * e_local : (d + 1) * e_local])
-            members[:, :] = goes
-            slots[:, :] = pl.matmul(prefix, goes)
-            counts = pl.full([1, n_counts], dtype=pl.FP32, value=0.0)
-            counts[:, 0:n_experts] = pl.col_sum(routed)
-            counts[:, n_experts:n_counts] = pl.col_sum(goes)
-            count_row = pl.cast(counts, pl.INT32)
+            count_row = route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local)
             for peer in pl.range(world):
                 pld.tile.remote_store(count_row, target=counts_in, peer=peer, offsets=[me, 0])
                 pld.system.notify(signals, peer=peer, offsets=[me, COUNTS_SIGNAL], value=1,
@@ -151,39 +128,16 @@ def dispatch_kernel(layout: Layout):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COUNTS_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            all_counts = pl.cast(pl.load(counts_in, [0, 0], [world, n_experts]), pl.FP32)
-            lower = pl.cmps(pl.arange(0, [1, world], dtype=pl.INT32), me, cmp_type=2)
-            before = pl.sel(lower, pl.full([1, world], dtype=pl.FP32, value=1.0),
-                            pl.full([1, world], dtype=pl.FP32, value=0.0))
-            offsets = pl.matmul(before, all_counts)            # [1, E]: rows lower ranks take per expert
-            base = pl.full([1, n_experts], dtype=pl.FP32, value=0.0)
-            local = pl.mul(pl.cast(pl.arange(0, [1, e_local], dtype=pl.INT32), pl.FP32), float(lanes))
-            for d in pl.range(world):
-                base[:, d * e_local : (d + 1) * e_local] = pl.add(offsets[:, d * e_local : (d + 1) * e_local], local)
-            rows = pl.add(pl.gather(pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), base),
-                                    dim=-1, index=topk_idx), route_pos)
-            row_ids = pl.cast(rows, pl.INT32)
-            no_row = pl.full([t_dim, top_k], dtype=pl.INT32, value=-1)
-            no_weight = pl.full([t_dim, top_k], dtype=pl.FP32, value=0.0)
-            token_ids = pl.reshape(pl.arange(0, [1, t_dim], dtype=pl.INT32), [t_dim, 1])
+            expert_counts = pl.cast(pl.load(counts_in, [0, 0], [world, n_experts]), pl.FP32)
+            row_ids = route_rows(expert_counts, me, topk_idx, route_pos, t_dim, world, e_local, lanes)
             for d in pl.range(world):
                 n = pl.read(counts_in, [me, n_experts + d])
                 if n > 0:
-                    there = pl.and_(pl.cmps(topk_idx, d * e_local, cmp_type=5),
-                                    pl.cmps(topk_idx, (d + 1) * e_local, cmp_type=2))
-                    slot = pl.cast(slots[:, d : d + 1], pl.INT32)
-                    goes = pl.cmps(members[:, d : d + 1], 0.5, cmp_type=4)
-                    order = pl.full([t_max + 1, 1], dtype=pl.INT32, value=0)
-                    order = pl.scatter_update(order, 0, pl.sel(goes, slot, pl.full([t_dim, 1], dtype=pl.INT32,
-                                                                                      value=t_max)), token_ids)
-                    picked = order[0:n, :]
-                    pld.tile.remote_store(pl.mgather(x, picked, coalesce="row"), target=tokens_in, peer=d,
-                                          offsets=[me * t_max, 0])
-                    pld.tile.remote_store(pl.mgather(pl.sel(there, row_ids, no_row), picked, coalesce="row"),
-                                          target=rows_in, peer=d, offsets=[me * t_max, 0])
-                    pld.tile.remote_store(pl.mgather(pl.sel(there, topk_weights, no_weight), picked,
-                                                     coalesce="row"),
-                                          target=weights_in, peer=d, offsets=[me * t_max, 0])
+                    tokens, rows, weights = destination_block(x, topk_idx, topk_weights, row_ids, slots, members,
+                                                              d, n, e_local, t_max)
+                    pld.tile.remote_store(tokens, target=tokens_in, peer=d, offsets=[me * t_max, 0])
+                    pld.tile.remote_store(rows, target=rows_in, peer=d, offsets=[me * t_max, 0])
+                    pld.tile.remote_store(weights, target=weights_in, peer=d, offsets=[me * t_max, 0])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, PAYLOAD_SIGNAL], value=1,
                                   op=pld.NotifyOp.AtomicAdd)
@@ -199,12 +153,8 @@ def dispatch_kernel(layout: Layout):
             for src in pl.range(world):
                 n = pl.read(counts_in, [src, n_experts + me])
                 if n > 0:
-                    arrived = tokens_in[src * t_max : src * t_max + n, :]
-                    for k in pl.range(top_k):
-                        target = rows_in[src * t_max : src * t_max + n, k : k + 1]
-                        target = pl.sel(pl.cmps(target, 0, cmp_type=5), target,
-                                        pl.full([n, 1], dtype=pl.INT32, value=scratch))
-                        recv_rows = pl.scatter_update(recv_rows, 0, target, arrived)
+                    recv_rows = expand_rows(recv_rows, tokens_in[src * t_max : src * t_max + n, :],
+                                            rows_in[src * t_max : src * t_max + n, :], n, scratch)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -240,12 +190,8 @@ def combine_kernel(layout: Layout):
             for src in pl.range(world):
                 n = pl.read(counts_in, [src, n_experts + me])
                 if n > 0:
-                    total = pl.full([n, hidden], dtype=pl.FP32, value=0.0)
-                    for k in pl.range(top_k):
-                        picked = rows_in[src * t_max : src * t_max + n, k : k + 1]
-                        rows = pl.mgather(y, picked, coalesce="row", gather_oob="zero")
-                        weight = weights_in[src * t_max : src * t_max + n, k : k + 1]
-                        total = pl.add(total, pl.row_expand_mul(pl.cast(rows, pl.FP32), weight))
+                    total = weighted_routes(y, rows_in[src * t_max : src * t_max + n, :],
+                                            weights_in[src * t_max : src * t_max + n, :], n, hidden)
                     pld.tile.remote_store(pl.cast(total, dtype), target=back_in, peer=src, offsets=[me * t_max, 0])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, COMBINE_SIGNAL], value=1,
@@ -255,14 +201,42 @@ def combine_kernel(layout: Layout):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COMBINE_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            total = pl.full([t_dim, hidden], dtype=pl.FP32, value=0.0)
-            zeros = pl.full([t_dim, hidden], dtype=pl.FP32, value=0.0)
-            for d in pl.range(world):
-                goes = pl.cmps(pl.row_expand(zeros, members[:, d : d + 1]), 0.5, cmp_type=4)
-                back = pl.add(pl.cast(slots[:, d : d + 1], pl.INT32), d * t_max)
-                rows = pl.cast(pl.mgather(back_in, back, coalesce="row", gather_oob="zero"), pl.FP32)
-                total = pl.add(total, pl.sel(goes, rows, zeros))
+            starts = pl.mul(pl.cast(pl.arange(0, [1, world], dtype=pl.INT32), pl.FP32), float(t_max))   # d * T_MAX
+            total = sum_returned(back_in, slots, members, starts, t_dim, hidden, world)
             out[:, :] = pl.cast(total, dtype)
         return out
 
     return moe_combine
+
+
+def _window(shape: list[int], dtype) -> torch.Tensor:
+    return pld.window(pld.alloc_window_buffer(shape, dtype=dtype), shape, dtype=dtype)
+
+
+class WindowTransport:
+    """How MoEBuffer's rows cross on a communicator with symmetric windows (shm): the windows above, allocated
+    once (COLLECTIVE: every rank, in the same order), and the epoch that numbers the calls."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        world, lanes, k, hidden = layout.world, layout.lanes, layout.top_k, layout.hidden
+        self._counts_in = _window([world, layout.num_experts + world], pl.INT32)
+        self._tokens_in = _window([lanes, hidden], layout.pl_dtype)
+        self._rows_in = _window([lanes, k], pl.INT32)
+        self._weights_in = _window([lanes, k], pl.FP32)
+        self._back_in = _window([lanes, hidden], layout.pl_dtype)
+        self._signals = _window([world, SIGNALS], pl.INT32)
+        self._epoch = torch.zeros(1, 1, dtype=torch.int32)
+
+    def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
+        dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self._epoch, route_pos, slots, members, recv_rows,
+                                     recv_counts, self._counts_in, self._tokens_in, self._rows_in, self._weights_in,
+                                     self._signals)
+
+    def combine(self, y, slots, members, out) -> None:
+        combine_kernel(self.layout)(y, self._epoch, slots, members, out, self._counts_in, self._rows_in,
+                                    self._weights_in, self._back_in, self._signals)
+
+    def sent_rows(self, rank: int) -> list[int]:
+        """Token rows `rank`'s latest dispatch sent to each rank."""
+        return self._counts_in[rank, self.layout.num_experts:].tolist()
