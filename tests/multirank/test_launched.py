@@ -37,14 +37,14 @@ def _segments() -> set[str]:
         return set()
 
 
-def launch(nproc: int, prog: str, *flags: str, env: dict | None = None, limit_s: float = 120) -> Job:
-    """`pypto-launch --nproc N flags... prog` with a fresh job id; checks the job left no shared memory."""
+def launch(nproc: int, prog: str, *flags: str, args: tuple = (), env: dict | None = None, limit_s: float = 120) -> Job:
+    """`pypto-launch --nproc N flags... prog args...` with a fresh job id; checks the job left no shared memory."""
     job_id = "mr" + uuid.uuid4().hex[:12]
     full_env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
     full_env.update(env or {})
     before = _segments()
     start = time.monotonic()
-    proc = subprocess.run([LAUNCH, "--nproc", str(nproc), "--job-id", job_id, *flags, prog], capture_output=True,
+    proc = subprocess.run([LAUNCH, "--nproc", str(nproc), "--job-id", job_id, *flags, prog, *args], capture_output=True,
                           text=True, env=full_env, timeout=limit_s)
     seconds = time.monotonic() - start
     left = sorted(n for n in _segments() - before if n.startswith(f"pypto-{job_id}"))
