@@ -1,15 +1,22 @@
-"""`MoEBuffer`: expert-parallel dispatch and combine for one MoE layer shape, on the job's symmetric windows.
+"""`MoEBuffer`: expert-parallel dispatch and combine for one MoE layer shape, across the ranks of a launched job.
 
     buf = MoEBuffer(cfg)                                   # collective: every rank, in the same order
     recv = buf.dispatch(x, topk_idx, topk_weights)         # x [T, H], T <= max_tokens_per_rank, any T per rank
     y = experts(recv.x, recv.counts)                       # recv.x [E_local, world * T_MAX, H]
     out = buf.combine(y, recv.handle)                      # [T, H] = sum_k w[t, k] * y[route (t, k)]
 
-The kernels and their protocol are in `dispatch.py`. What this layer adds: the windows and persistent tensors
-(allocated once; calls only reuse them, so a serving loop's steps replay), argument checks that run before any
-communication (an error names the rank and the argument; a bad call on one rank would otherwise leave its
-peers waiting until the timeout report), and the order rules: dispatch and combine alternate, and a handle
-serves only the combine of its own dispatch.
+The kernels and their protocol are in `dispatch.py`. The transport is picked once, at construction, from the
+job's communicator: symmetric windows on `shm` (`dispatch.WindowTransport`), collectives on the torch
+communicator (`--comm gloo`, nccl, hccl; `dispatch_collective.CollectiveTransport`), with the same results. On
+the torch communicator a call is not host-sync free: all_to_all_v takes its split sizes as host lists (as gloo's
+and NCCL's all_to_all_single do), so each call reads the row counts into the host, and runs that communicate
+this way do not replay.
+
+What this layer adds: the transport's buffers and persistent tensors (allocated once; calls only reuse them, so
+on windows a serving loop's steps replay), argument checks that run before any communication (an error names
+the rank and the argument; a bad call on one rank would otherwise leave its peers waiting until the timeout
+report), and the order rules: dispatch and combine alternate, and a handle serves only the combine of its own
+dispatch.
 
 `recv.x` and `recv.counts` are the buffer's own tensors: valid until the next dispatch. Rows past
 `recv.counts[e]` in expert e's block are unspecified.
@@ -20,13 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-import pypto.language as pl
 import pypto.language.distributed as pld
+from pypto_rt.collective import process
+from pypto_rt.collective.torch_backend import TORCH_BACKENDS
 from pypto_rt.kernels.moe.config import MoEConfig
-from pypto_rt.kernels.moe.dispatch import SIGNALS, Layout, combine_kernel, dispatch_kernel
+from pypto_rt.kernels.moe.dispatch import Layout, WindowTransport
+from pypto_rt.kernels.moe.dispatch_collective import CollectiveTransport
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError
-
-_PL = {torch.int32: pl.INT32, torch.float32: pl.FP32, torch.bfloat16: pl.BF16, torch.float16: pl.FP16}
 
 
 @dataclass(frozen=True)
@@ -44,9 +51,12 @@ class DispatchResult:
     handle: DispatchHandle
 
 
-def _window(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    buf = pld.alloc_window_buffer(shape, dtype=_PL[dtype])
-    return pld.window(buf, shape, dtype=_PL[dtype])
+def _transport(layout: Layout, rank: int):
+    """COLLECTIVE (the job's communicator starts here): collectives on a torch.distributed communicator (gloo /
+    nccl / hccl, which has no windows), else symmetric windows (shm)."""
+    if process.launched() and process.communicator("MoEBuffer").backend in TORCH_BACKENDS:
+        return CollectiveTransport(layout, rank)
+    return WindowTransport(layout)
 
 
 class MoEBuffer:
@@ -65,16 +75,7 @@ class MoEBuffer:
         self.layout = layout = Layout(world, cfg.num_experts, cfg.top_k, cfg.max_tokens_per_rank, cfg.hidden,
                                       cfg.dtype)
         lanes, t_max, k = layout.lanes, layout.max_tokens, layout.top_k
-        self._counts_in = _window([world, cfg.num_experts + world], torch.int32)
-        self._tokens_in = _window([lanes, cfg.hidden], cfg.dtype)
-        self._rows_in = _window([lanes, k], torch.int32)
-        self._weights_in = _window([lanes, k], torch.float32)
-        self._back_in = _window([lanes, cfg.hidden], cfg.dtype)
-        self._signals = _window([world, SIGNALS], torch.int32)
-        self._epoch = torch.zeros(1, 1, dtype=torch.int32)
-        self._send_x = torch.zeros(lanes + 1, cfg.hidden, dtype=cfg.dtype)     # staged by destination (+ a spill row)
-        self._send_rows = torch.zeros(lanes + 1, k, dtype=torch.int32)
-        self._send_weights = torch.zeros(lanes + 1, k, dtype=torch.float32)
+        self.transport = _transport(layout, self.rank)   # WindowTransport or CollectiveTransport
         self._recv_rows = torch.zeros(layout.local_experts * lanes + 1, cfg.hidden, dtype=cfg.dtype)
         self._recv_counts = torch.zeros(1, layout.local_experts, dtype=torch.int32)
         self._no_addend = torch.zeros(t_max, cfg.hidden, dtype=cfg.dtype)
@@ -101,11 +102,8 @@ class MoEBuffer:
         tokens = self._check_tokens(x, topk_idx, topk_weights)
         idx = topk_idx.to(torch.int32).contiguous()
         weights = topk_weights.to(torch.float32).contiguous()
-        kernel = dispatch_kernel(self.layout)
-        kernel(x.contiguous(), idx, weights, self._epoch, self._route_pos[:tokens], self._slots[:tokens],
-               self._members[:tokens], self._send_x, self._send_rows, self._send_weights, self._recv_rows,
-               self._recv_counts, self._counts_in, self._tokens_in,
-               self._rows_in, self._weights_in, self._signals)
+        self.transport.dispatch(x.contiguous(), idx, weights, self._route_pos[:tokens], self._slots[:tokens],
+                                 self._members[:tokens], self._recv_rows, self._recv_counts)
         self._calls += 1
         self._open = handle = DispatchHandle(self._calls, tokens)
         layout = self.layout
@@ -139,18 +137,15 @@ class MoEBuffer:
             add = self._no_addend[:tokens]
         elif list(add.shape) != [tokens, cfg.hidden] or add.dtype != cfg.dtype:
             raise self._error("combine", f"add must be {cfg.dtype} [{tokens}, {cfg.hidden}], got {_describe(add)}")
-        kernel = combine_kernel(layout)
-        kernel(y.reshape(layout.local_experts * layout.lanes, cfg.hidden), self._epoch, self._slots[:tokens],
-               self._members[:tokens], add.contiguous(), out, self._counts_in, self._rows_in, self._weights_in, self._back_in,
-               self._signals)
+        self.transport.combine(y.reshape(layout.local_experts * layout.lanes, cfg.hidden), self._slots[:tokens],
+                                self._members[:tokens], add.contiguous(), out)
         self._open = None
         return out
 
     def sent_rows(self) -> list[int]:
         """Token rows this rank's latest dispatch sent to each rank (one per token and destination rank; the
         combine sends as many back). Reads the buffer's counts: call it for statistics, not in the hot loop."""
-        n_experts = self.cfg.num_experts
-        return self._counts_in[self.rank, n_experts:].tolist()
+        return self.transport.sent_rows(self.rank)
 
     # ------------------------------------------------------------------------------------------- checks
     def _check_tokens(self, x, topk_idx, topk_weights) -> int:

@@ -7,9 +7,9 @@ everywhere:
     counts_in  [W, E + W] INT32   row s: what rank s routes, per global expert (E) and per destination rank
                                   (W: how many of its tokens it sends there); the counts travel first
     tokens_in  [LANES, H]         the tokens sent here, each once, packed from row 0 in source-rank order
-    rows_in    [LANES, K]         INT32, per token and route slot: its row in this rank's receive layout (local
-                                  expert * LANES + offset), or -1 when that route is on another rank
-    weights_in [LANES, K]         FP32, the route's combine weight (0 where rows_in is -1)
+    meta_in    [LANES, 2K]        FP32, per token: per route slot its row in this rank's receive layout (local
+                                  expert * LANES + offset; -1 when that route is on another rank), then the
+                                  slot's combine weight (0 there)
     back_in    [LANES, H]         rows d * T_MAX + slot: rank d's weighted sums for this rank's tokens (combine)
     signals    [W, 3] INT32       column 0 counts, 1 payload, 2 combine; row s counts rank s's notifications
 
@@ -49,6 +49,8 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
+from pypto_rt.kernels.moe.dispatch_parts import (expand_arrived, lower_ranks_take, prefix_matrix, route_layout,
+                                                 route_rows, stage_by_destination, sum_returned, weighted_sums)
 
 T_DYN = pl.dynamic("T_DYN")
 COUNTS_SIGNAL, PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1, 2
@@ -79,51 +81,9 @@ class Layout:
         return {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}[self.dtype]
 
 
-@pl.jit.inline
-def _prefix_matrix(t_dim):
-    """[T, T] FP32 with 1 where column < row: `matmul(prefix, m)` counts, per row, the ones above it in m."""
-    rows = pl.row_expand(pl.full([t_dim, t_dim], dtype=pl.INT32, value=0),
-                         pl.reshape(pl.arange(0, [1, t_dim], dtype=pl.INT32), [t_dim, 1]))
-    cols = pl.col_expand(pl.full([t_dim, t_dim], dtype=pl.INT32, value=0), pl.arange(0, [1, t_dim], dtype=pl.INT32))
-    return pl.sel(pl.cmp(cols, rows, cmp_type=2), pl.full([t_dim, t_dim], dtype=pl.FP32, value=1.0),
-                  pl.full([t_dim, t_dim], dtype=pl.FP32, value=0.0))
-
-
-@pl.jit.inline
-def _repeat_rows(n, times):
-    """[n * times, 1] INT32: row i * times + j holds i."""
-    rows = pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1])
-    return pl.reshape(pl.row_expand(pl.full([n, times], dtype=pl.INT32, value=0), rows), [n * times, 1])
-
-
-@pl.jit.inline
-def _cycle_rows(n, times):
-    """[n * times, 1] INT32: row i * times + j holds j."""
-    cols = pl.arange(0, [1, times], dtype=pl.INT32)
-    return pl.reshape(pl.col_expand(pl.full([n, times], dtype=pl.INT32, value=0), cols), [n * times, 1])
-
-
-@pl.jit.inline
-def _rank_blocks(n_experts, world, e_local):
-    """[E, W] FP32 with 1 where expert e lives on rank d (d * e_local <= e < (d + 1) * e_local)."""
-    experts = pl.row_expand(pl.full([n_experts, world], dtype=pl.INT32, value=0),
-                            pl.reshape(pl.arange(0, [1, n_experts], dtype=pl.INT32), [n_experts, 1]))
-    first = pl.col_expand(pl.full([n_experts, world], dtype=pl.INT32, value=0),
-                          pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), e_local))
-    inside = pl.and_(pl.cmp(experts, first, cmp_type=5), pl.cmp(experts, pl.adds(first, e_local), cmp_type=2))
-    return pl.sel(inside, pl.full([n_experts, world], dtype=pl.FP32, value=1.0),
-                  pl.full([n_experts, world], dtype=pl.FP32, value=0.0))
-
-
-@pl.jit.inline
-def _k_major(block, n, top_k):
-    """[n, K] -> [K * n, 1]: row k * n + j holds block[j, k] (so a [K * n, H] gather sums over k as K blocks)."""
-    return pl.reshape(pl.transpose(block, 0, 1), [top_k * n, 1])
-
-
 @functools.lru_cache(maxsize=None)
 def dispatch_kernel(layout: Layout):
-    """The compiled-once dispatch for one Layout."""
+    """The compiled-once window dispatch for one Layout."""
     world, n_experts, top_k, t_max, hidden = (layout.world, layout.num_experts, layout.top_k, layout.max_tokens,
                                               layout.hidden)
     e_local, lanes, dtype = layout.local_experts, layout.lanes, layout.pl_dtype
@@ -139,14 +99,12 @@ def dispatch_kernel(layout: Layout):
         slots: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
         members: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
         send_x: pl.InOut[pl.Tensor[[lanes + 1, hidden], dtype]],
-        send_rows: pl.InOut[pl.Tensor[[lanes + 1, top_k], pl.INT32]],
-        send_weights: pl.InOut[pl.Tensor[[lanes + 1, top_k], pl.FP32]],
+        send_meta: pl.InOut[pl.Tensor[[lanes + 1, 2 * top_k], pl.FP32]],
         recv_rows: pl.InOut[pl.Tensor[[e_local * lanes + 1, hidden], dtype]],
         recv_counts: pl.InOut[pl.Tensor[[1, e_local], pl.INT32]],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         tokens_in: pld.DistributedTensor[[lanes, hidden], dtype],
-        rows_in: pld.DistributedTensor[[lanes, top_k], pl.INT32],
-        weights_in: pld.DistributedTensor[[lanes, top_k], pl.FP32],
+        meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
         signals: pld.DistributedTensor[[world, SIGNALS], pl.INT32],
     ):
         x.bind_dynamic(0, T_DYN)
@@ -160,18 +118,7 @@ def dispatch_kernel(layout: Layout):
             me = pld.rank(pld.get_comm_ctx(signals))
             now = pl.read(epoch, [0, 0]) + 1
             pl.write(epoch, [0, 0], now)
-            routed = pl.scatter(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), dim=-1, index=topk_idx,
-                                src=pl.full([t_dim, top_k], dtype=pl.FP32, value=1.0))     # [T, E] 0/1
-            prefix = _prefix_matrix(t_dim)
-            # a route's rank among this rank's rows for its expert (a token's top-k experts are distinct)
-            route_pos[:, :] = pl.gather(pl.matmul(prefix, routed), dim=-1, index=topk_idx)
-            goes = pl.mins(pl.matmul(routed, _rank_blocks(n_experts, world, e_local)), 1.0)   # [T, W] 0/1
-            members[:, :] = goes
-            slots[:, :] = pl.matmul(prefix, goes)
-            counts = pl.full([1, n_counts], dtype=pl.FP32, value=0.0)
-            counts[:, 0:n_experts] = pl.col_sum(routed)
-            counts[:, n_experts:n_counts] = pl.col_sum(goes)
-            count_row = pl.cast(counts, pl.INT32)
+            count_row = route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local, top_k)
             for peer in pl.range(world):
                 pld.tile.remote_store(count_row, target=counts_in, peer=peer, offsets=[me, 0])
                 pld.system.notify(signals, peer=peer, offsets=[me, COUNTS_SIGNAL], value=1,
@@ -182,35 +129,11 @@ def dispatch_kernel(layout: Layout):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COUNTS_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            lower = pl.cmps(pl.arange(0, [1, world], dtype=pl.INT32), me, cmp_type=2)
-            before = pl.sel(lower, pl.full([1, world], dtype=pl.FP32, value=1.0),
-                            pl.full([1, world], dtype=pl.FP32, value=0.0))
-            # what lower ranks take: rows of each expert [:, :E], token rows in each destination [:, E:]
-            taken = pl.matmul(before, pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32))
-            experts = pl.arange(0, [1, n_experts], dtype=pl.INT32)
-            local = pl.cast(pl.muls(pl.rems(experts, e_local), lanes), pl.FP32)
-            base = pl.add(taken[:, 0:n_experts], local)
-            row_ids = pl.cast(pl.add(pl.gather(pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0),
-                                                             base), dim=-1, index=topk_idx), route_pos), pl.INT32)
-            # one send row per (token, destination rank), row t * W + d; its routes that are on rank d
-            pair_token = _repeat_rows(t_dim, world)
-            pair_rank = _cycle_rows(t_dim, world)
-            pair_experts = pl.mgather(topk_idx, pair_token, coalesce="row")
-            first = pl.row_expand(pair_experts, pl.muls(pair_rank, e_local))
-            there = pl.and_(pl.cmp(pair_experts, first, cmp_type=5),
-                            pl.cmp(pair_experts, pl.adds(first, e_local), cmp_type=2))
-            pairs = t_dim * world
-            rows_there = pl.sel(there, pl.mgather(row_ids, pair_token, coalesce="row"),
-                                pl.full([pairs, top_k], dtype=pl.INT32, value=-1))
-            weights_there = pl.sel(there, pl.mgather(topk_weights, pair_token, coalesce="row"),
-                                   pl.full([pairs, top_k], dtype=pl.FP32, value=0.0))
-            # staged by destination: rank d's rows at d * T_MAX + slot; pairs that do not go land past them
-            staged = pl.add(pl.reshape(pl.cast(slots, pl.INT32), [pairs, 1]), pl.muls(pair_rank, t_max))
-            goes = pl.cmps(pl.reshape(members, [pairs, 1]), 0.5, cmp_type=4)
-            staged = pl.sel(goes, staged, pl.full([pairs, 1], dtype=pl.INT32, value=lanes))
-            send_x = pl.scatter_update(send_x, 0, staged, pl.mgather(x, pair_token, coalesce="row"))
-            send_rows = pl.scatter_update(send_rows, 0, staged, rows_there)
-            send_weights = pl.scatter_update(send_weights, 0, staged, weights_there)
+            taken = lower_ranks_take(pl.load(counts_in, [0, 0], [world, n_counts]), me, world)
+            row_ids = route_rows(taken, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
+            by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
+            send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
+                                                     send_x, send_meta, t_dim, world, e_local, top_k, lanes)
             at = pl.cast(taken, pl.INT32)
             for d in pl.range(world):
                 n = pl.read(counts_in, [me, n_experts + d])
@@ -218,9 +141,7 @@ def dispatch_kernel(layout: Layout):
                     row = pl.read(at, [0, n_experts + d])    # after the token rows of lower ranks
                     pld.tile.remote_store(send_x[d * t_max : d * t_max + n, :], target=tokens_in, peer=d,
                                           offsets=[row, 0])
-                    pld.tile.remote_store(send_rows[d * t_max : d * t_max + n, :], target=rows_in, peer=d,
-                                          offsets=[row, 0])
-                    pld.tile.remote_store(send_weights[d * t_max : d * t_max + n, :], target=weights_in, peer=d,
+                    pld.tile.remote_store(send_meta[d * t_max : d * t_max + n, :], target=meta_in, peer=d,
                                           offsets=[row, 0])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, PAYLOAD_SIGNAL], value=1,
@@ -235,14 +156,7 @@ def dispatch_kernel(layout: Layout):
             recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32)
             n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32), [0, 0])
             if n > 0:
-                # every arrived token once per route slot (row j * K + k); slots on other ranks (-1) land past
-                # the layout
-                routes = n * top_k
-                targets = pl.reshape(rows_in[0:n, :], [routes, 1])
-                targets = pl.sel(pl.cmps(targets, 0, cmp_type=5), targets,
-                                 pl.full([routes, 1], dtype=pl.INT32, value=e_local * lanes))
-                copies = pl.mgather(tokens_in, _repeat_rows(n, top_k), coalesce="row")
-                recv_rows = pl.scatter_update(recv_rows, 0, targets, copies)
+                recv_rows = expand_arrived(recv_rows, tokens_in, meta_in, n, top_k, e_local * lanes)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -250,7 +164,7 @@ def dispatch_kernel(layout: Layout):
 
 @functools.lru_cache(maxsize=None)
 def combine_kernel(layout: Layout):
-    """The compiled-once combine for one Layout."""
+    """The compiled-once window combine for one Layout."""
     world, n_experts, top_k, t_max, hidden = (layout.world, layout.num_experts, layout.top_k, layout.max_tokens,
                                               layout.hidden)
     e_local, lanes, dtype = layout.local_experts, layout.lanes, layout.pl_dtype
@@ -265,8 +179,7 @@ def combine_kernel(layout: Layout):
         addend: pl.Tensor[[T_DYN, hidden], dtype],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
-        rows_in: pld.DistributedTensor[[lanes, top_k], pl.INT32],
-        weights_in: pld.DistributedTensor[[lanes, top_k], pl.FP32],
+        meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
         back_in: pld.DistributedTensor[[lanes, hidden], dtype],
         signals: pld.DistributedTensor[[world, SIGNALS], pl.INT32],
     ):
@@ -280,14 +193,8 @@ def combine_kernel(layout: Layout):
             arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32)
             n = pl.read(pl.cast(pl.col_sum(arrived), pl.INT32), [0, 0])
             if n > 0:
-                # per arrived token: the sum of its routes' expert rows on this rank times their weights (a route
-                # on another rank, -1, gathers zeros); one row per token goes back to its rank
-                rows = pl.cast(pl.mgather(y, _k_major(rows_in[0:n, :], n, top_k), coalesce="row",
-                                          gather_oob="zero"), pl.FP32)
-                weighted = pl.row_expand_mul(rows, _k_major(weights_in[0:n, :], n, top_k))
-                sums = pl.cast(pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, n * hidden])), [n, hidden]),
-                               dtype, mode="rint")
-                starts = pl.cast(pl.matmul(_prefix_matrix(world), arrived), pl.INT32)   # [W, 1] first row per source
+                sums = pl.cast(weighted_sums(y, meta_in, n, top_k, hidden), dtype, mode="rint")
+                starts = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32)   # [W, 1] first row per source
                 for src in pl.range(world):
                     count = pl.read(counts_in, [src, n_experts + me])
                     if count > 0:
@@ -302,16 +209,47 @@ def combine_kernel(layout: Layout):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COMBINE_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            # token t's row from rank d is row d * T_MAX + its slot there; ranks it did not go to gather zeros
-            back = pl.add(pl.cast(slots, pl.INT32), pl.col_expand(pl.full([t_dim, world], dtype=pl.INT32, value=0),
-                                                                  pl.muls(pl.arange(0, [1, world], dtype=pl.INT32),
-                                                                          t_max)))
-            back = pl.sel(pl.cmps(members, 0.5, cmp_type=4), back,
-                          pl.full([t_dim, world], dtype=pl.INT32, value=-1))
-            rows = pl.cast(pl.mgather(back_in, _k_major(back, t_dim, world), coalesce="row", gather_oob="zero"),
-                           pl.FP32)
-            total = pl.reshape(pl.col_sum(pl.reshape(rows, [world, t_dim * hidden])), [t_dim, hidden])
+            by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)
+            total = sum_returned(back_in, slots, members, by_rank, t_dim, hidden, world)
             out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
         return out
 
     return moe_combine
+
+
+def _window(shape: list[int], dtype):
+    return pld.window(pld.alloc_window_buffer(shape, dtype=dtype), shape, dtype=dtype)
+
+
+class WindowTransport:
+    """How MoEBuffer's rows cross on a communicator with symmetric windows (shm): the windows above, allocated
+    once (COLLECTIVE: every rank, in the same order), the send staging and the epoch that numbers the calls."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        world, lanes, k, hidden = layout.world, layout.lanes, layout.top_k, layout.hidden
+        self._counts_in = _window([world, layout.num_experts + world], pl.INT32)
+        self._tokens_in = _window([lanes, hidden], layout.pl_dtype)
+        self._meta_in = _window([lanes, 2 * k], pl.FP32)
+        self._back_in = _window([lanes, hidden], layout.pl_dtype)
+        self._signals = _window([world, SIGNALS], pl.INT32)
+        self._epoch = torch.zeros(1, 1, dtype=torch.int32)
+        self._send_x = torch.zeros(lanes + 1, hidden, dtype=layout.dtype)     # staged by destination + a spill row
+        self._send_meta = torch.zeros(lanes + 1, 2 * k, dtype=torch.float32)
+
+    def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
+        dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self._epoch, route_pos, slots, members, self._send_x,
+                                     self._send_meta, recv_rows, recv_counts, self._counts_in, self._tokens_in,
+                                     self._meta_in, self._signals)
+
+    def combine(self, y, slots, members, addend, out) -> None:
+        combine_kernel(self.layout)(y, self._epoch, slots, members, addend, out, self._counts_in, self._meta_in,
+                                    self._back_in, self._signals)
+
+    def sent_rows(self, rank: int) -> list[int]:
+        """Token rows `rank`'s latest dispatch sent to each rank."""
+        return self._counts_in[rank, self.layout.num_experts:].tolist()
+
+    def signals_untouched(self) -> bool:
+        """No call has signalled this rank yet (a check for tests: a refused call sends nothing)."""
+        return not self._signals.any() and int(self._epoch) == 0

@@ -13,7 +13,8 @@ rank's window). Semantics:
 - `tensor.put(dst=, peer=, src=, dst_offsets=, src_offsets=, shape=, atomic=)`: local `src[src_offsets : +shape]`
   into peer's window `dst` at `dst_offsets`; `tensor.get(dst=, peer=, src=, ...)`: peer's window `src` region
   into the local `dst` (chunking/pipelining hints are accepted and ignored);
-- collectives, in place on torch or window tensors, on the process communicator: `allreduce(data, op=)`,
+- collectives, in place on torch or window tensors, on the process communicator (they and `tensor.get` declare
+  the tensor they write, `writes=`, so a later region reading it waits for them): `allreduce(data, op=)`,
   `allgather(out, inp)`, `reduce_scatter(out, inp, op=)`, `all_to_all(out, inp)`,
   `all_to_all_v(out, inp, send_counts, recv_counts)`, `broadcast(data, root=)`, `barrier()`; a `signal=`
   window, as the real collectives take, is accepted and not needed.
@@ -159,7 +160,7 @@ def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=N
     _store(buf, _peer("tensor.put", buf, peer), view, values, _is_add(atomic))
 
 
-@op("pld.tensor.get")
+@op("pld.tensor.get", writes="dst")
 def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, **_hints):
     buf, _ = _window("tensor.get", src, "src")
     view = _box("tensor.get", _tensor(src), src_offsets or [0] * _tensor(src).dim(), shape, "src")
@@ -183,31 +184,31 @@ def _comm(name: str):
     return process.communicator(f"pld.{name}")
 
 
-@op("pld.allreduce")
+@op("pld.allreduce", writes="data")
 def allreduce(data, signal=None, op=ReduceOp.Sum, **_hints):
     _comm("allreduce").allreduce(_tensor(data), _reduce(op), label=process.current_label())
     return data
 
 
-@op("pld.allgather")
+@op("pld.allgather", writes="out")
 def allgather(out, inp, signal=None, **_hints):
     _comm("allgather").allgather(_tensor(out), _tensor(inp), label=process.current_label())
     return out
 
 
-@op("pld.reduce_scatter")
+@op("pld.reduce_scatter", writes="out")
 def reduce_scatter(out, inp, signal=None, op=ReduceOp.Sum, **_hints):
     _comm("reduce_scatter").reduce_scatter(_tensor(out), _tensor(inp), _reduce(op), label=process.current_label())
     return out
 
 
-@op("pld.all_to_all")
+@op("pld.all_to_all", writes="out")
 def all_to_all(out, inp, signal=None, **_hints):
     _comm("all_to_all").all_to_all(_tensor(out), _tensor(inp), label=process.current_label())
     return out
 
 
-@op("pld.all_to_all_v")
+@op("pld.all_to_all_v", writes="out")
 def all_to_all_v(out, inp, send_counts, recv_counts, signal=None, **_hints):
     counts = [[int(c) for c in _tensor(x).reshape(-1).tolist()] if hasattr(_tensor(x), "tolist") else list(x)
               for x in (send_counts, recv_counts)]
@@ -216,7 +217,7 @@ def all_to_all_v(out, inp, send_counts, recv_counts, signal=None, **_hints):
     return out
 
 
-@op("pld.broadcast")
+@op("pld.broadcast", writes="data")
 def broadcast(data, signal=None, root=0, **_hints):
     _comm("broadcast").broadcast(_tensor(data), int(root), label=process.current_label())
     return data

@@ -3,7 +3,7 @@ parsing, analysis and code generation.
 
 Key: the function's own compiled bytecode (it changes with any edit of its source, line numbers
 included), its file and qualified name, the knobs that change generated code, the Python version and
-the compiler's own sources (sizes and modification times). An entry holds the marshalled code object
+the sources of the compiler and of the op library it reads (sizes and modification times). An entry holds the marshalled code object
 of every generated factory and the plain data the runtime reads (names, spans, parameters, access
 modes). A stale or foreign entry is a miss. Where entries live and whom they trust: pypto_rt.disk_cache.
 """
@@ -28,7 +28,8 @@ from pypto_rt.ops import OPS
 
 _FORMAT = 6   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired;
               # 5: accesses say which are atomic adds; 6: entries carry their compile's style warnings
-_COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration", "replay")
+# the compiler's packages, and the op library whose declared facts (OpDef: writes, shapes) it compiles from
+_COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration", "replay", "ops")
 _compiler_stamp: str | None = None
 
 

@@ -8,12 +8,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import pypto.language as pl
+import pypto.language.distributed as pld
 from pypto_rt.collective import create_communicator, process
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.language.enums import NotifyOp, WaitCmp
 from pypto_rt.ops import OPS
 from pypto_rt.ops.value import TensorValue
+from pypto_rt.orchestration.program import host_program
 
 
 @pytest.fixture
@@ -84,3 +87,44 @@ def test_misused_ops_say_which_op_and_what_is_wrong(window):
         OPS["pld.tile.remote_store"](tv(torch.ones(2, 2)), tv(win), peer=0, offsets=[3, 3])
     with pytest.raises(OpError, match="must be INT32"):
         OPS["pld.system.notify"](tv(win), peer=0, offsets=[0, 0], value=1)
+
+
+N = 4
+
+
+@pl.jit
+def collectives_then_reads(
+    x: pl.Tensor[[N, N], pl.FP32],
+    data: pl.InOut[pl.Tensor[[N, N], pl.FP32]],
+    gathered: pl.InOut[pl.Tensor[[1, N, N], pl.FP32]],
+    part: pl.InOut[pl.Tensor[[N, N], pl.FP32]],
+    swapped: pl.InOut[pl.Tensor[[N, N], pl.FP32]],
+    rows: pl.InOut[pl.Tensor[[N, N], pl.FP32]],
+    fetched: pl.InOut[pl.Tensor[[N, N], pl.FP32]],
+    y: pl.Out[pl.Tensor[[N, N], pl.FP32]],
+    win: pld.DistributedTensor[[N, N], pl.FP32],
+):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="reduce"):
+        pld.allreduce(data)
+        pld.broadcast(data, root=0)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="gather"):
+        pld.allgather(gathered, x)
+        pld.reduce_scatter(part, x)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="exchange"):
+        pld.all_to_all(swapped, x)
+        pld.all_to_all_v(rows, x, send_counts=[N], recv_counts=[N])
+        pld.tensor.get(dst=fetched, peer=0, src=win, shape=[N, N])
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="use"):   # reads what the collectives wrote: RAW edges
+        y = pl.store(pl.add(pl.load(rows, [0, 0], [N, N]), pl.load(fetched, [0, 0], [N, N])), [0, 0], y)
+    return y
+
+
+def test_collectives_and_get_write_their_output_tensor_so_later_regions_wait_for_them():
+    # a region's access plan decides the task graph's edges: were a collective's output only read, a later
+    # region reading it (MoE's receive after its all_to_all_v) would not wait for the collective
+    plans = {k.ir.display: {(a.param, a.mode) for a in k.ir.accesses} for k in host_program(collectives_then_reads)
+             .kernels}
+    assert {("data", "w")} <= plans["reduce"]
+    assert {("gathered", "w"), ("part", "w")} <= plans["gather"]
+    assert {("swapped", "w"), ("rows", "w"), ("fetched", "w")} <= plans["exchange"]
+    assert {("x", "r")} <= plans["gather"] and ("x", "w") not in plans["gather"] | plans["exchange"]

@@ -44,30 +44,28 @@ def moe_round_trip(
     slots: pl.Tensor[[N, T, N], pl.FP32],
     members: pl.Tensor[[N, T, N], pl.FP32],
     send_x: pl.Tensor[[N, LANES + 1, H], pl.FP32],
-    send_rows: pl.Tensor[[N, LANES + 1, K], pl.INT32],
-    send_weights: pl.Tensor[[N, LANES + 1, K], pl.FP32],
+    send_meta: pl.Tensor[[N, LANES + 1, 2 * K], pl.FP32],
     recv_rows: pl.Tensor[[N, ROWS + 1, H], pl.FP32],
     recv_counts: pl.Tensor[[N, 1, E_LOCAL], pl.INT32],
     y: pl.Tensor[[N, ROWS, H], pl.FP32],
 ):
     counts_buf = pld.alloc_window_buffer([N, E + N], dtype=pl.INT32)
     tokens_buf = pld.alloc_window_buffer([LANES, H], dtype=pl.FP32)
-    rows_buf = pld.alloc_window_buffer([LANES, K], dtype=pl.INT32)
-    weights_buf = pld.alloc_window_buffer([LANES, K], dtype=pl.FP32)
+    meta_buf = pld.alloc_window_buffer([LANES, 2 * K], dtype=pl.FP32)
     back_buf = pld.alloc_window_buffer([LANES, H], dtype=pl.FP32)
     signals_buf = pld.alloc_window_buffer([N, SIGNALS], dtype=pl.INT32)
     for r in pl.range(pld.world_size()):
         counts_in = pld.window(counts_buf, [N, E + N], dtype=pl.INT32)
         tokens_in = pld.window(tokens_buf, [LANES, H], dtype=pl.FP32)
-        rows_in = pld.window(rows_buf, [LANES, K], dtype=pl.INT32)
-        weights_in = pld.window(weights_buf, [LANES, K], dtype=pl.FP32)
+        meta_in = pld.window(meta_buf, [LANES, 2 * K], dtype=pl.FP32)
         back_in = pld.window(back_buf, [LANES, H], dtype=pl.FP32)
         signals = pld.window(signals_buf, [N, SIGNALS], dtype=pl.INT32)
         moe_dispatch(x[r], topk_idx[r], topk_weights[r], epoch[r], route_pos[r], slots[r], members[r],
-                     send_x[r], send_rows[r], send_weights[r], recv_rows[r], recv_counts[r], counts_in, tokens_in, rows_in, weights_in, signals, device=r)
+                     send_x[r], send_meta[r], recv_rows[r], recv_counts[r], counts_in, tokens_in, meta_in, signals,
+                     device=r)
         scale_experts(recv_rows[r], y[r], r, device=r)
-        moe_combine(y[r], epoch[r], slots[r], members[r], x[r], out[r], counts_in, rows_in, weights_in, back_in,
-                    signals, device=r)
+        moe_combine(y[r], epoch[r], slots[r], members[r], x[r], out[r], counts_in, meta_in, back_in, signals,
+                    device=r)
 
 
 def routing():
@@ -90,8 +88,7 @@ specs = [
     TensorSpec("out", [N, T, H], torch.float32, is_output=True),
     scratch("epoch", [N, 1, 1], torch.int32), scratch("route_pos", [N, T, K], torch.float32),
     scratch("slots", [N, T, N], torch.float32), scratch("members", [N, T, N], torch.float32),
-    scratch("send_x", [N, LANES + 1, H], torch.float32), scratch("send_rows", [N, LANES + 1, K], torch.int32),
-    scratch("send_weights", [N, LANES + 1, K], torch.float32),
+    scratch("send_x", [N, LANES + 1, H], torch.float32), scratch("send_meta", [N, LANES + 1, 2 * K], torch.float32),
     scratch("recv_rows", [N, ROWS + 1, H], torch.float32), scratch("recv_counts", [N, 1, E_LOCAL], torch.int32),
     scratch("y", [N, ROWS, H], torch.float32),
 ]

@@ -1,0 +1,147 @@
+"""The `@pl.jit.inline` pieces of MoE dispatch and combine that both transports share (symmetric windows in
+`dispatch.py`, collectives in `dispatch_collective.py`): they differ only in how rows cross, not in what the
+rows are. Sizes as in `dispatch.py`: W ranks, E experts (E_LOCAL per rank), K routes per token, T tokens,
+LANES = W * T_MAX.
+
+The receive layout of a rank: local expert j owns rows j * LANES .., filled from row 0 in (source rank, token)
+order; a spill row past the layout takes the copies of routes that live elsewhere. A sent token row travels with
+a [1, 2K] FP32 meta row: per route slot its row in the destination's layout (-1: the route lives elsewhere; rows
+below 2^24 are exact in FP32), then the slot's weight (0 there).
+"""
+import pypto.language as pl
+
+
+@pl.jit.inline
+def prefix_matrix(n):
+    """[n, n] FP32 with 1 where column < row: `matmul(prefix, m)` counts, per row, the ones above it in m."""
+    rows = pl.row_expand(pl.full([n, n], dtype=pl.INT32, value=0),
+                         pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1]))
+    cols = pl.col_expand(pl.full([n, n], dtype=pl.INT32, value=0), pl.arange(0, [1, n], dtype=pl.INT32))
+    return pl.sel(pl.cmp(cols, rows, cmp_type=2), pl.full([n, n], dtype=pl.FP32, value=1.0),
+                  pl.full([n, n], dtype=pl.FP32, value=0.0))
+
+
+@pl.jit.inline
+def repeat_rows(n, times):
+    """[n * times, 1] INT32: row i * times + j holds i."""
+    rows = pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1])
+    return pl.reshape(pl.row_expand(pl.full([n, times], dtype=pl.INT32, value=0), rows), [n * times, 1])
+
+
+@pl.jit.inline
+def spread_row(row, n, times):
+    """[1, times] INT32 `row` -> [n * times, 1]: row i * times + j holds row[0, j]."""
+    return pl.reshape(pl.col_expand(pl.full([n, times], dtype=pl.INT32, value=0), row), [n * times, 1])
+
+
+@pl.jit.inline
+def k_major(block, n, times):
+    """[n, times] -> [times * n, 1]: row j * n + i holds block[i, j] (a [times * n, H] gather then sums over j
+    as one column sum of its [times, n * H] reshape)."""
+    return pl.reshape(pl.transpose(block, 0, 1), [times * n, 1])
+
+
+@pl.jit.inline
+def rank_blocks(n_experts, world, e_local):
+    """[E, W] FP32 with 1 where expert e lives on rank d (d * e_local <= e < (d + 1) * e_local)."""
+    experts = pl.row_expand(pl.full([n_experts, world], dtype=pl.INT32, value=0),
+                            pl.reshape(pl.arange(0, [1, n_experts], dtype=pl.INT32), [n_experts, 1]))
+    first = pl.col_expand(pl.full([n_experts, world], dtype=pl.INT32, value=0),
+                          pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), e_local))
+    inside = pl.and_(pl.cmp(experts, first, cmp_type=5), pl.cmp(experts, pl.adds(first, e_local), cmp_type=2))
+    return pl.sel(inside, pl.full([n_experts, world], dtype=pl.FP32, value=1.0),
+                  pl.full([n_experts, world], dtype=pl.FP32, value=0.0))
+
+
+@pl.jit.inline
+def route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local, top_k):
+    """This rank's routes, counted (matmuls with 0/1 matrices): route_pos [T, K] each route's rank among this
+    rank's routes to its expert, members [T, W] 1 where a token has a route on rank d, slots [T, W] its place
+    among the tokens sent to d. Returns the [1, E + W] INT32 count row: routes per global expert, then tokens
+    per destination rank."""
+    routed = pl.scatter(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), dim=-1, index=topk_idx,
+                        src=pl.full([t_dim, top_k], dtype=pl.FP32, value=1.0))      # [T, E] 0/1
+    prefix = prefix_matrix(t_dim)
+    route_pos[:, :] = pl.gather(pl.matmul(prefix, routed), dim=-1, index=topk_idx)  # top-k experts are distinct
+    goes = pl.mins(pl.matmul(routed, rank_blocks(n_experts, world, e_local)), 1.0)
+    members[:, :] = goes
+    slots[:, :] = pl.matmul(prefix, goes)
+    counts = pl.full([1, n_experts + world], dtype=pl.FP32, value=0.0)
+    counts[:, 0:n_experts] = pl.col_sum(routed)
+    counts[:, n_experts : n_experts + world] = pl.col_sum(goes)
+    return pl.cast(counts, pl.INT32)
+
+
+@pl.jit.inline
+def lower_ranks_take(all_counts, me, world):
+    """[1, E + W] FP32: the sums of the count rows of ranks below `me` (all_counts [W, E + W] INT32): where this
+    rank's rows start in each expert's receive rows, and its tokens in each destination's arrivals."""
+    below = pl.sel(pl.cmps(pl.arange(0, [1, world], dtype=pl.INT32), me, cmp_type=2),
+                   pl.full([1, world], dtype=pl.FP32, value=1.0), pl.full([1, world], dtype=pl.FP32, value=0.0))
+    return pl.matmul(below, pl.cast(all_counts, pl.FP32))
+
+
+@pl.jit.inline
+def route_rows(taken, topk_idx, route_pos, t_dim, n_experts, e_local, lanes):
+    """[T, K] FP32: each route's row in its destination's receive layout (local expert * LANES + the rows lower
+    ranks take there + the route's rank among this rank's)."""
+    local = pl.cast(pl.muls(pl.rems(pl.arange(0, [1, n_experts], dtype=pl.INT32), e_local), lanes), pl.FP32)
+    base = pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0),
+                         pl.add(taken[:, 0:n_experts], local))
+    return pl.add(pl.gather(base, dim=-1, index=topk_idx), route_pos)
+
+
+@pl.jit.inline
+def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, first_row, send_x, send_meta, t_dim,
+                         world, e_local, top_k, spill):
+    """Stage one row per (token, destination rank) in send_x, with its meta row in send_meta: destination d's
+    tokens at first_row[0, d] + their slot ([1, W] INT32), in token order; the pairs that do not go land on row
+    `spill`. Returns (send_x, send_meta)."""
+    pairs = t_dim * world
+    pair_token = repeat_rows(t_dim, world)                     # pair row t * W + d
+    pair_experts = pl.mgather(topk_idx, pair_token, coalesce="row")
+    first = pl.row_expand(pair_experts, pl.muls(spread_row(pl.arange(0, [1, world], dtype=pl.INT32), t_dim, world),
+                                                e_local))
+    there = pl.and_(pl.cmp(pair_experts, first, cmp_type=5), pl.cmp(pair_experts, pl.adds(first, e_local), cmp_type=2))
+    meta = pl.full([pairs, 2 * top_k], dtype=pl.FP32, value=0.0)
+    meta[:, 0:top_k] = pl.sel(there, pl.mgather(row_ids, pair_token, coalesce="row"),
+                              pl.full([pairs, top_k], dtype=pl.FP32, value=-1.0))
+    meta[:, top_k : 2 * top_k] = pl.sel(there, pl.mgather(topk_weights, pair_token, coalesce="row"),
+                                        pl.full([pairs, top_k], dtype=pl.FP32, value=0.0))
+    staged = pl.add(pl.reshape(pl.cast(slots, pl.INT32), [pairs, 1]), spread_row(first_row, t_dim, world))
+    staged = pl.sel(pl.cmps(pl.reshape(members, [pairs, 1]), 0.5, cmp_type=4), staged,
+                    pl.full([pairs, 1], dtype=pl.INT32, value=spill))
+    send_x = pl.scatter_update(send_x, 0, staged, pl.mgather(x, pair_token, coalesce="row"))
+    send_meta = pl.scatter_update(send_meta, 0, staged, meta)
+    return send_x, send_meta
+
+
+@pl.jit.inline
+def expand_arrived(recv_rows, tokens, meta, n, top_k, spill):
+    """Copy each of the n arrived tokens (rows 0..n of `tokens`, meta rows of `meta`) into the rows of its route
+    slots here, in one gather and one scatter (slot k of token j is row j * K + k; other ranks' slots go to row
+    `spill`). Returns recv_rows."""
+    routes = n * top_k
+    targets = pl.reshape(pl.cast(meta[0:n, 0:top_k], pl.INT32), [routes, 1])
+    targets = pl.sel(pl.cmps(targets, 0, cmp_type=5), targets, pl.full([routes, 1], dtype=pl.INT32, value=spill))
+    return pl.scatter_update(recv_rows, 0, targets, pl.mgather(tokens, repeat_rows(n, top_k), coalesce="row"))
+
+
+@pl.jit.inline
+def weighted_sums(y, meta, n, top_k, hidden):
+    """[n, H] FP32: per arrived token, the sum over its route slots of its expert row in y ([E_local * LANES, H])
+    times the slot's weight (a slot on another rank, -1, gathers zeros)."""
+    rows = pl.cast(pl.mgather(y, k_major(pl.cast(meta[0:n, 0:top_k], pl.INT32), n, top_k), coalesce="row",
+                              gather_oob="zero"), pl.FP32)
+    weighted = pl.row_expand_mul(rows, k_major(meta[0:n, top_k : 2 * top_k], n, top_k))
+    return pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, n * hidden])), [n, hidden])
+
+
+@pl.jit.inline
+def sum_returned(back, slots, members, first_row, t_dim, hidden, world):
+    """[T, H] FP32: per token, the sum of the rows the ranks of its routes sent back; rank d's rows start at
+    first_row[0, d] ([1, W] INT32) and hold its tokens in slot order."""
+    rows = pl.add(pl.cast(slots, pl.INT32), pl.col_expand(pl.full([t_dim, world], dtype=pl.INT32, value=0), first_row))
+    rows = pl.sel(pl.cmps(members, 0.5, cmp_type=4), rows, pl.full([t_dim, world], dtype=pl.INT32, value=-1))
+    back_rows = pl.cast(pl.mgather(back, k_major(rows, t_dim, world), coalesce="row", gather_oob="zero"), pl.FP32)
+    return pl.reshape(pl.col_sum(pl.reshape(back_rows, [world, t_dim * hidden])), [t_dim, hidden])

@@ -1,0 +1,42 @@
+"""MoEBuffer on the torch communicator (`pypto-launch --comm gloo`): no windows, so dispatch and combine run the
+collective transport (kernels/moe/dispatch_collective.py). The launched check program compares every rank's
+recv.counts, recv.x rows and combine output against torch over three calls with uneven T (one rank has none).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.multirank.test_launched import launch
+
+PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("routing,dtype", [("uniform", "bf16"), ("skewed", "fp32")])
+def test_dispatch_and_combine_match_torch_on_gloo(nproc, routing, dtype):
+    job = launch(nproc, os.path.join(PROGS, "dispatch_combine.py"), "--comm", "gloo", "--timeout-s", "60",
+                 args=("--routing", routing, "--dtype", dtype), limit_s=170)
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(nproc):
+        for call in range(3):
+            for check in ("recv.counts", "recv.x rows in (rank, token) order", "combine"):
+                assert f"rank {rank}/{nproc}: PASS call {call}: {check}" in job.out, job.out[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_a_bad_expert_id_on_gloo_names_the_rank_and_argument_and_ends_the_job():
+    job = launch(2, os.path.join(PROGS, "bad_expert_id.py"), "--comm", "gloo", "--timeout-s", "120", limit_s=170)
+    assert job.rc != 0
+    summary = job.err.split("pypto-launch: job", 1)[-1]
+    assert re.search(r"rank 1 failed first", summary), job.err[-3000:]
+    assert "rank 1: MoEBuffer.dispatch: topk_idx[2, 1] = 4 is not an expert id (num_experts=4: ids 0..3)" \
+        in summary, job.err[-3000:]
+    assert "bad_expert_id.py:23" in summary, job.err[-3000:]     # the caller's line, not the library's
+    assert "dispatch returned" not in job.out
+    # rank 0, already in the dispatch's allgather, learns that its peer left; it does not wait out the 120 s
+    assert "a peer left the job" in summary or "SIGTERM" in summary, job.err[-3000:]
+    assert job.seconds < 110, job.seconds
