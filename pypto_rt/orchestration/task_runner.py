@@ -19,7 +19,8 @@ needs none of this.
 A communication task (the host passes its region name as `label`) runs with that label set for its thread
 (`pypto_rt.collective.process.set_label`), so a `pld.system.wait` that times out names the region it was in; it
 always runs on a worker (never inline on the host, which must keep submitting in program order). Other tasks pay
-nothing for this.
+nothing for this. In a run recorded for replay, each block of a communication task is an `_OpaqueRun`: the
+recorder runs it as one `BlockCall` (the kernel's own run function) that the replay calls again (replay.opaque).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from time import thread_time_ns
 import torch
 
 from pypto_rt import config
+from pypto_rt.binding import Binding
 from pypto_rt.collective import process
 from pypto_rt.errors import PyptoError
 from pypto_rt.incore_compiler.compiler import BACKENDS
@@ -37,6 +39,7 @@ from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.block import run_block
 from pypto_rt.replay.kernel import KernelReplays
 from pypto_rt.replay.policy import current_policy
+from pypto_rt.replay.scalars import untraced
 
 OUTLIER = 10   # a block this many times the average is left out of a kernel's RunHistory unless the next one is too
 CHECK_TOL = config.CHECK_TOL
@@ -72,6 +75,8 @@ class TaskRunner:
             run = _CheckedRun(self, artifact, inputs, blocks, accesses)
             run.label = label
             return run
+        if label is not None and recording.recording():
+            return _OpaqueRun(self.binding, artifact, inputs, blocks, label)
         history = artifact.__dict__.setdefault("history", RunHistory())
         if label is not None:
             run = _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
@@ -211,6 +216,56 @@ class _CommRun(_Run):
             return _Run.__call__(self, block)
         finally:
             process.set_label(previous)
+
+
+class BlockCall:
+    """One block of a communication task's kernel as a plain call, `call(block, *inputs)`: what a run recorded
+    for replay runs for it and its replay calls again (replay.opaque). It runs the kernel's own run function (not
+    the traced variant the recorded run executes elsewhere), with the task's block count and its comm label set
+    for wait reports (a timeout inside a replay gives the same report)."""
+    __slots__ = ("fn", "nblocks", "label", "binding")
+
+    def __init__(self, fn, nblocks: int, label: str, binding):
+        self.fn, self.nblocks, self.label, self.binding = fn, nblocks, label, binding
+
+    def __call__(self, block: int, *inputs):
+        previous = process.current_label()
+        process.set_label(self.label)
+        try:
+            return run_block(self.binding, self.fn, inputs, block, self.nblocks)
+        finally:
+            process.set_label(previous)
+
+    def __repr__(self) -> str:
+        return f"<block of {self.label!r} ({self.nblocks} blocks)>"
+
+
+class _OpaqueRun:
+    """A communication task's block in a run recorded for replay (on the recording thread): the recorder runs it
+    as one opaque `BlockCall`, writing down its inputs as code of the replay."""
+    __slots__ = ("binding", "artifact", "inputs", "blocks", "label", "host_ok")
+
+    def __init__(self, binding, artifact, inputs: tuple, blocks: int, label: str):
+        self.binding, self.artifact, self.inputs, self.blocks, self.label = binding, artifact, inputs, blocks, label
+        self.host_ok = False
+
+    def __call__(self, block: int):
+        plain = self.artifact.plain_variant() if self.artifact.plain_variant is not None else self.artifact
+        call = BlockCall(plain.kernel.run, self.blocks, self.label, self.binding)
+        try:
+            return recording.current().opaque_block(call, self.inputs, block, self._written())
+        finally:
+            # a replay has no binding of its own: In-parameter writes warned when recorded are warned again by
+            # the entry's replay; dims are fixed by the specialisation
+            call.binding = Binding(names=[], values=[])
+
+    def _written(self) -> list[int]:
+        """Indices of the inputs the block writes (its Out/InOut accesses); all, when the plan cannot tell."""
+        try:
+            plan = self.artifact.accesses(*(untraced(v) for v in self.inputs))
+        except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: every input may be written
+            return list(range(len(self.inputs)))
+        return sorted({index for index, mode, _, _, _ in plan if mode != "r"})
 
 
 class _CheckedRun:

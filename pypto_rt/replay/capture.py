@@ -25,8 +25,13 @@ way the prologue cannot check:
 - an op whose result shape depends on data (`nonzero`, boolean-mask indexing, `unique`, ...) of an entry tensor,
   an outside tensor or chance (on data computed from constants alone, e.g. a valid-box mask, it is static);
 - an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
-  memory with an entry tensor (a view made before the run), or an op that declares itself non-replayable
-  (`pypto_rt.ops.recording.refuse`: communication, printing).
+  memory with an entry tensor (a view made before the run; a window excepted, see below), or an op that declares
+  itself non-replayable (`pypto_rt.ops.recording.refuse`: communication on the host, printing).
+Communication blocks: orchestration hands each block of a communication task to `opaque_block`, which runs it
+muted and records it as one call of its kernel (replay.opaque). Windows (views of `pld.alloc_window_buffer`,
+entry or outside tensors) are *volatile*: peers write them at any time, so a number read from one is read where
+the run read it (never in the prologue, and a guard on it refuses the recording, as for computed data), and no
+call reading one shares another's result (passes); nothing is assumed about which window views share memory.
 The op library calls torch only through its public API (no `torch.ops.aten`, no `torch._C`: those bypass the
 mode; tests/replay/test_replay.py checks). Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`)
 are not recorded: under one specialisation they give the same answers every time. Outside tensors (module
@@ -41,8 +46,9 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
+from pypto_rt.collective import process
 from pypto_rt.ops import recording
-from pypto_rt.replay import passes
+from pypto_rt.replay import opaque, passes
 from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETITEM, IN_PLACE_DUNDERS,
                                    KEY_BOUNDS, METADATA, METADATA_TYPES, RANDOM, READABLE, SCALAR_OPERANDS,
                                    SETITEM, SIMPLE, WINDOWS, Refused, storage_id, tensors_of, traced_of,
@@ -91,6 +97,8 @@ class Recorder(TorchFunctionMode):
         self.place_read = False                              # the run asked where a tensor lies in its memory
         self._int_names: set[str] = set()                    # traced numbers' names whose values are ints
         self.calls = 0                                       # torch calls in the replay (once `source` made it)
+        self.opaque_calls = 0                                # blocks recorded as one call (replay.opaque)
+        self.volatile: set[int] = set()                      # window storages: peers write them at any time
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)
@@ -101,6 +109,8 @@ class Recorder(TorchFunctionMode):
                 self.storage_of[name] = storage_id(t)
                 self._entry_of.setdefault(storage_id(t), []).append((name, t))
                 self._alive.append(t)
+                if process.window_of(t) is not None:
+                    self.volatile.add(storage_id(t))
 
     def __enter__(self):
         recording.push(self)
@@ -130,6 +140,11 @@ class Recorder(TorchFunctionMode):
         self.prologue[:0] = checks
         self.constants["_MISS"] = GUARD_MISS
 
+    def opaque_block(self, call, inputs: tuple, block: int, written) -> object:
+        """Run block `block` of a communication task as `call(block, *inputs)` and record it as one opaque call
+        (replay.opaque); `written`: the indices of the inputs it writes. Its return value."""
+        return opaque.record_block(self, call, inputs, block, written)
+
     def refuse(self, reason: str) -> None:
         if self.refused is None:
             where = users_line()
@@ -142,7 +157,8 @@ class Recorder(TorchFunctionMode):
         it touches data (a Guard, in one form: repeated checks are kept once)."""
         guard = Guard.of(left, symbol, right, outcome)
         if self._late and not self._late.isdisjoint(guard.reads):
-            self.refuse("the run's course depends on a value it read (pl.read) from data it computed")
+            self.refuse("the run's course depends on a value it read (pl.read) from data it computed or from a "
+                        "window (peers write windows at any time)")
             return
         if guard in self._guards_seen:
             return
@@ -171,7 +187,7 @@ class Recorder(TorchFunctionMode):
             self._int_names.add(symbol)
         storage = storage_id(t)
         entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
-        if entry is None or storage in self._written or id(t) in self._moving:
+        if entry is None or storage in self._written or id(t) in self._moving or storage in self.volatile:
             name = self.names[id(t)]
             line = Call((Ref(name), "[(", Sym(", ".join(code_of(i) for i in index)), ",)].item()"), [name], True,
                         out=symbol)
@@ -385,8 +401,11 @@ class Recorder(TorchFunctionMode):
         if isinstance(value, torch.Tensor):
             name = self.names.get(id(value))
             if name is None:   # made outside the run: kept by reference
-                if storage_id(value) in self._input_storages:
+                window = process.window_of(value) is not None
+                if storage_id(value) in self._input_storages and not window:   # (windows: nothing is assumed)
                     raise Refused("an outside tensor shares memory with an entry tensor")
+                if window:
+                    self.volatile.add(storage_id(value))
                 self._tainted.add(storage_id(value))
                 name = self.names[id(value)] = self._const(value, "k")
                 self.storage_of[name] = storage_id(value)

@@ -6,8 +6,8 @@ Per specialisation, an entry call goes through three phases:
 1. the first `normal_runs` calls run on the engine as usual (the first one compiles); they are timed;
 2. the next call is *recorded*: the engine runs every block on this thread (`Engine(inline=True)`, one chunk per
    coalesced loop) under a `replay.capture.Recorder`. If the recorder refuses (the run read data into Python
-   other than with a `pl.read` it can repeat, communicated, printed, warned, ...), the specialisation stays on
-   the engine for good;
+   other than with a `pl.read` it can repeat, communicated on the host, printed, warned, ...), the
+   specialisation stays on the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
    thread count. The next calls are a trial: replays alternate with timed engine runs (both warm, so neither is
    judged by a cold run), and after `trial_replays` replays the faster way is kept for good. A specialisation
@@ -23,12 +23,23 @@ before the replay touches any data: when one fails (the data takes another cours
 and after `misses` such calls a replay that misses more often than it runs is dropped. A value read from data the
 run computed is read again where it was read; if the run's course depends on it, the run is not replayed.
 
+Communicating runs: each block of a communication task (a region calling a `pld` op or taking a window) is
+recorded as one opaque call of its kernel (replay.opaque), which the replay calls again with its inputs as code:
+an epoch or a row count read with `pl.read` changes per replay, and what the block writes is data the run
+computed. Windows are volatile (peers write them at any time): numbers read from them are read where the run read
+them, never in the prologue. Each rank decides alone: one rank may replay a call while another runs it on the
+engine, and both are correct, since either way the rank's communication runs in its program order (the engine's
+comm chain, the replay's straight line) and peers meet it only through windows and signals. The trial's times
+include waits for peers on both sides, so a replay of a communicating run is dropped only when clearly slower
+(`comm_slower`); its engine runs are never judged parallel (waits are not work). A wait that times out inside a
+replay gives the usual multi-rank wait report (rank, region label, cell, values, peers).
+
 The limits are fields of the policy in force (replay.policy). Every call notes how it ran as a typed
 `run_stats.ReplayDecision` (replayed, recorded, engine, guard_miss, refused, disabled, with a reason); with
 PYPTO_STATS=1 replays, recordings, misses and a specialisation leaving replay for good print theirs as
 `pypto-rt stats [<entry>]: <kind>: <reason>`. Not replayed: runs with PYPTO_TRACE or PYPTO_CHECK (they observe
-the engine's tasks), multi-rank and communicating runs, and calls after `max_specialisations` distinct ones of the
-same entry. PYPTO_REPLAY=0 turns replay off. A replay does not see module globals reassigned after it was
+the engine's tasks), runs with `pld` ops on the host itself (outside any region), and calls after
+`max_specialisations` distinct ones of the same entry. PYPTO_REPLAY=0 turns replay off. A replay does not see module globals reassigned after it was
 recorded (the host program read them then); tensors it reads from outside (module constants) it reads by
 reference, so their current contents count.
 """
@@ -59,7 +70,7 @@ from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "calls", "guards", "hits", "misses",
-                 "warnings", "engine_turn", "parallel_runs", "replayed")
+                 "warnings", "engine_turn", "parallel_runs", "replayed", "opaque")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -75,6 +86,7 @@ class _Specialisation:
         self.engine_turn = False    # during the trial: the next call runs on the engine (timed)
         self.parallel_runs = 0      # engine runs before recording whose tasks ran side by side
         self.replayed: ReplayDecision | None = None   # what a replay notes (made once: replays are the hot path)
+        self.opaque = 0             # communication blocks the replay calls as they are (replay.opaque)
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
         return self.replay is not None and len(self.replay_ns) <= policy.trial_replays
@@ -84,7 +96,9 @@ class _Specialisation:
         if self.replay is not None:
             if self.replayed is None:
                 guarded = f", {self.guards} guards on values read from data" if self.guards else ""
-                self.replayed = ReplayDecision(REPLAYED, f"replay of {self.calls} torch calls{guarded}")
+                blocks = f" and {self.opaque} communication blocks called as they are" if self.opaque else ""
+                self.replayed = ReplayDecision(REPLAYED, f"replay of {self.calls - self.opaque} torch calls{blocks}"
+                                                         f"{guarded}")
             return self.replayed
         if self.off is not None:
             return self.off
@@ -188,7 +202,8 @@ def _normal_run(kernel, spec: _Specialisation, policy: ReplayPolicy, run_on_engi
     decision = spec.standing(policy)
     result, stats = _timed_engine_run(spec, run_on_engine)
     kernel_ns, tasks = stats.get("kernel_ns", 0), stats.get("tasks", 0)
-    if tasks > 1 and kernel_ns > policy.parallel * stats.get("wall_ns", 1) and \
+    # (a run that communicates: its tasks' time includes waits for peers, which are no work to overlap)
+    if tasks > 1 and not stats.get("communicated") and kernel_ns > policy.parallel * stats.get("wall_ns", 1) and \
             kernel_ns >= policy.long_task_ns * tasks:
         spec.parallel_runs += 1
     if spec.parallel_runs == policy.normal_runs:   # (every one: one garbage-collector pause can look parallel)
@@ -289,6 +304,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
     spec.calls = recorder.calls
     spec.guards = recorder.guards
+    spec.opaque = recorder.opaque_calls
     _dump(kernel, source)
     _decided(kernel, ReplayDecision(RECORDED, f"in {took}; from now on {spec.standing(current_policy()).reason}"),
              "")
@@ -325,8 +341,9 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bou
         spec.replay_ns.append(time.perf_counter_ns() - t0)
         spec.engine_turn = len(spec.replay_ns) <= policy.trial_replays
         timed = spec.replay_ns[1:]   # (none with a trial of no replays; no engine run with `normal_runs` 0)
+        slower = policy.comm_slower if spec.opaque else policy.slower
         if len(spec.replay_ns) > policy.trial_replays and timed and spec.engine_ns and \
-                min(timed) > policy.slower * min(spec.engine_ns):
+                min(timed) > slower * min(spec.engine_ns):
             spec.off, spec.replay = ReplayDecision(ENGINE, "the engine ran it faster"), None
     if config.STATS.get() == "1":
         _decided(kernel, decision, f" · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
