@@ -132,3 +132,95 @@ def test_a_wait_timing_out_inside_a_replay_gives_the_multi_rank_wait_report():
     wait = error["wait"]
     assert (wait["rank"], wait["label"], list(wait["cell"]), wait["expected"]) == (0, "pass_rows", [1, 0], 4), wait
     assert "pass_rows" in error["text"] and "rank 0" in error["text"], error["text"]
+
+
+@pl.jit
+def send_count(
+    meta: pl.Tensor[[1, 2], pl.INT32],           # [[epoch, count]]
+    count: pld.DistributedTensor[[1, 1], pl.INT32],
+    signal: pld.DistributedTensor[[2, 1], pl.INT32],
+):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="send_count"):
+        epoch = pl.read(meta, [0, 0])
+        pld.tile.remote_store(pl.load(meta, [0, 1], [1, 1]), target=count, peer=1, offsets=[0, 0])
+        pld.system.notify(signal, peer=1, offsets=[0, 0], value=epoch, op=pld.NotifyOp.Set)
+        pld.system.wait(signal=signal, offsets=[1, 0], expected=epoch, cmp=pld.WaitCmp.Ge)   # taken
+    return signal
+
+
+@pl.jit
+def take_count(
+    src: pl.Tensor[[R, D], pl.FP32],
+    meta: pl.Tensor[[1], pl.INT32],              # [epoch]
+    out: pl.Out[pl.Tensor[[R, D], pl.FP32]],
+    count: pld.DistributedTensor[[1, 1], pl.INT32],
+    signal: pld.DistributedTensor[[2, 1], pl.INT32],
+):
+    epoch = pl.read(meta, [0])
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="wait_count"):   # takes the signal window only
+        pld.system.wait(signal=signal, offsets=[0, 0], expected=epoch, cmp=pld.WaitCmp.Ge)
+    live = pl.read(count, [0, 0])   # on the host: the window rank 0 wrote during this call
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_live"):
+        for i in pl.range(live):
+            out = pl.store(pl.load(src, [i, 0], [1, D]), [i, 0], out)
+        pld.system.notify(signal, peer=0, offsets=[1, 0], value=epoch, op=pld.NotifyOp.Set)
+    return out
+
+
+def _counts(rank):
+    from pypto_rt.collective import process
+
+    process.install(rank.comm())
+    try:
+        count = pld.window(pld.alloc_window_buffer([1, 1], dtype=pl.INT32), [1, 1], dtype=pl.INT32)
+        signal = pld.window(pld.alloc_window_buffer([2, 1], dtype=pl.INT32), [2, 1], dtype=pl.INT32)
+        src = torch.randn(R, D)
+        kinds = []
+        for call in range(CALLS):
+            live = (5 * call + 2) % (R + 1)
+            with run_stats.collect() as stats:
+                if rank.rank == 0:
+                    send_count(torch.tensor([[call + 1, live]], dtype=torch.int32), count, signal)
+                else:
+                    out = torch.zeros(R, D)
+                    take_count(src, torch.tensor([call + 1], dtype=torch.int32), out, count, signal)
+                    want = torch.zeros(R, D)
+                    want[:live] = src[:live]
+                    assert torch.equal(out, want), f"call {call}: copied rows differ from the {live} sent"
+            kinds.append(stats.replay.kind)
+        return kinds
+    finally:
+        process.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_number_read_from_a_window_on_the_host_is_read_where_the_run_read_it():
+    # rank 1's own regions never write `count` (rank 0 does): read in the replay's prologue, before the wait,
+    # it would be the previous call's count
+    kinds = run_ranks(_counts, 2, deadline_s=60).ok()[1]
+    assert kinds[-2:] == [REPLAYED, REPLAYED] and GUARD_MISS not in kinds, kinds
+
+
+def _outside_window_view(rank):
+    from pypto_rt.collective import process
+    from pypto_rt.replay.capture import Recorder
+
+    process.install(rank.comm())
+    try:
+        buf = pld.alloc_window_buffer([4, 4], dtype=pl.FP32)
+        entry, outside = pld.window(buf, [4, 4], dtype=pl.FP32), pld.window(buf, [4, 4], dtype=pl.FP32)
+        plain = torch.zeros(4, 4)
+        with Recorder([entry, plain]) as rec:
+            torch.add(outside, 1.0)   # a window view made before the run, sharing the entry window's memory
+        with Recorder([plain[1:]]) as other:
+            torch.add(plain, 1.0)     # an ordinary outside tensor sharing an entry tensor's memory
+        return rec.refused, sorted(rec.volatile), other.refused
+    finally:
+        process.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_outside_window_view_may_share_memory_with_an_entry_window_but_an_ordinary_tensor_may_not():
+    window, volatile, ordinary = run_ranks(_outside_window_view, 1, deadline_s=30).ok()[0]
+    assert window is None and len(volatile) == 1, window   # (and its memory is volatile)
+    assert ordinary is not None and "shares memory with an entry tensor" in ordinary, ordinary
