@@ -28,8 +28,8 @@ def replay_by_arguments(kernel, args: tuple) -> tuple[bool, object]:
 
 
 def _run_on_engine(kernel, binding, inline: bool):
-    """(the entry's return value, the engine's stats with `communicated`: whether it ran communication tasks);
-    inline: a recorded run, every block on this thread (one worker, so coalesced loops make one chunk)."""
+    """(the entry's return value, the engine's stats); inline: a recorded run, every block on this thread (one
+    worker, so coalesced loops make one chunk; its communication blocks are recorded as opaque calls)."""
     engine = Engine(name=kernel.name, num_workers=1, inline=True) if inline else Engine(name=kernel.name)
     executor = HostExecutor(binding, engine)
     try:
@@ -39,8 +39,7 @@ def _run_on_engine(kernel, binding, inline: bool):
     finally:
         engine.close()
         executor.runner.forget_inputs()
-    # (a recorded run's communication blocks were recorded as opaque calls: replay.opaque)
-    return result, dict(engine.stats, communicated=executor.last_comm is not None)
+    return result, engine.stats
 
 
 def compile_only(kernel) -> float:

@@ -29,10 +29,12 @@ an epoch or a row count read with `pl.read` changes per replay, and what the blo
 computed. Windows are volatile (peers write them at any time): numbers read from them are read where the run read
 them, never in the prologue. Each rank decides alone: one rank may replay a call while another runs it on the
 engine, and both are correct, since either way the rank's communication runs in its program order (the engine's
-comm chain, the replay's straight line) and peers meet it only through windows and signals. The trial's times
-include waits for peers on both sides, so a replay of a communicating run is dropped only when clearly slower
-(`comm_slower`); its engine runs are never judged parallel (waits are not work). A wait that times out inside a
-replay gives the usual multi-rank wait report (rank, region label, cell, values, peers).
+comm chain, the replay's straight line) and peers meet it only through windows and signals. A communicating
+run's replay is kept without a trial: the times of both ways are dominated by waits for peers (noise that the
+slowest peer, replaying or not, makes), and the engine wins only by overlapping long tasks on its workers, which
+the check before recording catches (waits that overlap other tasks count as overlap: a replay would serialise
+them). A wait that times out inside a replay gives the usual multi-rank wait report (rank, region label, cell,
+values, peers).
 
 The limits are fields of the policy in force (replay.policy). Every call notes how it ran as a typed
 `run_stats.ReplayDecision` (replayed, recorded, engine, guard_miss, refused, disabled, with a reason); with
@@ -89,7 +91,7 @@ class _Specialisation:
         self.opaque = 0             # communication blocks the replay calls as they are (replay.opaque)
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
-        return self.replay is not None and len(self.replay_ns) <= policy.trial_replays
+        return self.replay is not None and not self.opaque and len(self.replay_ns) <= policy.trial_replays
 
     def standing(self, policy: ReplayPolicy) -> ReplayDecision:
         """How the next call of this specialisation runs, and why."""
@@ -202,8 +204,7 @@ def _normal_run(kernel, spec: _Specialisation, policy: ReplayPolicy, run_on_engi
     decision = spec.standing(policy)
     result, stats = _timed_engine_run(spec, run_on_engine)
     kernel_ns, tasks = stats.get("kernel_ns", 0), stats.get("tasks", 0)
-    # (a run that communicates: its tasks' time includes waits for peers, which are no work to overlap)
-    if tasks > 1 and not stats.get("communicated") and kernel_ns > policy.parallel * stats.get("wall_ns", 1) and \
+    if tasks > 1 and kernel_ns > policy.parallel * stats.get("wall_ns", 1) and \
             kernel_ns >= policy.long_task_ns * tasks:
         spec.parallel_runs += 1
     if spec.parallel_runs == policy.normal_runs:   # (every one: one garbage-collector pause can look parallel)
@@ -337,13 +338,12 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bou
     for message, category, filename, lineno in spec.warnings:
         warnings.warn_explicit(message, category, filename, lineno)
     decision = spec.standing(policy)
-    if len(spec.replay_ns) <= policy.trial_replays:   # the first replay warms up (allocations): not counted
+    if spec.in_trial(policy):   # the first replay warms up (allocations): not counted
         spec.replay_ns.append(time.perf_counter_ns() - t0)
         spec.engine_turn = len(spec.replay_ns) <= policy.trial_replays
         timed = spec.replay_ns[1:]   # (none with a trial of no replays; no engine run with `normal_runs` 0)
-        slower = policy.comm_slower if spec.opaque else policy.slower
         if len(spec.replay_ns) > policy.trial_replays and timed and spec.engine_ns and \
-                min(timed) > slower * min(spec.engine_ns):
+                min(timed) > policy.slower * min(spec.engine_ns):
             spec.off, spec.replay = ReplayDecision(ENGINE, "the engine ran it faster"), None
     if config.STATS.get() == "1":
         _decided(kernel, decision, f" · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")

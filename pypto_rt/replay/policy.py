@@ -31,8 +31,6 @@ class ReplayPolicy:
     long_task_ns: int = 2_000_000      # ... and pays off only with tasks this long on average (shorter: thread
                                        # hand-offs dominate): such a specialisation is not recorded
     slower: float = 1.15               # a replay this much slower than the engine's fastest run is dropped
-    comm_slower: float = 2.0           # ... for a run that communicates: both ways' times include waits for
-                                       # peers (noise that one slow peer makes), so only a clear loss counts
     misses: int = 8                    # guard misses after which a replay that misses more often than it runs
                                        # is dropped
     # -- kernel blocks (replay.kernel), per specialisation ---------------------------------------------------
