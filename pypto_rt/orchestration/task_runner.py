@@ -19,8 +19,12 @@ needs none of this.
 A communication task (the host passes its region name as `label`) runs with that label set for its thread
 (`pypto_rt.collective.process.set_label`), so a `pld.system.wait` that times out names the region it was in; it
 always runs on a worker (never inline on the host, which must keep submitting in program order). Other tasks pay
-nothing for this. In a run recorded for replay, each block of a communication task is an `_OpaqueRun`: the
-recorder runs it as one `BlockCall` (the kernel's own run function) that the replay calls again (replay.opaque).
+nothing for this.
+
+In a run recorded for replay (on the host thread, under a replay.capture.Recorder), each block of a
+communication task, and of a kernel whose course an earlier recording found to depend on data, is run by the
+recorder as one `BlockCall` (the kernel's own run function) that the replay calls again (replay.opaque); other
+blocks run their kernel with the recorder told which kernel runs (`recorder.block`).
 """
 from __future__ import annotations
 
@@ -57,8 +61,9 @@ class TaskRunner:
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
         # (a run recorded for replay must see every op's course: its blocks run their kernels)
         self.replay_policy = current_policy()   # (kernel replays decide on worker threads: they get this one)
-        self.kernel_replay = self.replay_policy.kernel_replay and not recording.recording()
-        self.ordered_adds = config.DETERMINISTIC.get() == "1" and not recording.recording()
+        self.recorder = recording.current()   # the recorder of a run recorded for replay (on this, the host thread)
+        self.kernel_replay = self.replay_policy.kernel_replay and self.recorder is None
+        self.ordered_adds = config.DETERMINISTIC.get() == "1" and self.recorder is None
         self.replays_used: dict[int, KernelReplays] = {}
 
     def at_once(self, artifact) -> "_AtOnce | None":
@@ -75,9 +80,9 @@ class TaskRunner:
             run = _CheckedRun(self, artifact, inputs, blocks, accesses)
             run.label = label
             return run
-        if label is not None and recording.recording():
-            return _OpaqueRun(self.binding, artifact, inputs, blocks, label)
         history = artifact.__dict__.setdefault("history", RunHistory())
+        if label is not None and self.recorder is not None:   # (the recorder runs it: replay.opaque)
+            return _Run(self.binding, _opaque_body(self.recorder, artifact, label), inputs, blocks, history, False)
         if label is not None:
             run = _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
         else:
@@ -86,7 +91,12 @@ class TaskRunner:
 
     def _body(self, artifact):
         """What runs one block of `artifact`'s kernel, `body(binding, inputs, block, nblocks)`: its block replays
-        (replay.kernel), or the kernel itself."""
+        (replay.kernel), or the kernel itself; in a run recorded for replay, the kernel watched by the recorder, or
+        an opaque call of it when an earlier recording found its course depends on data (replay.entry)."""
+        if self.recorder is not None:
+            if id(artifact) in self.recorder.opaque_kernels:
+                return _opaque_body(self.recorder, artifact, None)
+            return _watched_body(self.recorder, artifact)
         if not self.kernel_replay:
             return _kernel_body(artifact.kernel.run)
         replays = kernel_replays(artifact)
@@ -240,32 +250,43 @@ class BlockCall:
         return f"<block of {self.label!r} ({self.nblocks} blocks)>"
 
 
-class _OpaqueRun:
-    """A communication task's block in a run recorded for replay (on the recording thread): the recorder runs it
-    as one opaque `BlockCall`, writing down its inputs as code of the replay."""
-    __slots__ = ("binding", "artifact", "inputs", "blocks", "label", "host_ok")
+def _opaque_body(recorder, artifact, label: str | None):
+    """A block body for a run recorded for replay that the recorder runs as one opaque `BlockCall` of the kernel's
+    plain run function, writing down its inputs as code of the replay (a communication task's, `label` its name;
+    or one whose course an earlier recording found to depend on data)."""
+    plain = artifact.plain_variant() if artifact.plain_variant is not None else artifact
 
-    def __init__(self, binding, artifact, inputs: tuple, blocks: int, label: str):
-        self.binding, self.artifact, self.inputs, self.blocks, self.label = binding, artifact, inputs, blocks, label
-        self.host_ok = False
-
-    def __call__(self, block: int):
-        plain = self.artifact.plain_variant() if self.artifact.plain_variant is not None else self.artifact
-        call = BlockCall(plain.kernel.run, self.blocks, self.label, self.binding)
+    def body(binding, inputs, block, nblocks):
+        call = BlockCall(plain.kernel.run, nblocks, label, binding)
         try:
-            return recording.current().opaque_block(call, self.inputs, block, self._written())
+            return recorder.opaque_block(call, inputs, block, _written(artifact, inputs), label is not None)
         finally:
             # a replay has no binding of its own: In-parameter writes warned when recorded are warned again by
             # the entry's replay; dims are fixed by the specialisation
             call.binding = Binding(names=[], values=[])
+    return body
 
-    def _written(self) -> list[int]:
-        """Indices of the inputs the block writes (its Out/InOut accesses); all, when the plan cannot tell."""
+
+def _written(artifact, inputs: tuple) -> list[int]:
+    """Indices of the inputs a block writes (its Out/InOut accesses); all, when the plan cannot tell."""
+    try:
+        plan = artifact.accesses(*(untraced(v) for v in inputs))
+    except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: every input may be written
+        return list(range(len(inputs)))
+    return sorted({index for index, mode, _, _, _ in plan if mode != "r"})
+
+
+def _watched_body(recorder, artifact):
+    """The kernel itself, with `recorder.block` naming it while a block runs (a refusal inside marks it)."""
+    key, run = id(artifact), artifact.kernel.run
+
+    def body(binding, inputs, block, nblocks):
+        recorder.block = key
         try:
-            plan = self.artifact.accesses(*(untraced(v) for v in self.inputs))
-        except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: every input may be written
-            return list(range(len(self.inputs)))
-        return sorted({index for index, mode, _, _, _ in plan if mode != "r"})
+            return run_block(binding, run, inputs, block, nblocks)
+        finally:
+            recorder.block = None
+    return body
 
 
 class _CheckedRun:

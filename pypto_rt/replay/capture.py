@@ -63,12 +63,17 @@ from pypto_rt.replay.scalars import TRACED, TracedInt, code_of, traced, untraced
 class Recorder(TorchFunctionMode):
     """Use as `with Recorder(entry_tensors) as rec:` around the run, on the thread that runs all of it."""
 
-    def __init__(self, inputs: list[torch.Tensor], policy: ReplayPolicy | None = None):
+    def __init__(self, inputs: list[torch.Tensor], policy: ReplayPolicy | None = None,
+                 opaque_kernels: frozenset = frozenset()):
         """`policy`: its limits (`max_held_bytes`, `read_whole_elements`, `hoist_lines`); the one in force here
-        by default."""
+        by default. `opaque_kernels`: keys of kernels whose blocks orchestration records as opaque calls."""
         super().__init__()
         self.policy = policy if policy is not None else current_policy()
         self.refused: str | None = None
+        self.opaque_kernels = opaque_kernels
+        self.block = None                                    # key of the kernel whose block runs now (recorded)
+        self.escaped: dict = {}                              # key -> why the recording was refused in its block
+        self.block_guards: set = set()                       # keys of kernels whose blocks made guards
         self.recorded: list[Call] = []                      # the calls, as records (see replay.records)
         self.names: dict[int, str] = {}                      # id(tensor) -> its name in the trace
         self.storage_of: dict[str, int] = {}                 # tensor name -> its memory's identity
@@ -98,6 +103,7 @@ class Recorder(TorchFunctionMode):
         self._int_names: set[str] = set()                    # traced numbers' names whose values are ints
         self.calls = 0                                       # torch calls in the replay (once `source` made it)
         self.opaque_calls = 0                                # blocks recorded as one call (replay.opaque)
+        self.communicates = False                            # ... communication blocks among them
         self.volatile: set[int] = set()                      # window storages: peers write them at any time
         for i, t in enumerate(inputs):
             name = f"a{i}"
@@ -140,16 +146,22 @@ class Recorder(TorchFunctionMode):
         self.prologue[:0] = checks
         self.constants["_MISS"] = GUARD_MISS
 
-    def opaque_block(self, call, inputs: tuple, block: int, written) -> object:
-        """Run block `block` of a communication task as `call(block, *inputs)` and record it as one opaque call
-        (replay.opaque); `written`: the indices of the inputs it writes. Its return value."""
+    def opaque_block(self, call, inputs: tuple, block: int, written, communicates: bool) -> object:
+        """Run block `block` of a kernel as `call(block, *inputs)` and record it as one opaque call (replay.opaque);
+        `written`: the indices of the inputs it writes; `communicates`: a communication task's. Its return
+        value."""
+        self.communicates |= communicates
         return opaque.record_block(self, call, inputs, block, written)
 
     def refuse(self, reason: str) -> None:
+        """The recording cannot be replayed; refused inside a block (`block`), the next recording may take that
+        kernel's blocks as opaque calls (`escaped`, see replay.entry)."""
         if self.refused is None:
             where = users_line()
             self.refused = f"{reason} ({where})" if where else reason
             self.active = False
+            if self.block is not None:
+                self.escaped[self.block] = self.refused
 
     # -- scalars read from data -----------------------------------------------------------------------
     def guard(self, left, symbol: str, right, outcome: bool) -> None:
@@ -168,6 +180,8 @@ class Recorder(TorchFunctionMode):
         self.prologue.append(guard)
         self.guards += 1
         self.constants["_MISS"] = GUARD_MISS
+        if self.block is not None:
+            self.block_guards.add(self.block)
 
     def read_scalar(self, t: torch.Tensor, index: tuple):
         """`t[index]` as a traced number the replay reads again; None when it cannot. From an entry tensor the run

@@ -152,5 +152,5 @@ def test_a_communicating_entry_called_every_step_replays_on_every_rank():
         # no guard on the epoch or the counts (they change every call), no timed trial (peer waits are noise)
         assert line.group(1).split() == ["engine", "engine", "recorded"] + ["replayed"] * 9, line.group(0)
     # PYPTO_STATS=1 shows the decision, and that the communication block is called as it is
-    assert re.search(r"pypto-rt stats \[ring_step\]: replayed: replay of \d+ torch calls and 1 communication "
-                     r"blocks called as they are", job.err), job.err[-3000:]
+    assert re.search(r"pypto-rt stats \[ring_step\]: replayed: replay of \d+ torch calls and 1 kernel blocks "
+                     r"called as they are", job.err), job.err[-3000:]
