@@ -195,19 +195,16 @@ class Recorder(TorchFunctionMode):
             value = t[tuple(int.__int__(i) for i in index)].item()
         finally:
             self._muted = False
-        symbol = f"s{self._symbols}"
-        self._symbols += 1
-        if type(value) is int:
-            self._int_names.add(symbol)
         storage = storage_id(t)
         entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
         if entry is None or storage in self._written or id(t) in self._moving or storage in self.volatile:
             name = self.names[id(t)]
-            line = Call((Ref(name), "[(", Sym(", ".join(code_of(i) for i in index)), ",)].item()"), [name], True,
-                        out=symbol)
-            self.recorded.append(line)
-            self._late.add(symbol)
-            return traced(value, symbol, self)
+            code = (Ref(name), "[(", Sym(", ".join(code_of(i) for i in index)), ",)].item()")
+            return self.computed_number(value, code, [name])
+        symbol = f"s{self._symbols}"
+        self._symbols += 1
+        if type(value) is int:
+            self._int_names.add(symbol)
         self.place_read = True   # (the prologue reads the element at its place in the entry tensor's memory)
         constant, terms = t.storage_offset(), []
         for i, stride in zip(index, t.stride()):
@@ -224,6 +221,17 @@ class Recorder(TorchFunctionMode):
             flat = f"{self._const(torch.as_strided, 'f')}({entry[0]}, ({elements},), (1,), 0)"
             self.prologue.append(f"{source[0]} = {flat}.tolist()" if whole else f"{source[0]} = {flat}")
         self.prologue.append(f"{symbol} = {source[0]}[{where}]" + ("" if source[1] else ".item()"))
+        return traced(value, symbol, self)
+
+    def computed_number(self, value, code: tuple, reads: list[str]):
+        """`value`, which the replay computes with `code` (tokens) from tensors `reads` at this point of the run, as
+        a traced number: what uses it stays code, and a guard on it refuses (it comes too late)."""
+        symbol = f"s{self._symbols}"
+        self._symbols += 1
+        if type(value) is int:
+            self._int_names.add(symbol)
+        self.recorded.append(Call(code, reads, True, out=symbol))
+        self._late.add(symbol)
         return traced(value, symbol, self)
 
     def _from_data(self, t: torch.Tensor) -> bool:

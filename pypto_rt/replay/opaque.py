@@ -60,7 +60,7 @@ def record_block(rec, call, inputs: tuple, block: int, written) -> object:
     if result is not None:
         line.out = f"t{len(rec.recorded) - 1}"
         try:
-            _name_results(rec, line.out, (), result)
+            return _name_results(rec, line.out, (), result)
         except Refused as r:
             rec.refuse(str(r))
     return result
@@ -114,24 +114,24 @@ def _plain_value(value):
     return value
 
 
-def _name_results(rec, out: str, path: tuple, result) -> None:
-    """Name each new tensor in the block's return value after the call's result (`v9 = t7[0].data`)."""
+def _name_results(rec, out: str, path: tuple, result):
+    """The block's return value as the host goes on with it: each new tensor in it named after the call's result
+    (`v9 = t7[0].data`), each number a value read where the block made it (`s4 = t7[1]`: code for what uses it;
+    a guard on it refuses, as for any number read from data the run computed)."""
     kind = type(result)
-    if result is None:
-        return
+    index = "".join(f"[{i}]" for i in path)
+    if result is None or kind is bool or kind is str:
+        return result
     if kind is TensorValue:
         data = result.data
         if id(data) not in rec.names:
-            index = "".join(f"[{i}]" for i in path)
             part = Call((Ref(out), f"{index}.data"), [out], False, tainted=True)
             part.out = rec._define(data, True)
             rec.recorded.append(part)
-        return
+        return result
     if kind is tuple or kind is list:
-        for i, r in enumerate(result):
-            _name_results(rec, out, path + (i,), r)
-        return
-    if isinstance(result, torch.Tensor):
-        raise Refused("a communication block returns a bare torch tensor to the host program")
-    raise Refused(f"a communication block returns a {kind.__name__} to the host program, whose course could "
-                  "depend on it")
+        return kind(_name_results(rec, out, path + (i,), r) for i, r in enumerate(result))
+    if kind is int or kind is float:
+        return rec.computed_number(result, (Ref(out), index), [out])
+    raise Refused(f"a block called as it is returns a {kind.__name__} to the host program, which the trace "
+                  "cannot follow")

@@ -225,3 +225,74 @@ def test_an_outside_window_view_may_share_memory_with_an_entry_window_but_an_ord
     window, volatile, ordinary = run_ranks(_outside_window_view, 1, deadline_s=30).ok()[0]
     assert window is None and len(volatile) == 1, window   # (and its memory is volatile)
     assert ordinary is not None and "shares memory with an entry tensor" in ordinary, ordinary
+
+
+@pl.jit
+def row_at(rows: pl.Tensor[[R, D], pl.FP32], meta: pl.Tensor[[1], pl.INT32],
+           out: pl.Out[pl.Tensor[[1, D], pl.FP32]], flag: pld.DistributedTensor[[1, 1], pl.INT32]):
+    off = pl.read(meta, [0])
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="row_at"):
+        pld.system.notify(flag, peer=0, offsets=[0, 0], value=1, op=pld.NotifyOp.AtomicAdd)
+        out = pl.store(pl.load(rows, [off, 0], [1, D]), [0, 0], out)   # a box at an offset read from data
+    return out
+
+
+def _rows_at(rank):
+    from pypto_rt.collective import process
+
+    process.install(rank.comm())
+    try:
+        flag = pld.window(pld.alloc_window_buffer([1, 1], dtype=pl.INT32), [1, 1], dtype=pl.INT32)
+        rows, kinds = torch.randn(R, D), []
+        for call in range(CALLS):
+            out = torch.zeros(1, D)
+            with run_stats.collect() as stats:
+                row_at(rows, torch.tensor([call % R], dtype=torch.int32), out, flag)
+            assert torch.equal(out, rows[call % R : call % R + 1]), f"call {call}"
+            kinds.append(stats.replay.kind)
+        return kinds
+    finally:
+        process.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_offset_read_from_data_in_a_communication_blocks_inputs_is_not_guarded():
+    # the host works out the task's tensor boxes from its inputs (to order it on the engine): in a recorded run
+    # that must not pin the offset (a guard on it would miss on every call with another row)
+    kinds = run_ranks(_rows_at, 1, deadline_s=40).ok()[0]
+    assert kinds == [ENGINE] * POLICY.normal_runs + [RECORDED] + [REPLAYED] * REPLAYS, kinds
+
+
+@pl.jit
+def scaled_by_count(rows: pl.Tensor[[R, D], pl.FP32], meta: pl.Tensor[[1], pl.INT32],
+                    out: pl.Out[pl.Tensor[[R, D], pl.FP32]], flag: pld.DistributedTensor[[1, 1], pl.INT32]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="count"):
+        pld.system.notify(flag, peer=0, offsets=[0, 0], value=1, op=pld.NotifyOp.AtomicAdd)
+        m = pl.read(meta, [0]) + 1   # a number the communication block returns to the host
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        out = pl.store(pl.mul(pl.load(rows, [0, 0], [R, D]), m), [0, 0], out)
+    return out
+
+
+def _scaled(rank):
+    from pypto_rt.collective import process
+
+    process.install(rank.comm())
+    try:
+        flag = pld.window(pld.alloc_window_buffer([1, 1], dtype=pl.INT32), [1, 1], dtype=pl.INT32)
+        rows, kinds = torch.randn(R, D), []
+        for call in range(CALLS):
+            out = torch.zeros(R, D)
+            with run_stats.collect() as stats:
+                scaled_by_count(rows, torch.tensor([call], dtype=torch.int32), out, flag)
+            assert torch.equal(out, rows * (call + 1)), f"call {call}"
+            kinds.append(stats.replay.kind)
+        return kinds
+    finally:
+        process.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_number_a_communication_block_returns_is_code_of_the_replay():
+    kinds = run_ranks(_scaled, 1, deadline_s=40).ok()[0]
+    assert kinds == [ENGINE] * POLICY.normal_runs + [RECORDED] + [REPLAYED] * REPLAYS, kinds
