@@ -229,13 +229,13 @@ class _CommRun(_Run):
 
 
 class BlockCall:
-    """One block of a communication task's kernel as a plain call, `call(block, *inputs)`: what a run recorded
-    for replay runs for it and its replay calls again (replay.opaque). It runs the kernel's own run function (not
-    the traced variant the recorded run executes elsewhere), with the task's block count and its comm label set
-    for wait reports (a timeout inside a replay gives the same report)."""
+    """One block of a kernel as a plain call, `call(block, *inputs)`: what a run recorded for replay runs for a
+    block it calls as it is, and its replay calls again (replay.opaque). It runs the kernel's own run function (not
+    the traced variant the recorded run executes elsewhere), with the task's block count and a communication
+    task's label set for wait reports (a timeout inside a replay gives the same report)."""
     __slots__ = ("fn", "nblocks", "label", "binding")
 
-    def __init__(self, fn, nblocks: int, label: str, binding):
+    def __init__(self, fn, nblocks: int, label: str | None, binding):
         self.fn, self.nblocks, self.label, self.binding = fn, nblocks, label, binding
 
     def __call__(self, block: int, *inputs):

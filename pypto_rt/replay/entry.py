@@ -81,8 +81,7 @@ from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "calls", "guards", "hits", "misses",
                  "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels", "recordings",
-                 "communicates",
-                 "block_guards")
+                 "communicates", "block_guards")
 
     def __init__(self):
         self.engine_ns: list[int] = []

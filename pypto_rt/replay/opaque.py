@@ -1,19 +1,20 @@
 """Opaque calls in a recording: a block recorded as one call of its kernel instead of its torch calls.
 
 A block of a communication task waits for peers, writes their windows and reads what they wrote: its effects lie
-outside torch, so its torch calls cannot stand for it. The recorder (replay.capture) runs such a block *muted* (its
-torch calls are not recorded, `pld` refusals and `pl.read`s inside it do not reach the recording) and writes one
-line that calls it again: `t7 = o3(0, f4(v2, k5, (s1, 16), False, None), a3, s2)`, with `o3` the caller's block
-call (`call(block, *inputs)`: the kernel's own run function, its block count, its comm label) and its inputs as
-code of the replay:
+outside torch, so its torch calls cannot stand for it. A block whose course depends on data the run computed
+cannot be replayed as torch calls either (a guard would come too late; replay.entry records such a run again). The
+recorder (replay.capture) runs such a block *muted* (its torch calls are not recorded, `pld` refusals, guards and
+`pl.read`s inside it do not reach the recording) and writes one line that calls it again:
+`t7 = o3(0, f4(v2, k5, (s1, 16), False, None), a3, s2)`, with `o3` the caller's block call (`call(block, *inputs)`:
+the kernel's own run function, its block count, its comm label if any) and its inputs as code of the replay:
 - a TensorValue as one built again around its tensor's name (an entry tensor, a tensor the run made, or an
   outside tensor by reference), its dtype, its valid box (numbers read from data stay code), tile flag and pad;
 - a number read from data (or computed from one) as its code, so an epoch or a row count changes per replay;
   other numbers, strings, dtypes and enums as literals or constants.
 What the block writes (`written`, its Out/InOut accesses) is from then on data the run computed: no prologue reads
 of it, no guard on it. Its return value (a region's results) is named where the host uses it: a tensor already
-named keeps its name, a new one is taken from the call's result; a number returned to the host refuses the
-recording (the host's course could depend on it, and a guard on it would come too late).
+named keeps its name, a new one is taken from the call's result, and a number is read from it where the block
+returns it (code for whatever uses it; a guard on it refuses the recording: it would come too late).
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def _code(rec, value) -> Code:
     """An input of the block as code of the replay (see the module text)."""
     kind = type(value)
     if kind is TensorValue:
-        parts = [rec._render(value.data), (rec._const(value.dtype, "k"),), _code(rec, value.valid),
+        parts = [rec._render(value.data), (rec._const(value.dtype, "k"),), rec._render(value.valid),
                  (repr(value.is_tile),), _code(rec, value.pad)]
         return (rec._const(TensorValue, "f"), "(") + joined(parts) + (")",)
     if kind in TRACED or isinstance(value, SIMPLE + (float,)) and not isinstance(value, enum.Enum):
