@@ -132,7 +132,9 @@ def test_a_wait_timing_out_inside_a_replay_gives_the_multi_rank_wait_report():
     assert error.get("wait"), error
     wait = error["wait"]
     assert (wait["rank"], wait["label"], list(wait["cell"]), wait["expected"]) == (0, "pass_rows", [1, 0], 4), wait
-    assert "pass_rows" in error["text"] and "rank 0" in error["text"], error["text"]
+    assert wait["peers"] == [1], wait   # the peer that would set the cell, and the deadline, in the report:
+    assert "rank 0 waits in `wait` (label pass_rows) for cell [1, 0]" in error["text"], error["text"]
+    assert "which rank 1 would set for 1.0 s" in error["text"], error["text"]
 
 
 @pl.jit
