@@ -37,7 +37,8 @@ an epoch or a row count read with `pl.read` changes per replay, and what the blo
 computed. Windows are volatile (peers write them at any time): numbers read from them are read where the run read
 them, never in the prologue. Each rank decides alone: one rank may replay a call while another runs it on the
 engine, and both are correct, since either way the rank's communication runs in its program order (the engine's
-comm chain, the replay's straight line) and peers meet it only through windows and signals. A communicating
+comm chain, the replay's straight line, which runs as a one-worker engine would) and peers meet it only through
+windows and signals. A communicating
 run's replay is kept without a trial: the times of both ways are dominated by waits for peers (noise that the
 slowest peer, replaying or not, makes), and the engine wins only by overlapping long tasks on its workers, which
 the check before recording catches (waits that overlap other tasks count as overlap: a replay would serialise
