@@ -15,7 +15,7 @@ import pypto.language.distributed as pld
 from pypto_rt import run_stats
 from pypto_rt.replay import entry as replay
 from pypto_rt.replay.policy import ReplayPolicy, policy_scope
-from pypto_rt.run_stats import ENGINE, RECORDED, REPLAYED
+from pypto_rt.run_stats import DISABLED, ENGINE, RECORDED, REPLAYED
 from tests.collective.harness import run_ranks
 
 R, D = 8, 16
@@ -102,6 +102,26 @@ def test_a_communicating_call_replays_with_epoch_and_row_count_changing_every_ca
         assert kinds == [ENGINE] * POLICY.normal_runs + [RECORDED] + [REPLAYED] * REPLAYS, (rank, runs)
         reason = next(reason for kind, reason in runs if kind == REPLAYED)
         assert "1 kernel blocks called as they are" in reason and "guards" not in reason, reason
+
+
+def _ring_rank_one_on_engine(rank):
+    from pypto_rt import config
+    from pypto_rt.collective import process
+
+    process.install(rank.comm())
+    try:
+        windows = _windows()
+        with config.scope(REPLAY="1" if rank.rank == 0 else "0"):
+            return [_call(rank.rank, call, windows)[0] for call in range(CALLS)]
+    finally:
+        process.close()
+
+
+@pytest.mark.timeout(90)
+def test_ranks_decide_alone_one_replaying_while_the_other_runs_the_engine():
+    results = run_ranks(_ring_rank_one_on_engine, 2, deadline_s=60).ok()
+    assert results[0] == [ENGINE] * POLICY.normal_runs + [RECORDED] + [REPLAYED] * REPLAYS, results[0]
+    assert set(results[1]) == {DISABLED}, results[1]   # (PYPTO_REPLAY=0 on rank 1)
 
 
 def _rank_one_stops_early(rank):
