@@ -2,8 +2,10 @@
 
 What users depend on (a serving engine calling a dispatch kernel every decode step with the same shapes): such a
 call replays, with the epoch and the row count it reads from data changing every call, its results right every
-call; numbers read from a window are never taken as unchanged since the call started; a wait that times out
-inside a replay ends with the usual multi-rank wait report. Two ranks, forked (tests.collective.harness).
+call, whichever way each rank runs it; numbers read from a window are never taken as unchanged since the call
+started; offsets and numbers going into or out of a communication block stay code (no guard); a wait that times
+out inside a replay ends with the usual multi-rank wait report. One or two ranks, forked
+(tests.collective.harness).
 """
 from __future__ import annotations
 
