@@ -35,6 +35,8 @@ class KernelArtifact:
     factory: pycode.Factory | None = None   # of `accesses`
     # the artifact of the same kernel in the code variant a recorded run executes (replay.traced_code)
     traced_variant: Callable[[], "KernelArtifact"] | None = None
+    # in the traced variant: the plain artifact it is a variant of (what a recorded run's opaque blocks call)
+    plain_variant: Callable[[], "KernelArtifact"] | None = None
 
     @property
     def ir(self) -> KernelIR:
@@ -86,7 +88,9 @@ def incore_kernel(kernel, backend: str = "torch", traced: bool = False) -> Kerne
         warn_once(kernel, ir.notes)
         artifact = compile_function(ir, Env(kernel.fn), kernel.fn.__globals__, backend, traced)
         artifact.compile_ms = (time.perf_counter() - start) * 1e3
-        if not traced:
+        if traced:
+            artifact.plain_variant = lambda: incore_kernel(kernel, backend)
+        else:
             artifact.traced_variant = lambda: incore_kernel(kernel, backend, traced=True)
         setattr(kernel.state, key, artifact)
     return artifact

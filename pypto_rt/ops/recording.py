@@ -49,6 +49,12 @@ def recording() -> bool:
     return _this_thread.recorder is not None
 
 
+def current():
+    """The recorder of the run recorded on this thread, or None (orchestration hands it a communication task's
+    blocks to record as opaque calls: the op library itself never needs it)."""
+    return _this_thread.recorder
+
+
 def read_scalar(data, index: tuple):
     """The element of torch tensor `data` at `index` (ints, traced ints) as a ScalarFromData the replay reads
     again, or None when no run is recorded on this thread or the recording cannot read it again (the caller then

@@ -52,6 +52,8 @@ def host_program(kernel, traced: bool = False, coalesce: str | None = None) -> H
         with config.scope(COALESCE=coalesce):
             if traced:   # the same program, arithmetic routed
                 program = programs[coalesce] = _compile_host(kernel, traced=True)
+                for index, artifact in enumerate(program.kernels):
+                    artifact.plain_variant = functools.partial(_plain_kernel, kernel, index, coalesce)
             else:
                 program = programs[coalesce] = _load_or_compile(kernel)
     return program
@@ -73,6 +75,10 @@ def _load_or_compile(kernel) -> HostProgram:
 
 def _traced_kernel(kernel, index: int, coalesce: str) -> KernelArtifact:
     return host_program(kernel, traced=True, coalesce=coalesce).kernels[index]
+
+
+def _plain_kernel(kernel, index: int, coalesce: str) -> KernelArtifact:
+    return host_program(kernel, coalesce=coalesce).kernels[index]
 
 
 def _from_factory(kernel, kernels, factory, source, start, notes=()) -> HostProgram:

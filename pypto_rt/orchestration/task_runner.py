@@ -20,6 +20,11 @@ A communication task (the host passes its region name as `label`) runs with that
 (`pypto_rt.collective.process.set_label`), so a `pld.system.wait` that times out names the region it was in; it
 always runs on a worker (never inline on the host, which must keep submitting in program order). Other tasks pay
 nothing for this.
+
+In a run recorded for replay (on the host thread, under a replay.capture.Recorder), each block of a
+communication task, and of a kernel whose course an earlier recording found to depend on data, is run by the
+recorder as one `BlockCall` (the kernel's own run function) that the replay calls again (replay.opaque); other
+blocks run their kernel with the recorder told which kernel runs (`recorder.block`).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from time import thread_time_ns
 import torch
 
 from pypto_rt import config
+from pypto_rt.binding import Binding
 from pypto_rt.collective import process
 from pypto_rt.errors import PyptoError
 from pypto_rt.incore_compiler.compiler import BACKENDS
@@ -37,6 +43,7 @@ from pypto_rt.ops.value import TensorValue
 from pypto_rt.orchestration.block import run_block
 from pypto_rt.replay.kernel import KernelReplays
 from pypto_rt.replay.policy import current_policy
+from pypto_rt.replay.scalars import untraced
 
 OUTLIER = 10   # a block this many times the average is left out of a kernel's RunHistory unless the next one is too
 CHECK_TOL = config.CHECK_TOL
@@ -54,8 +61,9 @@ class TaskRunner:
         self.inline_ns = (config.get_int(config.HOST_INLINE_US, 0) or 0) * 1000
         # (a run recorded for replay must see every op's course: its blocks run their kernels)
         self.replay_policy = current_policy()   # (kernel replays decide on worker threads: they get this one)
-        self.kernel_replay = self.replay_policy.kernel_replay and not recording.recording()
-        self.ordered_adds = config.DETERMINISTIC.get() == "1" and not recording.recording()
+        self.recorder = recording.current()   # the recorder of a run recorded for replay (on this, the host thread)
+        self.kernel_replay = self.replay_policy.kernel_replay and self.recorder is None
+        self.ordered_adds = config.DETERMINISTIC.get() == "1" and self.recorder is None
         self.replays_used: dict[int, KernelReplays] = {}
 
     def at_once(self, artifact) -> "_AtOnce | None":
@@ -73,6 +81,8 @@ class TaskRunner:
             run.label = label
             return run
         history = artifact.__dict__.setdefault("history", RunHistory())
+        if label is not None and self.recorder is not None:   # (the recorder runs it: replay.opaque)
+            return _Run(self.binding, _opaque_body(self.recorder, artifact, label), inputs, blocks, history, False)
         if label is not None:
             run = _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
         else:
@@ -81,7 +91,12 @@ class TaskRunner:
 
     def _body(self, artifact):
         """What runs one block of `artifact`'s kernel, `body(binding, inputs, block, nblocks)`: its block replays
-        (replay.kernel), or the kernel itself."""
+        (replay.kernel), or the kernel itself; in a run recorded for replay, the kernel watched by the recorder, or
+        an opaque call of it when an earlier recording found its course depends on data (replay.entry)."""
+        if self.recorder is not None:
+            if id(artifact) in self.recorder.opaque_kernels:
+                return _opaque_body(self.recorder, artifact, None)
+            return _watched_body(self.recorder, artifact)
         if not self.kernel_replay:
             return _kernel_body(artifact.kernel.run)
         replays = kernel_replays(artifact)
@@ -211,6 +226,67 @@ class _CommRun(_Run):
             return _Run.__call__(self, block)
         finally:
             process.set_label(previous)
+
+
+class BlockCall:
+    """One block of a kernel as a plain call, `call(block, *inputs)`: what a run recorded for replay runs for a
+    block it calls as it is, and its replay calls again (replay.opaque). It runs the kernel's own run function (not
+    the traced variant the recorded run executes elsewhere), with the task's block count and a communication
+    task's label set for wait reports (a timeout inside a replay gives the same report)."""
+    __slots__ = ("fn", "nblocks", "label", "binding")
+
+    def __init__(self, fn, nblocks: int, label: str | None, binding):
+        self.fn, self.nblocks, self.label, self.binding = fn, nblocks, label, binding
+
+    def __call__(self, block: int, *inputs):
+        previous = process.current_label()
+        process.set_label(self.label)
+        try:
+            return run_block(self.binding, self.fn, inputs, block, self.nblocks)
+        finally:
+            process.set_label(previous)
+
+    def __repr__(self) -> str:
+        return f"<block of {self.label!r} ({self.nblocks} blocks)>"
+
+
+def _opaque_body(recorder, artifact, label: str | None):
+    """A block body for a run recorded for replay that the recorder runs as one opaque `BlockCall` of the kernel's
+    plain run function, writing down its inputs as code of the replay (a communication task's, `label` its name;
+    or one whose course an earlier recording found to depend on data)."""
+    plain = artifact.plain_variant() if artifact.plain_variant is not None else artifact
+
+    def body(binding, inputs, block, nblocks):
+        call = BlockCall(plain.kernel.run, nblocks, label, binding)
+        try:
+            return recorder.opaque_block(call, inputs, block, _written(artifact, inputs), label is not None)
+        finally:
+            # a replay has no binding of its own: In-parameter writes warned when recorded are warned again by
+            # the entry's replay; dims are fixed by the specialisation
+            call.binding = Binding(names=[], values=[])
+    return body
+
+
+def _written(artifact, inputs: tuple) -> list[int]:
+    """Indices of the inputs a block writes (its Out/InOut accesses); all, when the plan cannot tell."""
+    try:
+        plan = artifact.accesses(*(untraced(v) for v in inputs))
+    except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: every input may be written
+        return list(range(len(inputs)))
+    return sorted({index for index, mode, _, _, _ in plan if mode != "r"})
+
+
+def _watched_body(recorder, artifact):
+    """The kernel itself, with `recorder.block` naming it while a block runs (a refusal inside marks it)."""
+    key, run = id(artifact), artifact.kernel.run
+
+    def body(binding, inputs, block, nblocks):
+        recorder.block = key
+        try:
+            return run_block(binding, run, inputs, block, nblocks)
+        finally:
+            recorder.block = None
+    return body
 
 
 class _CheckedRun:

@@ -25,8 +25,13 @@ way the prologue cannot check:
 - an op whose result shape depends on data (`nonzero`, boolean-mask indexing, `unique`, ...) of an entry tensor,
   an outside tensor or chance (on data computed from constants alone, e.g. a valid-box mask, it is static);
 - an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
-  memory with an entry tensor (a view made before the run), or an op that declares itself non-replayable
-  (`pypto_rt.ops.recording.refuse`: communication, printing).
+  memory with an entry tensor (a view made before the run; a window excepted, see below), or an op that declares
+  itself non-replayable (`pypto_rt.ops.recording.refuse`: communication on the host, printing).
+Communication blocks: orchestration hands each block of a communication task to `opaque_block`, which runs it
+muted and records it as one call of its kernel (replay.opaque). Windows (views of `pld.alloc_window_buffer`,
+entry or outside tensors) are *volatile*: peers write them at any time, so a number read from one is read where
+the run read it (never in the prologue, and a guard on it refuses the recording, as for computed data), and no
+call reading one shares another's result (passes); nothing is assumed about which window views share memory.
 The op library calls torch only through its public API (no `torch.ops.aten`, no `torch._C`: those bypass the
 mode; tests/replay/test_replay.py checks). Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`)
 are not recorded: under one specialisation they give the same answers every time. Outside tensors (module
@@ -41,8 +46,9 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
+from pypto_rt.collective import process
 from pypto_rt.ops import recording
-from pypto_rt.replay import passes
+from pypto_rt.replay import opaque, passes
 from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETITEM, IN_PLACE_DUNDERS,
                                    KEY_BOUNDS, METADATA, METADATA_TYPES, RANDOM, READABLE, SCALAR_OPERANDS,
                                    SETITEM, SIMPLE, WINDOWS, Refused, storage_id, tensors_of, traced_of,
@@ -57,12 +63,17 @@ from pypto_rt.replay.scalars import TRACED, TracedInt, code_of, traced, untraced
 class Recorder(TorchFunctionMode):
     """Use as `with Recorder(entry_tensors) as rec:` around the run, on the thread that runs all of it."""
 
-    def __init__(self, inputs: list[torch.Tensor], policy: ReplayPolicy | None = None):
+    def __init__(self, inputs: list[torch.Tensor], policy: ReplayPolicy | None = None,
+                 opaque_kernels: frozenset = frozenset()):
         """`policy`: its limits (`max_held_bytes`, `read_whole_elements`, `hoist_lines`); the one in force here
-        by default."""
+        by default. `opaque_kernels`: keys of kernels whose blocks orchestration records as opaque calls."""
         super().__init__()
         self.policy = policy if policy is not None else current_policy()
         self.refused: str | None = None
+        self.opaque_kernels = opaque_kernels
+        self.block = None                                    # key of the kernel whose block runs now (recorded)
+        self.escaped: dict = {}                              # key -> why the recording was refused in its block
+        self.block_guards: set = set()                       # keys of kernels whose blocks made guards
         self.recorded: list[Call] = []                      # the calls, as records (see replay.records)
         self.names: dict[int, str] = {}                      # id(tensor) -> its name in the trace
         self.storage_of: dict[str, int] = {}                 # tensor name -> its memory's identity
@@ -91,6 +102,9 @@ class Recorder(TorchFunctionMode):
         self.place_read = False                              # the run asked where a tensor lies in its memory
         self._int_names: set[str] = set()                    # traced numbers' names whose values are ints
         self.calls = 0                                       # torch calls in the replay (once `source` made it)
+        self.opaque_calls = 0                                # blocks recorded as one call (replay.opaque)
+        self.communicates = False                            # ... communication blocks among them
+        self.volatile: set[int] = set()                      # window storages: peers write them at any time
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)
@@ -101,6 +115,8 @@ class Recorder(TorchFunctionMode):
                 self.storage_of[name] = storage_id(t)
                 self._entry_of.setdefault(storage_id(t), []).append((name, t))
                 self._alive.append(t)
+                if process.window_of(t) is not None:
+                    self.volatile.add(storage_id(t))
 
     def __enter__(self):
         recording.push(self)
@@ -130,11 +146,22 @@ class Recorder(TorchFunctionMode):
         self.prologue[:0] = checks
         self.constants["_MISS"] = GUARD_MISS
 
+    def opaque_block(self, call, inputs: tuple, block: int, written, communicates: bool) -> object:
+        """Run block `block` of a kernel as `call(block, *inputs)` and record it as one opaque call (replay.opaque);
+        `written`: the indices of the inputs it writes; `communicates`: a communication task's. Its return
+        value."""
+        self.communicates |= communicates
+        return opaque.record_block(self, call, inputs, block, written)
+
     def refuse(self, reason: str) -> None:
+        """The recording cannot be replayed; refused inside a block (`block`), the next recording may take that
+        kernel's blocks as opaque calls (`escaped`, see replay.entry)."""
         if self.refused is None:
             where = users_line()
             self.refused = f"{reason} ({where})" if where else reason
             self.active = False
+            if self.block is not None:
+                self.escaped[self.block] = self.refused
 
     # -- scalars read from data -----------------------------------------------------------------------
     def guard(self, left, symbol: str, right, outcome: bool) -> None:
@@ -142,7 +169,8 @@ class Recorder(TorchFunctionMode):
         it touches data (a Guard, in one form: repeated checks are kept once)."""
         guard = Guard.of(left, symbol, right, outcome)
         if self._late and not self._late.isdisjoint(guard.reads):
-            self.refuse("the run's course depends on a value it read (pl.read) from data it computed")
+            self.refuse("the run's course depends on a value it read (pl.read) from data it computed or from a "
+                        "window (peers write windows at any time)")
             return
         if guard in self._guards_seen:
             return
@@ -152,6 +180,8 @@ class Recorder(TorchFunctionMode):
         self.prologue.append(guard)
         self.guards += 1
         self.constants["_MISS"] = GUARD_MISS
+        if self.block is not None:
+            self.block_guards.add(self.block)
 
     def read_scalar(self, t: torch.Tensor, index: tuple):
         """`t[index]` as a traced number the replay reads again; None when it cannot. From an entry tensor the run
@@ -165,19 +195,16 @@ class Recorder(TorchFunctionMode):
             value = t[tuple(int.__int__(i) for i in index)].item()
         finally:
             self._muted = False
+        storage = storage_id(t)
+        entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
+        if entry is None or storage in self._written or id(t) in self._moving or storage in self.volatile:
+            name = self.names[id(t)]
+            code = (Ref(name), "[(", Sym(", ".join(code_of(i) for i in index)), ",)].item()")
+            return self.computed_number(value, code, [name])
         symbol = f"s{self._symbols}"
         self._symbols += 1
         if type(value) is int:
             self._int_names.add(symbol)
-        storage = storage_id(t)
-        entry = next((e for e in self._entry_of.get(storage, ()) if e[1].dtype == t.dtype), None)
-        if entry is None or storage in self._written or id(t) in self._moving:
-            name = self.names[id(t)]
-            line = Call((Ref(name), "[(", Sym(", ".join(code_of(i) for i in index)), ",)].item()"), [name], True,
-                        out=symbol)
-            self.recorded.append(line)
-            self._late.add(symbol)
-            return traced(value, symbol, self)
         self.place_read = True   # (the prologue reads the element at its place in the entry tensor's memory)
         constant, terms = t.storage_offset(), []
         for i, stride in zip(index, t.stride()):
@@ -194,6 +221,17 @@ class Recorder(TorchFunctionMode):
             flat = f"{self._const(torch.as_strided, 'f')}({entry[0]}, ({elements},), (1,), 0)"
             self.prologue.append(f"{source[0]} = {flat}.tolist()" if whole else f"{source[0]} = {flat}")
         self.prologue.append(f"{symbol} = {source[0]}[{where}]" + ("" if source[1] else ".item()"))
+        return traced(value, symbol, self)
+
+    def computed_number(self, value, code: tuple, reads: list[str]):
+        """`value`, which the replay computes with `code` (tokens) from tensors `reads` at this point of the run, as
+        a traced number: what uses it stays code, and a guard on it refuses (it comes too late)."""
+        symbol = f"s{self._symbols}"
+        self._symbols += 1
+        if type(value) is int:
+            self._int_names.add(symbol)
+        self.recorded.append(Call(code, reads, True, out=symbol))
+        self._late.add(symbol)
         return traced(value, symbol, self)
 
     def _from_data(self, t: torch.Tensor) -> bool:
@@ -385,8 +423,11 @@ class Recorder(TorchFunctionMode):
         if isinstance(value, torch.Tensor):
             name = self.names.get(id(value))
             if name is None:   # made outside the run: kept by reference
-                if storage_id(value) in self._input_storages:
+                window = process.window_of(value) is not None
+                if storage_id(value) in self._input_storages and not window:   # (windows: nothing is assumed)
                     raise Refused("an outside tensor shares memory with an entry tensor")
+                if window:
+                    self.volatile.add(storage_id(value))
                 self._tainted.add(storage_id(value))
                 name = self.names[id(value)] = self._const(value, "k")
                 self.storage_of[name] = storage_id(value)

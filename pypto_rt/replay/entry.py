@@ -6,8 +6,8 @@ Per specialisation, an entry call goes through three phases:
 1. the first `normal_runs` calls run on the engine as usual (the first one compiles); they are timed;
 2. the next call is *recorded*: the engine runs every block on this thread (`Engine(inline=True)`, one chunk per
    coalesced loop) under a `replay.capture.Recorder`. If the recorder refuses (the run read data into Python
-   other than with a `pl.read` it can repeat, communicated, printed, warned, ...), the specialisation stays on
-   the engine for good;
+   other than with a `pl.read` it can repeat, communicated on the host, printed, warned, ...), the
+   specialisation stays on the engine for good;
 3. later calls run the recorded torch calls as one generated function, on this thread with a worker's torch
    thread count. The next calls are a trial: replays alternate with timed engine runs (both warm, so neither is
    judged by a cold run), and after `trial_replays` replays the faster way is kept for good. A specialisation
@@ -21,16 +21,38 @@ operands computed from them stay code (the recorded run executes the code varian
 What the run's course depended on (an `if` on them, a loop bound, a list index) is a *guard* checked
 before the replay touches any data: when one fails (the data takes another course) the call runs on the engine,
 and after `misses` such calls a replay that misses more often than it runs is dropped. A value read from data the
-run computed is read again where it was read; if the run's course depends on it, the run is not replayed.
+run computed is read again where it was read; if the host program's course depends on it, the run is not replayed.
+
+Blocks called as they are (replay.opaque): a recording refused inside a block (its course depends on data the run
+computed, or it reads data into Python: a guard would come too late) is made again on the next call with that
+kernel's blocks recorded as opaque calls of the kernel, so the rest of the run still replays as torch calls. The
+rule for guards made inside a block on data it reads itself from an entry tensor (a row loop bounded by counts):
+they are kept, since the block's torch calls replay fastest while its data keeps its course; when the replay is
+dropped for misses, the specialisation is recorded again with the blocks that made guards called as they are
+(their course then follows the data with no guard). Up to `max_recordings` recordings per specialisation.
+
+Communicating runs: each block of a communication task (a region calling a `pld` op or taking a window) is
+recorded as one opaque call of its kernel, which the replay calls again with its inputs as code:
+an epoch or a row count read with `pl.read` changes per replay, and what the block writes is data the run
+computed. Windows are volatile (peers write them at any time): numbers read from them are read where the run read
+them, never in the prologue. Each rank decides alone: one rank may replay a call while another runs it on the
+engine, and both are correct, since either way the rank's communication runs in its program order (the engine's
+comm chain, the replay's straight line, which runs as a one-worker engine would) and peers meet it only through
+windows and signals. A communicating
+run's replay is kept without a trial: the times of both ways are dominated by waits for peers (noise that the
+slowest peer, replaying or not, makes), and the engine wins only by overlapping long tasks on its workers, which
+the check before recording catches (waits that overlap other tasks count as overlap: a replay would serialise
+them). A wait that times out inside a replay gives the usual multi-rank wait report (rank, region label, cell,
+values, peers).
 
 The limits are fields of the policy in force (replay.policy). Every call notes how it ran as a typed
 `run_stats.ReplayDecision` (replayed, recorded, engine, guard_miss, refused, disabled, with a reason); with
 PYPTO_STATS=1 replays, recordings, misses and a specialisation leaving replay for good print theirs as
 `pypto-rt stats [<entry>]: <kind>: <reason>`. Not replayed: runs with PYPTO_TRACE or PYPTO_CHECK (they observe
-the engine's tasks), multi-rank and communicating runs, and calls after `max_specialisations` distinct ones of the
-same entry. PYPTO_REPLAY=0 turns replay off. A replay does not see module globals reassigned after it was
-recorded (the host program read them then); tensors it reads from outside (module constants) it reads by
-reference, so their current contents count.
+the engine's tasks), runs with `pld` ops on the host itself (outside any region), and calls after
+`max_specialisations` distinct ones of the same entry. PYPTO_REPLAY=0 turns replay off. A replay does not see
+module globals reassigned after it was recorded (the host program read them then); tensors it reads from outside
+(module constants) it reads by reference, so their current contents count.
 """
 from __future__ import annotations
 
@@ -59,7 +81,8 @@ from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "calls", "guards", "hits", "misses",
-                 "warnings", "engine_turn", "parallel_runs", "replayed")
+                 "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels", "recordings",
+                 "communicates", "block_guards")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -75,19 +98,29 @@ class _Specialisation:
         self.engine_turn = False    # during the trial: the next call runs on the engine (timed)
         self.parallel_runs = 0      # engine runs before recording whose tasks ran side by side
         self.replayed: ReplayDecision | None = None   # what a replay notes (made once: replays are the hot path)
+        self.opaque = 0             # blocks the replay calls as they are (replay.opaque)
+        self.communicates = False   # ... some of them communication blocks: no timed trial (see the module text)
+        self.opaque_kernels: set = set()   # kernels whose blocks the next recording calls as they are
+        self.recordings = 0         # recordings made (a refusal inside a block may lead to another)
+        self.block_guards: set = set()     # kernels whose blocks made guards in the recording
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
-        return self.replay is not None and len(self.replay_ns) <= policy.trial_replays
+        return self.replay is not None and not self.communicates and len(self.replay_ns) <= policy.trial_replays
 
     def standing(self, policy: ReplayPolicy) -> ReplayDecision:
         """How the next call of this specialisation runs, and why."""
         if self.replay is not None:
             if self.replayed is None:
                 guarded = f", {self.guards} guards on values read from data" if self.guards else ""
-                self.replayed = ReplayDecision(REPLAYED, f"replay of {self.calls} torch calls{guarded}")
+                blocks = f" and {self.opaque} kernel blocks called as they are" if self.opaque else ""
+                self.replayed = ReplayDecision(REPLAYED, f"replay of {self.calls - self.opaque} torch calls{blocks}"
+                                                         f"{guarded}")
             return self.replayed
         if self.off is not None:
             return self.off
+        if self.recordings:
+            return ReplayDecision(ENGINE, f"recording again, with the blocks of {len(self.opaque_kernels)} kernels "
+                                          "called as they are")
         return ReplayDecision(ENGINE, f"run {len(self.engine_ns) + 1} of {policy.normal_runs} before recording")
 
 
@@ -203,7 +236,8 @@ def _missed(kernel, spec: _Specialisation, policy: ReplayPolicy, run_on_engine):
     """The replay's guards failed (the data takes another course): the engine runs the call; a replay that
     misses more often than it runs is dropped after `policy.misses` misses."""
     spec.misses += 1
-    if spec.misses >= policy.misses and spec.misses > spec.hits:
+    if spec.misses >= policy.misses and spec.misses > spec.hits and not _record_again(spec, spec.block_guards,
+                                                                                        policy):
         spec.off, spec.replay = ReplayDecision(ENGINE, f"the data took another course than recorded in "
                                                        f"{spec.misses} of {spec.misses + spec.hits} calls"), None
     standing = spec.standing(policy)
@@ -256,7 +290,51 @@ def _key(values) -> tuple | None:
 def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     t0 = time.perf_counter_ns()
     inputs = [v.data if type(v) is TensorValue else None for v in binding.values]
-    recorder = Recorder(inputs)
+    recorder = Recorder(inputs, opaque_kernels=frozenset(spec.opaque_kernels))
+    spec.recordings += 1
+    result = _run_recorded(recorder, spec, run_on_engine)
+    try:
+        rebuild = result_plan(result, recorder) if recorder.refused is None else None
+    except Unreplayable as e:
+        recorder.refuse(str(e))
+    result = plain_scalars(result)
+    took = f"{(time.perf_counter_ns() - t0) / 1e6:.1f} ms"
+    if recorder.refused is not None and _record_again(spec, set(recorder.escaped), current_policy()):
+        _decided(kernel, ReplayDecision(ENGINE, f"recorded in {took} and refused inside a block: "
+                                                f"{recorder.refused}; the next call records again, calling the "
+                                                f"blocks of {len(spec.opaque_kernels)} kernels as they are"), "")
+        return result
+    if recorder.refused is not None:
+        spec.off = ReplayDecision(REFUSED, recorder.refused)
+        _decided(kernel, spec.off, f" · recorded in {took}: from now on on the engine")
+        return result
+    outputs = []
+    spec.results = number_outputs(rebuild, outputs)
+    source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
+    spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
+    spec.calls, spec.guards, spec.opaque = recorder.calls, recorder.guards, recorder.opaque_calls
+    spec.communicates = recorder.communicates
+    spec.block_guards = recorder.block_guards
+    _dump(kernel, source)
+    _decided(kernel, ReplayDecision(RECORDED, f"in {took}; from now on {spec.standing(current_policy()).reason}"),
+             "")
+    return result
+
+
+def _record_again(spec: _Specialisation, kernels: set, policy: ReplayPolicy) -> bool:
+    """Whether the next call records again, with the blocks of `kernels` (keys: replay.capture `block`) called as
+    they are: only with kernels not called so yet, up to `policy.max_recordings` recordings."""
+    if not kernels - spec.opaque_kernels or spec.recordings >= policy.max_recordings:
+        return False
+    spec.opaque_kernels |= kernels
+    spec.replay, spec.replayed, spec.hits, spec.misses = None, None, 0, 0
+    spec.replay_ns, spec.engine_turn = [], False   # (the new recording gets a trial of its own)
+    return True
+
+
+def _run_recorded(recorder, spec: _Specialisation, run_on_engine):
+    """The recorded run's result, its warnings given again as they would have appeared (an InWriteWarning is kept
+    for each replay to give again; any other refuses the recording)."""
     threads = set_torch_threads(_worker_threads())
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -273,25 +351,6 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     if len(spec.warnings) < len(caught):
         other = next(w for w in caught if not issubclass(w.category, InWriteWarning))
         recorder.refuse(f"the run warned ({other.category.__name__})")
-    try:
-        rebuild = result_plan(result, recorder) if recorder.refused is None else None
-    except Unreplayable as e:
-        recorder.refuse(str(e))
-    result = plain_scalars(result)
-    took = f"{(time.perf_counter_ns() - t0) / 1e6:.1f} ms"
-    if recorder.refused is not None:
-        spec.off = ReplayDecision(REFUSED, recorder.refused)
-        _decided(kernel, spec.off, f" · recorded in {took}: from now on on the engine")
-        return result
-    outputs = []
-    spec.results = number_outputs(rebuild, outputs)
-    source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
-    spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
-    spec.calls = recorder.calls
-    spec.guards = recorder.guards
-    _dump(kernel, source)
-    _decided(kernel, ReplayDecision(RECORDED, f"in {took}; from now on {spec.standing(current_policy()).reason}"),
-             "")
     return result
 
 
@@ -321,7 +380,7 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bou
     for message, category, filename, lineno in spec.warnings:
         warnings.warn_explicit(message, category, filename, lineno)
     decision = spec.standing(policy)
-    if len(spec.replay_ns) <= policy.trial_replays:   # the first replay warms up (allocations): not counted
+    if spec.in_trial(policy):   # the first replay warms up (allocations): not counted
         spec.replay_ns.append(time.perf_counter_ns() - t0)
         spec.engine_turn = len(spec.replay_ns) <= policy.trial_replays
         timed = spec.replay_ns[1:]   # (none with a trial of no replays; no engine run with `normal_runs` 0)

@@ -15,7 +15,7 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     Two clean-ups: a call repeating an earlier one (same function, same arguments, their memory unchanged
     since) reuses its result, unless either result is later written; a call whose result nothing needs and
     that changes nothing is left out."""
-    calls = _fold(rec, _dedupe(rec.recorded, rec.storage_of), set(results))
+    calls = _fold(rec, _dedupe(rec.recorded, rec.storage_of, rec.volatile), set(results))
     needed = set(results)
     keep = []
     for call in reversed(calls):
@@ -74,10 +74,11 @@ def _assign_windows(calls: list[Call], results: set) -> list[Call]:
     return [call for call in calls if id(call) not in merged]
 
 
-def _dedupe(calls: list[Call], storage_of: dict[str, int]) -> list[Call]:
+def _dedupe(calls: list[Call], storage_of: dict[str, int], volatile: set = frozenset()) -> list[Call]:
     """Common subexpressions: a pure call equal to an earlier one, over memory not written in between, reuses
     the earlier result. Results that are written later (by name or, for fresh memory, through any view) keep
-    their own call: sharing them would leak one's writes into the other."""
+    their own call: sharing them would leak one's writes into the other. A call reading `volatile` memory (a
+    window: peers write it unseen) keeps its own call too."""
     written_names = {n for call in calls for n in call.written}
     written_storages = {s for call in calls for s in call.written_storages}
     version: dict[int, int] = {}
@@ -92,7 +93,8 @@ def _dedupe(calls: list[Call], storage_of: dict[str, int]) -> list[Call]:
         name = call.out
         if name is not None and name in storage_of:
             shareable = (not call.effect and name not in written_names
-                         and not (call.fresh and storage_of[name] in written_storages))
+                         and not (call.fresh and storage_of[name] in written_storages)
+                         and not (volatile and any(storage_of.get(r) in volatile for r in call.reads)))
             if shareable:
                 key = (call.code, tuple(version.get(storage_of.get(r), 0) for r in call.reads))
                 earlier = seen.get(key)

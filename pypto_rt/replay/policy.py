@@ -32,7 +32,10 @@ class ReplayPolicy:
                                        # hand-offs dominate): such a specialisation is not recorded
     slower: float = 1.15               # a replay this much slower than the engine's fastest run is dropped
     misses: int = 8                    # guard misses after which a replay that misses more often than it runs
-                                       # is dropped
+                                       # is dropped (or recorded again, see max_recordings)
+    max_recordings: int = 3            # per specialisation: a recording refused inside a block, or a replay
+                                       # dropped for misses of guards made inside blocks, is recorded again with
+                                       # those kernels' blocks called as they are, up to this many recordings
     # -- kernel blocks (replay.kernel), per specialisation ---------------------------------------------------
     kernel_normal_runs: int = 32       # blocks (over all calls) run by the kernel before one is recorded: a
                                        # recording costs 10-70 blocks' time, so a one-off run does not pay it

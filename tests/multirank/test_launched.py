@@ -106,3 +106,18 @@ def test_one_sided_ops_and_collectives_in_kernels_and_plain_python(executor):
                  env={"PYPTO_EXECUTOR": executor})
     assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
     assert job.out.count(": PASS") == 3 * 9 + 1 and "FAIL" not in job.out, job.out[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_communicating_entry_called_every_step_replays_on_every_rank():
+    job = launch(2, os.path.join(PROGS, "comm_replay.py"), "--comm", "shm", "--timeout-s", "30",
+                 env={"PYPTO_STATS": "1"})
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(2):
+        line = re.search(rf"rank {rank}: PASS (.*)", job.out)
+        assert line, job.out[-3000:]
+        # no guard on the epoch or the counts (they change every call), no timed trial (peer waits are noise)
+        assert line.group(1).split() == ["engine", "engine", "recorded"] + ["replayed"] * 9, line.group(0)
+    # PYPTO_STATS=1 shows the decision, and that the communication block is called as it is
+    assert re.search(r"pypto-rt stats \[ring_step\]: replayed: replay of \d+ torch calls and 1 kernel blocks "
+                     r"called as they are", job.err), job.err[-3000:]

@@ -269,18 +269,54 @@ def read_after_write(x: pl.Tensor[[ROWS, COLS], pl.FP32], idx: pl.InOut[pl.Tenso
     return y
 
 
-def test_a_read_of_data_the_run_wrote_first_that_places_a_window_is_never_replayed():
+def test_a_block_placing_a_window_at_data_the_run_wrote_first_replays_as_one_call_of_its_kernel():
+    # a guard on the row would come too late (the run computes it): the first recording is refused inside the
+    # block `copy_row`, the next one calls that block as it is, with the row as code read where the run read it
+    x = torch.randn(ROWS, COLS)
+    decisions = []
+    with policy_scope(**KEEP):
+        for i in range(CALLS):
+            y = torch.empty(1, COLS)
+            decisions.append(decided(read_after_write, x, torch.tensor([i % (ROWS - 1)], dtype=torch.int32), y))
+            assert torch.equal(y, x[i % (ROWS - 1) + 1 :][:1]), f"call {i}"
+    kinds = [d.kind for d in decisions]
+    assert kinds[:POLICY.normal_runs + 2] == [ENGINE] * (POLICY.normal_runs + 1) + [RECORDED], kinds
+    assert kinds[-1] == REPLAYED and REFUSED not in kinds and GUARD_MISS not in kinds, kinds
+    again = decisions[POLICY.normal_runs].reason
+    assert "refused inside a block" in again and "(test_replay.py:" in again, again   # names the user's line
+    assert "1 kernel blocks called as they are" in decisions[-1].reason and guards(decisions[-1]) == 0
+
+
+@pl.jit
+def bounded_by_counts(x: pl.Tensor[[ROWS, COLS], pl.FP32], counts: pl.Tensor[[1], pl.INT32],
+                      y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="live_rows"):
+        n = pl.read(counts, [0])   # read inside the block from an entry tensor
+        for r in pl.range(n):      # a row loop bounded by it: a guard on it, made inside the block
+            y[r : r + 1, :] = pl.add(x[r : r + 1, :], 1.0)
+    return y
+
+
+def test_a_block_whose_guards_miss_more_often_than_not_is_recorded_again_as_one_call_of_its_kernel():
+    # the count differs every call: the block's loop-bound guard misses; after `misses` misses the specialisation
+    # is recorded again with that block called as it is (no guard), and replays from then on
     x = torch.randn(ROWS, COLS)
     kinds = []
-    for i in range(CALLS):
-        y = torch.empty(1, COLS)
-        decision = decided(read_after_write, x, torch.tensor([i % (ROWS - 1)], dtype=torch.int32), y)
-        kinds.append(decision.kind)
-        if decision.kind == REFUSED:
-            refused = decision
-        assert torch.equal(y, x[i % (ROWS - 1) + 1 :][:1]), f"call {i}"
-    assert kinds == [ENGINE] * POLICY.normal_runs + [REFUSED] * (CALLS - POLICY.normal_runs), kinds
-    assert "(test_replay.py:" in refused.reason, "the reason names the user's line"
+    assert ROWS > POLICY.normal_runs + 1 + POLICY.misses   # (a new count on every call until it is dropped)
+    with policy_scope(**KEEP):
+        for i in range(POLICY.normal_runs + 1 + POLICY.misses + 2 + 2 * POLICY.trial_replays + 2):
+            n = i % ROWS
+            y = torch.zeros(ROWS, COLS)
+            decision = decided(bounded_by_counts, x, torch.tensor([n], dtype=torch.int32), y)
+            kinds.append(decision.kind)
+            want = torch.zeros(ROWS, COLS)
+            want[:n] = x[:n] + 1.0
+            assert torch.equal(y, want), f"call {i} (n={n})"
+    first = POLICY.normal_runs + 1
+    assert kinds[first:first + POLICY.misses] == [GUARD_MISS] * POLICY.misses, kinds
+    assert kinds[first + POLICY.misses] == RECORDED and kinds[-1] == REPLAYED, kinds
+    assert GUARD_MISS not in kinds[first + POLICY.misses:] and ENGINE in kinds[first + POLICY.misses:], kinds
+    assert "1 kernel blocks called as they are" in decision.reason and guards(decision) == 0, decision
 
 
 @pl.jit
@@ -460,20 +496,20 @@ def test_stats_print_each_replay_decision_as_kind_and_reason(capsys):
     """PYPTO_STATS=1: replays, recordings, refusals and misses each print `pypto-rt stats [<entry>]: <kind>:
     <reason>`, the decision the call noted."""
     fresh, fresh_steered = pl.jit(scale_rows.fn), pl.jit(steered.fn)
-    fresh_read_after_write = pl.jit(read_after_write.fn)
+    fresh_noted = pl.jit(noted.fn)
     x = torch.randn(ROWS, COLS)
     printed = []
     with config.scope(STATS="1"), policy_scope(**KEEP):
-        for i in range(CALLS):
+        for _ in range(CALLS):
             fresh(x, 2.0, torch.empty(ROWS, COLS))
-            fresh_read_after_write(x, torch.tensor([i], dtype=torch.int32), torch.empty(1, COLS))
+            fresh_noted(x, torch.empty(ROWS, COLS))
         for n in [3] * CALLS + [5]:
             decision = decided(fresh_steered, x, torch.tensor([2, n], dtype=torch.int32), torch.empty(ROWS, COLS))
             printed.append(f"pypto-rt stats [steered]: {decision}")
     lines = capsys.readouterr().err.splitlines()
     for kind in (RECORDED, REPLAYED, REFUSED):
         assert [ln for ln in lines if ln.startswith(f"pypto-rt stats [scale_rows]: {kind}: ") or
-                ln.startswith(f"pypto-rt stats [read_after_write]: {kind}: ")], (kind, lines)
+                ln.startswith(f"pypto-rt stats [noted]: {kind}: ")], (kind, lines)
     assert printed[-1].startswith(f"pypto-rt stats [steered]: {GUARD_MISS}: ") and printed[-1] in lines
     assert any(ln.startswith(printed[-2]) for ln in lines), "a replay's line: its decision, then its wall time"
 
