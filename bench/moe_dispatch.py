@@ -1,0 +1,154 @@
+"""Benchmark 9 - MoE dispatch+combine (issue 14): `pypto_rt.kernels.moe.MoEBuffer` on the shm communicator against
+a Megatron-style baseline on torch.distributed gloo (`bench.moe_baseline`), in the same rank processes, interleaved.
+
+Each world size is one pypto-launch job (`bench/moe_rank.py`, comm shm) whose ranks also join a gloo group. Per
+shape every rank checks each contender against the golden first, then times them interleaved (barrier, one
+dispatch+combine, identity expert step). A call's latency is that of its slowest rank (the round trip ends when
+the last rank has its output); the table gives the median and p90 over iterations. Logical GB/s is DeepEP's: 2H
+bytes per selected (token, expert) pair, both directions, per rank, over the median. Wire bytes against live-row
+bytes (unique (token, destination rank) pairs) are summed over ranks; MoEBuffer's come from `buf.stats()` when
+it has one, else from the routing. Receive buffer: the largest any rank needs for dispatch.
+
+`python -m bench.moe_dispatch [--full] [--worlds 2,4,8] [--iters N]` prints the tables on their own; `--full` runs
+every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; several minutes on 2 cores).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from bench.moe_rank import NOT_BUILT
+from bench.moe_routing import EXPERTS_PER_RANK
+from bench.timing import dur, ratio, table, verdict
+
+TITLE = "9. MoE dispatch+combine: MoEBuffer (shm) vs a Megatron-style gloo baseline"
+RANK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_rank.py")
+TARGETS = {"decode": 2.0, "prefill": 1.2}   # issue 14: speed-up over the baseline
+WIRE_KEYS = ("bytes_sent", "wire_bytes")      # MoEBuffer.stats() names tried for bytes on the wire
+HOST_READ_KEYS = ("host_reads",)
+JOB_TIMEOUT_S = 120                           # the ranks' no-progress deadline (pypto-launch --timeout-s)
+
+
+def run_world(world: int, shape_set: str, iters: int, warmup: int, baseline_only: bool = False) -> list[list[dict]]:
+    """One launched job of `world` ranks; every rank's rows (rank-major). Raises RuntimeError if a rank failed."""
+    from pypto_rt.launch import launch
+
+    with tempfile.TemporaryDirectory(prefix="moe-bench-") as tmp:
+        out = os.path.join(tmp, "results.json")
+        args = ["--set", shape_set, "--iters", iters, "--warmup", warmup, "--out", out]
+        result = launch(RANK_PROGRAM, *args, *(["--baseline-only"] if baseline_only else []), nproc=world,
+                        comm="shm", log_dir=os.path.join(tmp, "logs"), timeout_s=JOB_TIMEOUT_S)
+        if not result.passed:
+            raise RuntimeError(f"bench.moe_dispatch: the {world}-rank job failed:\n{result.report}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def latency(rows: list[dict], who: str) -> tuple[float, float] | None:
+    """(median, p90) over iterations of the slowest rank's seconds per call; None without samples."""
+    per_rank = [r[who]["samples"] for r in rows]
+    if not per_rank[0]:
+        return None
+    slowest = [max(calls) for calls in zip(*per_rank)]
+    p90 = statistics.quantiles(slowest, n=10)[-1] if len(slowest) > 1 else slowest[0]
+    return statistics.median(slowest), p90
+
+
+def ours_counter(rows: list[dict], keys: tuple[str, ...]) -> float | None:
+    """Per call, summed over ranks: the first of `keys` MoEBuffer.stats() has, counted over the timed calls."""
+    total = 0.0
+    for r in rows:
+        before, after = r["ours"].get("stats_before") or {}, r["ours"].get("stats_after") or {}
+        key = next((k for k in keys if k in after), None)
+        if key is None:
+            return None
+        total += (after[key] - before.get(key, 0)) / r["calls"]
+    return total
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def _timing_row(rows: list[dict], world: int) -> list:
+    shape = rows[0]["shape"]
+    base, ours = latency(rows, "baseline"), latency(rows, "ours")
+    logical = rows[0]["bytes"]["logical"]
+    cells = [world, _label(shape), _routing(shape), f"{dur(base[0])} / {dur(base[1])}",
+             f"{logical / base[0] / 1e9:.2f}"]
+    if ours is None:
+        return cells + [rows[0]["ours"]["status"], "-", "-", "-"]
+    speedup, target = base[0] / ours[0], TARGETS[shape["phase"]]
+    return cells + [f"{dur(ours[0])} / {dur(ours[1])}", f"{logical / ours[0] / 1e9:.2f}", ratio(speedup),
+                    f"≥ {target:g}x: {verdict(speedup, target, higher_is_better=True)}"]
+
+
+def _bytes_row(rows: list[dict], world: int) -> list:
+    shape = rows[0]["shape"]
+    live = sum(r["bytes"]["live"] for r in rows)
+    base_wire = sum(r["bytes"]["baseline_wire"] for r in rows)
+    base_reads = rows[0]["baseline"]["host_reads"] / rows[0]["calls"]
+    built = rows[0]["ours"]["status"] != NOT_BUILT
+    wire, reads = ours_counter(rows, WIRE_KEYS), ours_counter(rows, HOST_READ_KEYS)
+    ours_wire = ("-" if not built else f"{wire / live:.2f}x" if wire is not None
+                 else "1.00x (from the routing)")
+    return [world, _label(shape), _routing(shape), _mib(rows[0]["bytes"]["logical"]),
+            f"{base_wire / live:.2f}x", ours_wire, f"{base_reads:g}",
+            "-" if not built else f"{reads / world:g}" if reads is not None else "n/a (no stats)",
+            _mib(max(r["bytes"]["baseline_recv"] for r in rows)),
+            _mib(rows[0]["bytes"]["ours_recv"]) if built else "-"]
+
+
+def _label(shape: dict) -> str:
+    return f"{shape['phase']} T={shape['tokens']} H={shape['hidden']} k={shape['top_k']} E={EXPERTS_PER_RANK}·R"
+
+
+def _routing(shape: dict) -> str:
+    return "skewed" if shape["skewed"] else "uniform"
+
+
+def report(worlds: dict[int, list[list[dict]]]) -> str:
+    """The two tables (time, bytes) over every world size and shape."""
+    timing, nbytes = [], []
+    for world, ranks in worlds.items():
+        for rows in zip(*ranks):      # one shape: every rank's row
+            timing.append(_timing_row(list(rows), world))
+            nbytes.append(_bytes_row(list(rows), world))
+    return "\n".join([
+        table(["ranks", "shape (per rank)", "routing", "baseline median / p90", "baseline GB/s",
+               "MoEBuffer median / p90", "MoEBuffer GB/s", "speed-up (baseline / ours)", "target"], timing), "",
+        table(["ranks", "shape (per rank)", "routing", "logical bytes per rank", "baseline wire / live",
+               "MoEBuffer wire / live", "baseline host reads per call", "MoEBuffer host reads per call",
+               "baseline receive buffer (largest rank)", "MoEBuffer receive buffer"], nbytes), "",
+        "Skewed: every token of every rank routes to rank 0's experts. Live rows: unique (token, destination rank) "
+        "pairs, each way; the baseline sends one row per selected (token, expert) pair, plus [E] int64 counts. "
+        "Latency is the slowest rank's per call (barrier before each call); GB/s is logical bytes per rank / median."])
+
+
+def run(worlds=(2, 4, 8), full: bool = False, iters: int | None = None) -> str:
+    shape_set = "full" if full else "quick"
+    iters = iters or (50 if full else 20)
+    warmup = 10 if full else 3
+    results = {world: run_world(world, shape_set, iters, warmup) for world in worlds}
+    cores = os.cpu_count() or 1
+    note = (f"{iters} timed calls per contender after {warmup} warm-up, per shape. Worlds above {cores} ranks "
+            f"oversubscribe this machine's {cores} cores: those figures are scheduling-bound.")
+    return f"{note}\n\n{report(results)}"
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.moe_dispatch", description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", default="2,4,8", help="comma-separated rank counts (default 2,4,8)")
+    parser.add_argument("--full", action="store_true", help="every shape (decode T=8/128, prefill T=1024)")
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per contender (default 20; --full 50)")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    print(f"## {TITLE}\n\n{run(tuple(int(w) for w in args.worlds.split(',')), args.full, args.iters)}\n\n"
+          f"_(moe_dispatch: {time.perf_counter() - start:.1f} s)_")
+    sys.exit(0)

@@ -1,0 +1,159 @@
+"""One rank of the MoE dispatch benchmark, started by `bench.moe_dispatch` through pypto-launch (comm shm).
+
+`python -m pypto_rt.launch.cli --nproc N bench/moe_rank.py --set quick --iters 50 --warmup 10 --out f.json`
+
+Every rank joins one gloo process group (env://, the launcher's store) and, per shape, first checks each
+contender against the single-process golden (an error names the rank, the shape and the contender), then times
+them interleaved: each iteration is a gloo barrier and one timed dispatch+combine, baseline then ours, with the
+expert step as identity (only communication is timed). "ours" is `pypto_rt.kernels.moe.MoEBuffer`, constructed
+collectively per shape, when that name is importable; else the row says "not built yet". Rank 0 writes every
+rank's samples and counters to `--out` as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from bench.moe_baseline import GlooDispatch
+from bench.moe_routing import EXPERTS_PER_RANK, SETS, MoEShape, accounting, expert_fn, golden, make_inputs, \
+    route_counts
+
+GLOO_TIMEOUT_S = 120          # every gloo wait has this deadline (a peer that died ends the job sooner)
+NOT_BUILT = "not built yet"
+
+
+class ContenderMismatch(AssertionError):
+    """A contender's output differs from the golden; the message names the rank, shape and contender."""
+
+
+def load_ours():
+    """(MoEBuffer, MoEConfig) when the library has MoEBuffer, else None."""
+    try:
+        from pypto_rt.kernels.moe import MoEBuffer, MoEConfig
+    except ImportError:
+        return None
+    return MoEBuffer, MoEConfig
+
+
+def check_baseline(base: GlooDispatch, shape: MoEShape, x, topk_idx, topk_weights) -> None:
+    """The baseline's combine of expert_fn's rows equals the golden bit for bit."""
+    recv = base.dispatch(x, topk_idx, topk_weights)
+    out = base.combine(expert_fn(recv.x, base.global_expert(recv)), recv.handle)
+    ref = golden(x, topk_idx, topk_weights)
+    if not torch.equal(out, ref):
+        raise ContenderMismatch(f"rank {dist.get_rank()}: baseline output differs from the golden for {shape} "
+                                f"(max abs diff {float((out.float() - ref.float()).abs().max()):g})")
+
+
+def check_ours(buf, shape: MoEShape, x, topk_idx, topk_weights) -> None:
+    """recv.counts are the global route counts of this rank's experts; combine matches the golden (bf16 tol)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    recv = buf.dispatch(x, topk_idx, topk_weights)
+    want = route_counts(shape, world).view(world, EXPERTS_PER_RANK)[rank]
+    if not torch.equal(recv.counts.long(), want):
+        raise ContenderMismatch(f"rank {rank}: MoEBuffer recv.counts {recv.counts.tolist()} != the global route "
+                                f"counts {want.tolist()} for {shape}")
+    ids = torch.arange(EXPERTS_PER_RANK) + rank * EXPERTS_PER_RANK
+    y = expert_fn(recv.x, ids.view(-1, 1).expand(recv.x.shape[:2]))
+    out, ref = buf.combine(y, recv.handle).float(), golden(x, topk_idx, topk_weights).float()
+    try:
+        torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1e-2 * max(1.0, float(ref.abs().max())))
+    except AssertionError as e:
+        raise ContenderMismatch(f"rank {rank}: MoEBuffer combine differs from the golden for {shape}: {e}") from None
+
+
+def stats_of(buf) -> dict | None:
+    """The buffer's own counters (`buf.stats()`, a dict or dataclass) as a flat dict of scalars, or None."""
+    stats = getattr(buf, "stats", None)
+    if stats is None:
+        return None
+    value = stats() if callable(stats) else stats
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    elif not isinstance(value, dict):
+        value = vars(value)
+    return {k: v for k, v in value.items() if isinstance(v, (int, float, str, bool))}
+
+
+def time_interleaved(contenders: dict, iters: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds of each call, `iters` per contender; each iteration runs every contender once after a barrier."""
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(iters):
+        for name, fn in contenders.items():
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def measure_shape(shape: MoEShape, iters: int, warmup: int, ours) -> dict:
+    """Check, then time, both contenders on one shape; this rank's samples and counters."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, topk_idx, topk_weights = make_inputs(shape, world, rank)
+    base = GlooDispatch(EXPERTS_PER_RANK)
+    check_baseline(base, shape, x, topk_idx, topk_weights)
+
+    def baseline():
+        recv = base.dispatch(x, topk_idx, topk_weights)
+        return base.combine(recv.x, recv.handle)
+
+    contenders, row = {"baseline": baseline}, {"status": NOT_BUILT}
+    if ours is not None:
+        buf_cls, cfg_cls = ours
+        buf = buf_cls(cfg_cls(hidden=shape.hidden, num_experts=shape.num_experts(world), top_k=shape.top_k,
+                              max_tokens_per_rank=shape.tokens, dtype=x.dtype))
+        idx32 = topk_idx.int()   # what the gate returns
+        check_ours(buf, shape, x, idx32, topk_weights)
+
+        def moe_buffer():
+            recv = buf.dispatch(x, idx32, topk_weights)
+            return buf.combine(recv.x, recv.handle)
+
+        contenders["ours"] = moe_buffer
+        row = {"status": "ok", "stats_before": stats_of(buf)}
+    base.host_reads = 0
+    samples = time_interleaved(contenders, iters, warmup)
+    if ours is not None:
+        row["stats_after"] = stats_of(buf)
+    return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": warmup + iters,
+            "baseline": {"samples": samples["baseline"], "host_reads": base.host_reads},
+            "ours": {**row, "samples": samples.get("ours", [])}, "bytes": accounting(shape, world, rank)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/moe_rank.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=sorted(SETS), default="quick", help="shape set (bench.moe_routing)")
+    parser.add_argument("--iters", type=int, default=50, help="timed calls per contender and shape")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed calls per contender and shape first")
+    parser.add_argument("--baseline-only", action="store_true", help="do not run MoEBuffer even if built")
+    parser.add_argument("--out", required=True, help="rank 0 writes the JSON results here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    try:
+        ours = None if args.baseline_only else load_ours()
+        mine = [measure_shape(s, args.iters, args.warmup, ours) for s in SETS[args.set]]
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        if dist.get_rank() == 0:
+            with open(args.out + ".part", "w") as f:
+                json.dump(everyone, f)
+            os.replace(args.out + ".part", args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
