@@ -42,9 +42,20 @@ def load_ours():
     return MoEBuffer, MoEConfig
 
 
+def _own_route_counts(shape: MoEShape) -> torch.Tensor:
+    """[EXPERTS_PER_RANK] routes from every rank to this rank's experts (rebuilt from all ranks' routing)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return route_counts(shape, world).view(world, EXPERTS_PER_RANK)[rank]
+
+
 def check_baseline(base: GlooDispatch, shape: MoEShape, x, topk_idx, topk_weights) -> None:
-    """The baseline's combine of expert_fn's rows equals the golden bit for bit."""
+    """The baseline receives each local expert's global route count, and its combine of expert_fn's rows equals
+    the golden bit for bit."""
     recv = base.dispatch(x, topk_idx, topk_weights)
+    got, want = torch.bincount(recv.local_expert, minlength=EXPERTS_PER_RANK), _own_route_counts(shape)
+    if not torch.equal(got, want):
+        raise ContenderMismatch(f"rank {dist.get_rank()}: baseline received {got.tolist()} rows per local expert, "
+                                f"not the global route counts {want.tolist()}, for {shape}")
     out = base.combine(expert_fn(recv.x, base.global_expert(recv)), recv.handle)
     ref = golden(x, topk_idx, topk_weights)
     if not torch.equal(out, ref):
@@ -54,9 +65,9 @@ def check_baseline(base: GlooDispatch, shape: MoEShape, x, topk_idx, topk_weight
 
 def check_ours(buf, shape: MoEShape, x, topk_idx, topk_weights) -> None:
     """recv.counts are the global route counts of this rank's experts; combine matches the golden (bf16 tol)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     recv = buf.dispatch(x, topk_idx, topk_weights)
-    want = route_counts(shape, world).view(world, EXPERTS_PER_RANK)[rank]
+    want = _own_route_counts(shape)
     if not torch.equal(recv.counts.long(), want):
         raise ContenderMismatch(f"rank {rank}: MoEBuffer recv.counts {recv.counts.tolist()} != the global route "
                                 f"counts {want.tolist()} for {shape}")
