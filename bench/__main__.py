@@ -19,7 +19,7 @@ from bench.timing import load_average
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time", "collectives", "determinism",
-              "coalesce_memory")
+              "coalesce_memory", "moe_dispatch")
 
 
 def header(argv) -> str:

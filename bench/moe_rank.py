@@ -137,6 +137,7 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours) -> dict:
     samples = time_interleaved(contenders, iters, warmup)
     if ours is not None:
         row["stats_after"] = stats_of(buf)
+        getattr(buf, "close", lambda: None)()    # one buffer per shape: free its windows if it can
     return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": warmup + iters,
             "baseline": {"samples": samples["baseline"], "host_reads": base.host_reads},
             "ours": {**row, "samples": samples.get("ours", [])}, "bytes": accounting(shape, world, rank)}
