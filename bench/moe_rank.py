@@ -63,8 +63,9 @@ def check_baseline(base: GlooDispatch, shape: MoEShape, x, topk_idx, topk_weight
                                 f"(max abs diff {float((out.float() - ref.float()).abs().max()):g})")
 
 
-def check_ours(buf, shape: MoEShape, x, topk_idx, topk_weights) -> None:
-    """recv.counts are the global route counts of this rank's experts; combine matches the golden (bf16 tol)."""
+def check_ours(buf, shape: MoEShape, x, topk_idx, topk_weights) -> int:
+    """recv.counts are the global route counts of this rank's experts; combine matches the golden (bf16 tol).
+    Returns the bytes of recv.x, the buffer's receive tensor."""
     rank = dist.get_rank()
     recv = buf.dispatch(x, topk_idx, topk_weights)
     want = _own_route_counts(shape)
@@ -78,6 +79,7 @@ def check_ours(buf, shape: MoEShape, x, topk_idx, topk_weights) -> None:
         torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1e-2 * max(1.0, float(ref.abs().max())))
     except AssertionError as e:
         raise ContenderMismatch(f"rank {rank}: MoEBuffer combine differs from the golden for {shape}: {e}") from None
+    return recv.x.numel() * recv.x.element_size()
 
 
 def stats_of(buf) -> dict | None:
@@ -108,6 +110,39 @@ def time_interleaved(contenders: dict, iters: int, warmup: int) -> dict[str, lis
     return samples
 
 
+def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights):
+    """A checked MoEBuffer for `shape` (collective), its timed call (dispatch, identity experts, combine) and the
+    bytes of its receive tensor."""
+    buf_cls, cfg_cls = ours
+    buf = buf_cls(cfg_cls(hidden=shape.hidden, num_experts=shape.num_experts(dist.get_world_size()),
+                          top_k=shape.top_k, max_tokens_per_rank=shape.tokens, dtype=x.dtype))
+    recv_bytes = check_ours(buf, shape, x, topk_idx, topk_weights)
+
+    def call():
+        recv = buf.dispatch(x, topk_idx, topk_weights)
+        return buf.combine(recv.x, recv.handle)
+
+    return buf, call, recv_bytes
+
+
+def replay_state(buf, x, topk_idx, topk_weights) -> str:
+    """How one more (untimed) call's dispatch and combine ran: replayed, recorded, engine, ... (run_stats)."""
+    from pypto_rt import run_stats
+
+    with run_stats.collect() as sent:
+        recv = buf.dispatch(x, topk_idx, topk_weights)
+    with run_stats.collect() as back:
+        buf.combine(recv.x, recv.handle)
+    return " / ".join(s.replay.kind if s.replay else "-" for s in (sent, back))
+
+
+def ours_counters(buf, x, topk_idx, topk_weights) -> dict:
+    """After the timed calls: the buffer's stats, the rows its latest dispatch sent per rank, the replay state."""
+    sent_rows = getattr(buf, "sent_rows", None)
+    return {"stats_after": stats_of(buf), "sent_rows": sent_rows() if sent_rows else None,
+            "replay": replay_state(buf, x, topk_idx, topk_weights)}
+
+
 def measure_shape(shape: MoEShape, iters: int, warmup: int, ours) -> dict:
     """Check, then time, both contenders on one shape; this rank's samples and counters."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -121,22 +156,13 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours) -> dict:
 
     contenders, row = {"baseline": baseline}, {"status": NOT_BUILT}
     if ours is not None:
-        buf_cls, cfg_cls = ours
-        buf = buf_cls(cfg_cls(hidden=shape.hidden, num_experts=shape.num_experts(world), top_k=shape.top_k,
-                              max_tokens_per_rank=shape.tokens, dtype=x.dtype))
         idx32 = topk_idx.int()   # what the gate returns
-        check_ours(buf, shape, x, idx32, topk_weights)
-
-        def moe_buffer():
-            recv = buf.dispatch(x, idx32, topk_weights)
-            return buf.combine(recv.x, recv.handle)
-
-        contenders["ours"] = moe_buffer
-        row = {"status": "ok", "stats_before": stats_of(buf)}
+        buf, contenders["ours"], recv_bytes = make_buffer(ours, shape, x, idx32, topk_weights)
+        row = {"status": "ok", "stats_before": stats_of(buf), "recv_bytes": recv_bytes}
     base.host_reads = 0
     samples = time_interleaved(contenders, iters, warmup)
     if ours is not None:
-        row["stats_after"] = stats_of(buf)
+        row.update(ours_counters(buf, x, idx32, topk_weights))
         getattr(buf, "close", lambda: None)()    # one buffer per shape: free its windows if it can
     return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": warmup + iters,
             "baseline": {"samples": samples["baseline"], "host_reads": base.host_reads},

@@ -100,12 +100,11 @@ def live_rows(topk_idx: torch.Tensor) -> int:
 
 def accounting(shape: MoEShape, world: int, rank: int) -> dict:
     """Bytes of one dispatch+combine on `rank`, both directions: logical (DeepEP's), the baseline's wire bytes
-    (one row per selected pair each way, plus its [E] int64 counts), live-row bytes, and the dispatch receive
-    buffer each side needs (the baseline's is sized to the rows that came; MoEBuffer's to its worst case)."""
+    (one row per selected pair each way, plus its [E] int64 counts), live-row bytes, and the baseline's dispatch
+    receive buffer (sized to the rows that came)."""
     _, topk_idx, _ = make_inputs(shape, world, rank)
     pairs, row = topk_idx.numel(), shape.row_bytes()
     experts = shape.num_experts(world)
     received = int(route_counts(shape, world).view(world, EXPERTS_PER_RANK)[rank].sum())
     return {"logical": 2 * pairs * row, "baseline_wire": 2 * pairs * row + 8 * experts,
-            "live": 2 * live_rows(topk_idx) * row, "baseline_recv": received * row,
-            "ours_recv": EXPERTS_PER_RANK * world * shape.tokens * row}
+            "live": 2 * live_rows(topk_idx) * row, "baseline_recv": received * row}

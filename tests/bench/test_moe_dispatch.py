@@ -77,9 +77,20 @@ def test_ours_side_is_checked_timed_and_counted():
     lines = [line for line in text.splitlines() if line.startswith("| 2 |")]
     assert len(lines) == 2 * len(CHECK)
     # the stand-in sends a row per selected pair and reads the splits twice per call, as the baseline does
-    for line in lines[len(CHECK):]:
+    for shape, line in zip(CHECK, lines[len(CHECK):]):
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert cells[4] == cells[5] and cells[6] == cells[7] == "2", cells
+        assert cells[5] == f"{cells[4]} (stats())" and cells[6] == cells[7] == "2", cells
+        recv_x = 8 * 2 * shape.tokens * shape.row_bytes()     # [E_l, world * T_MAX, H]
+        assert cells[9] == moe_dispatch._mib(recv_x) and cells[10] == "- / -", cells   # no pypto kernels inside
+
+
+def test_ours_wire_falls_back_to_sent_rows():
+    shape = {"phase": "decode", "tokens": 4, "hidden": 8, "top_k": 2, "skewed": False}
+    rows = [{"shape": shape, "calls": 3, "ours": {"stats_after": None, "sent_rows": [1, 2]}},
+            {"shape": shape, "calls": 3, "ours": {"stats_after": None, "sent_rows": [4, 0]}}]
+    assert moe_dispatch.ours_wire(rows) == (2 * 7 * 8 * 2, "payload rows, sent_rows()")
+    rows[1]["ours"]["sent_rows"] = None
+    assert moe_dispatch.ours_wire(rows) is None
 
 
 @pytest.mark.parametrize("bug", ["counts", "combine"])
