@@ -7,10 +7,13 @@ dispatch+combine, identity expert step). A call's latency is that of its slowest
 the last rank has its output); the table gives the median and p90 over iterations. Logical GB/s is DeepEP's: 2H
 bytes per selected (token, expert) pair, both directions, per rank, over the median. Wire bytes against live-row
 bytes (unique (token, destination rank) pairs) are summed over ranks; MoEBuffer's come from `buf.stats()` when
-it has one, else from the routing. Receive buffer: the largest any rank needs for dispatch.
+it has one, else from the rows its `sent_rows()` reports. Receive buffer: the baseline's largest rank's dispatch
+receive; MoEBuffer's `recv.x`. The last column says how a repeated MoEBuffer call ran (pypto_rt.run_stats).
 
-`python -m bench.moe_dispatch [--full] [--worlds 2,4,8] [--iters N]` prints the tables on their own; `--full` runs
-every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; several minutes on 2 cores).
+`python -m bench.moe_dispatch [--full] [--worlds 2,4,8] [--iters N] [--budget-s S]` prints the tables on their
+own; `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; about 10 minutes on 2
+cores). Each shape's calls stop at a time budget (at least 5 timed calls each), so a slow contender cannot stall
+the suite.
 """
 from __future__ import annotations
 
@@ -32,13 +35,14 @@ HOST_READ_KEYS = ("host_reads",)
 JOB_TIMEOUT_S = 120                           # the ranks' no-progress deadline (pypto-launch --timeout-s)
 
 
-def run_world(world: int, shape_set: str, iters: int, warmup: int, baseline_only: bool = False) -> list[list[dict]]:
+def run_world(world: int, shape_set: str, iters: int, warmup: int, baseline_only: bool = False,
+              budget_s: float = 60.0) -> list[list[dict]]:
     """One launched job of `world` ranks; every rank's rows (rank-major). Raises RuntimeError if a rank failed."""
     from pypto_rt.launch import launch
 
     with tempfile.TemporaryDirectory(prefix="moe-bench-") as tmp:
         out = os.path.join(tmp, "results.json")
-        args = ["--set", shape_set, "--iters", iters, "--warmup", warmup, "--out", out]
+        args = ["--set", shape_set, "--iters", iters, "--warmup", warmup, "--budget-s", budget_s, "--out", out]
         result = launch(RANK_PROGRAM, *args, *(["--baseline-only"] if baseline_only else []), nproc=world,
                         comm="shm", log_dir=os.path.join(tmp, "logs"), timeout_s=JOB_TIMEOUT_S)
         if not result.passed:
@@ -65,7 +69,7 @@ def ours_counter(rows: list[dict], keys: tuple[str, ...]) -> float | None:
         key = next((k for k in keys if k in after), None)
         if key is None:
             return None
-        total += (after[key] - before.get(key, 0)) / r["calls"]
+        total += (after[key] - before.get(key, 0)) / max(1, r["calls"])
     return total
 
 
@@ -89,8 +93,8 @@ def _timing_row(rows: list[dict], world: int) -> list:
     shape = rows[0]["shape"]
     base, ours = latency(rows, "baseline"), latency(rows, "ours")
     logical = rows[0]["bytes"]["logical"]
-    cells = [world, _label(shape), _routing(shape), f"{dur(base[0])} / {dur(base[1])}",
-             f"{logical / base[0] / 1e9:.2f}"]
+    cells = [world, _label(shape), _routing(shape), len(rows[0]["baseline"]["samples"]),
+             f"{dur(base[0])} / {dur(base[1])}", f"{logical / base[0] / 1e9:.2f}"]
     if ours is None:
         return cells + [rows[0]["ours"]["status"], "-", "-", "-"]
     speedup, target = base[0] / ours[0], TARGETS[shape["phase"]]
@@ -102,7 +106,7 @@ def _bytes_row(rows: list[dict], world: int) -> list:
     shape = rows[0]["shape"]
     live = sum(r["bytes"]["live"] for r in rows)
     base_wire = sum(r["bytes"]["baseline_wire"] for r in rows)
-    base_reads = rows[0]["baseline"]["host_reads"] / rows[0]["calls"]
+    base_reads = rows[0]["baseline"]["host_reads"] / max(1, rows[0]["calls"])
     built = rows[0]["ours"]["status"] != NOT_BUILT
     wire, reads = ours_wire(rows), ours_counter(rows, HOST_READ_KEYS)
     wire_cell = ("-" if not built else f"{wire[0] / live:.2f}x ({wire[1]})" if wire is not None
@@ -112,7 +116,24 @@ def _bytes_row(rows: list[dict], world: int) -> list:
             "-" if not built else f"{reads / world:g}" if reads is not None else "n/a (no counter)",
             _mib(max(r["bytes"]["baseline_recv"] for r in rows)),
             _mib(max(r["ours"]["recv_bytes"] for r in rows)) if built else "-",
-            rows[0]["ours"].get("replay", "-")]
+            _replay_cell(rows[0]["ours"].get("replay"))]
+
+
+def _replay_cell(replay: dict | None) -> str:
+    if not replay:
+        return "-"
+    return " / ".join(call["kind"] if call else "-" for call in replay.values())
+
+
+def _replay_notes(worlds: dict[int, list[list[dict]]]) -> list[str]:
+    """One line per distinct reason a MoEBuffer call did not replay."""
+    reasons = {}
+    for ranks in worlds.values():
+        for row in ranks[0]:
+            for name, call in (row["ours"].get("replay") or {}).items():
+                if call and call["kind"] != "replayed" and call["reason"]:
+                    reasons.setdefault(f"{name}: {call['kind']}: {call['reason']}", None)
+    return [f"- MoEBuffer {reason}" for reason in reasons]
 
 
 def _label(shape: dict) -> str:
@@ -131,7 +152,7 @@ def report(worlds: dict[int, list[list[dict]]]) -> str:
             timing.append(_timing_row(list(rows), world))
             nbytes.append(_bytes_row(list(rows), world))
     return "\n".join([
-        table(["ranks", "shape (per rank)", "routing", "baseline median / p90", "baseline GB/s",
+        table(["ranks", "shape (per rank)", "routing", "timed calls", "baseline median / p90", "baseline GB/s",
                "MoEBuffer median / p90", "MoEBuffer GB/s", "speed-up (baseline / ours)", "target"], timing), "",
         table(["ranks", "shape (per rank)", "routing", "logical bytes per rank", "baseline wire / live",
                "MoEBuffer wire / live", "baseline host reads per call", "MoEBuffer host reads per call",
@@ -139,17 +160,19 @@ def report(worlds: dict[int, list[list[dict]]]) -> str:
                "MoEBuffer repeated call (dispatch / combine)"], nbytes), "",
         "Skewed: every token of every rank routes to rank 0's experts. Live rows: unique (token, destination rank) "
         "pairs, each way; the baseline sends one row per selected (token, expert) pair, plus [E] int64 counts. "
-        "Latency is the slowest rank's per call (barrier before each call); GB/s is logical bytes per rank / median."])
+        "Latency is the slowest rank's per call (barrier before each call); GB/s is logical bytes per rank / median.",
+        *_replay_notes(worlds)])
 
 
-def run(worlds=(2, 4, 8), full: bool = False, iters: int | None = None) -> str:
+def run(worlds=(2, 4, 8), full: bool = False, iters: int | None = None, budget_s: float | None = None) -> str:
     shape_set = "full" if full else "quick"
-    iters = iters or (50 if full else 20)
-    warmup = 10 if full else 3
-    results = {world: run_world(world, shape_set, iters, warmup) for world in worlds}
+    iters, warmup = iters or (50 if full else 20), 10 if full else 3
+    budget_s = budget_s or (25.0 if full else 15.0)
+    results = {world: run_world(world, shape_set, iters, warmup, budget_s=budget_s) for world in worlds}
     cores = os.cpu_count() or 1
-    note = (f"{iters} timed calls per contender after {warmup} warm-up, per shape. Worlds above {cores} ranks "
-            f"oversubscribe this machine's {cores} cores: those figures are scheduling-bound.")
+    note = (f"Up to {iters} timed calls per contender after up to {warmup} warm-up, per shape; fewer where a shape "
+            f"would take over {budget_s:g} s (at least 5). Worlds above {cores} ranks oversubscribe this machine's "
+            f"{cores} cores: those figures are scheduling-bound.")
     return f"{note}\n\n{report(results)}"
 
 
@@ -160,7 +183,10 @@ if __name__ == "__main__":
     parser.add_argument("--worlds", default="2,4,8", help="comma-separated rank counts (default 2,4,8)")
     parser.add_argument("--full", action="store_true", help="every shape (decode T=8/128, prefill T=1024)")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per contender (default 20; --full 50)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds per shape, both contenders (default 15; --full 25)")
     args = parser.parse_args()
     start = time.perf_counter()
-    print(f"## {TITLE}\n\n{run(tuple(int(w) for w in args.worlds.split(',')), args.full, args.iters)}\n\n"
+    body = run(tuple(int(w) for w in args.worlds.split(",")), args.full, args.iters, args.budget_s)
+    print(f"## {TITLE}\n\n{body}\n\n"
           f"_(moe_dispatch: {time.perf_counter() - start:.1f} s)_")

@@ -26,6 +26,7 @@ from bench.moe_routing import EXPERTS_PER_RANK, SETS, MoEShape, accounting, expe
     route_counts
 
 GLOO_TIMEOUT_S = 120          # every gloo wait has this deadline (a peer that died ends the job sooner)
+MIN_ITERS = 5                 # timed calls per contender and shape, whatever the time budget
 NOT_BUILT = "not built yet"
 
 
@@ -95,6 +96,24 @@ def stats_of(buf) -> dict | None:
     return {k: v for k, v in value.items() if isinstance(v, (int, float, str, bool))}
 
 
+def _slowest_rank(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def plan_calls(contenders: dict, iters: int, warmup: int, budget_s: float) -> tuple[int, int]:
+    """(warm-up, timed) calls per contender within `budget_s` for the shape, judged by one first call of each on
+    the slowest rank (so every rank agrees): the timed calls get 80% of it, at most `iters`, at least MIN_ITERS
+    (or `iters` if fewer)."""
+    start = time.perf_counter()
+    for fn in contenders.values():
+        fn()
+    per_round = max(_slowest_rank(time.perf_counter() - start), 1e-6)
+    timed = min(iters, max(MIN_ITERS, int(0.8 * budget_s / per_round)))
+    return max(0, min(warmup - 1, int(0.2 * budget_s / per_round))), timed
+
+
 def time_interleaved(contenders: dict, iters: int, warmup: int) -> dict[str, list[float]]:
     """Seconds of each call, `iters` per contender; each iteration runs every contender once after a barrier."""
     for fn in contenders.values():
@@ -125,15 +144,17 @@ def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights):
     return buf, call, recv_bytes
 
 
-def replay_state(buf, x, topk_idx, topk_weights) -> str:
-    """How one more (untimed) call's dispatch and combine ran: replayed, recorded, engine, ... (run_stats)."""
+def replay_state(buf, x, topk_idx, topk_weights) -> dict:
+    """How one more (untimed) call's dispatch and combine ran, by run_stats: {"dispatch": {"kind": "replayed" |
+    "refused" | ..., "reason": ...}, "combine": ...}; None for a call that ran no pypto kernel."""
     from pypto_rt import run_stats
 
     with run_stats.collect() as sent:
         recv = buf.dispatch(x, topk_idx, topk_weights)
     with run_stats.collect() as back:
         buf.combine(recv.x, recv.handle)
-    return " / ".join(s.replay.kind if s.replay else "-" for s in (sent, back))
+    return {name: {"kind": s.replay.kind, "reason": s.replay.reason} if s.replay else None
+            for name, s in (("dispatch", sent), ("combine", back))}
 
 
 def ours_counters(buf, x, topk_idx, topk_weights) -> dict:
@@ -143,8 +164,9 @@ def ours_counters(buf, x, topk_idx, topk_weights) -> dict:
             "replay": replay_state(buf, x, topk_idx, topk_weights)}
 
 
-def measure_shape(shape: MoEShape, iters: int, warmup: int, ours) -> dict:
-    """Check, then time, both contenders on one shape; this rank's samples and counters."""
+def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: float = 60.0) -> dict:
+    """Check, then time, both contenders on one shape (at most `iters` timed calls each, fewer where they would
+    take over `budget_s`); this rank's samples and counters."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x, topk_idx, topk_weights = make_inputs(shape, world, rank)
     base = GlooDispatch(EXPERTS_PER_RANK)
@@ -160,11 +182,12 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours) -> dict:
         buf, contenders["ours"], recv_bytes = make_buffer(ours, shape, x, idx32, topk_weights)
         row = {"status": "ok", "stats_before": stats_of(buf), "recv_bytes": recv_bytes}
     base.host_reads = 0
+    warmup, iters = plan_calls(contenders, iters, warmup, budget_s) if iters else (warmup, 0)
     samples = time_interleaved(contenders, iters, warmup)
     if ours is not None:
         row.update(ours_counters(buf, x, idx32, topk_weights))
         getattr(buf, "close", lambda: None)()    # one buffer per shape: free its windows if it can
-    return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": warmup + iters,
+    return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": int(bool(iters)) + warmup + iters,
             "baseline": {"samples": samples["baseline"], "host_reads": base.host_reads},
             "ours": {**row, "samples": samples.get("ours", [])}, "bytes": accounting(shape, world, rank)}
 
@@ -174,6 +197,8 @@ def main(argv=None) -> int:
     parser.add_argument("--set", choices=sorted(SETS), default="quick", help="shape set (bench.moe_routing)")
     parser.add_argument("--iters", type=int, default=50, help="timed calls per contender and shape")
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls per contender and shape first")
+    parser.add_argument("--budget-s", type=float, default=60.0,
+                        help="seconds per shape for warm-up and timed calls, both contenders (at least 5 calls)")
     parser.add_argument("--baseline-only", action="store_true", help="do not run MoEBuffer even if built")
     parser.add_argument("--out", required=True, help="rank 0 writes the JSON results here")
     args = parser.parse_args(argv)
@@ -181,7 +206,7 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     try:
         ours = None if args.baseline_only else load_ours()
-        mine = [measure_shape(s, args.iters, args.warmup, ours) for s in SETS[args.set]]
+        mine = [measure_shape(s, args.iters, args.warmup, ours, args.budget_s) for s in SETS[args.set]]
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         if dist.get_rank() == 0:
