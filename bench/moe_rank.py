@@ -146,15 +146,16 @@ def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights):
 
 def replay_state(buf, x, topk_idx, topk_weights) -> dict:
     """How one more (untimed) call's dispatch and combine ran, by run_stats: {"dispatch": {"kind": "replayed" |
-    "refused" | ..., "reason": ...}, "combine": ...}; None for a call that ran no pypto kernel."""
+    "refused" | ..., "reason": ..., "host_reads": elements its host program read (None: the runtime does not count
+    them)}, "combine": ...}; None for a call that ran no pypto kernel."""
     from pypto_rt import run_stats
 
     with run_stats.collect() as sent:
         recv = buf.dispatch(x, topk_idx, topk_weights)
     with run_stats.collect() as back:
         buf.combine(recv.x, recv.handle)
-    return {name: {"kind": s.replay.kind, "reason": s.replay.reason} if s.replay else None
-            for name, s in (("dispatch", sent), ("combine", back))}
+    return {name: {"kind": s.replay.kind, "reason": s.replay.reason, "host_reads": getattr(s, "host_reads", None)}
+            if s.replay else None for name, s in (("dispatch", sent), ("combine", back))}
 
 
 def ours_counters(buf, x, topk_idx, topk_weights) -> dict:

@@ -79,7 +79,7 @@ def test_ours_side_is_checked_timed_and_counted():
     # the stand-in sends a row per selected pair and reads the splits twice per call, as the baseline does
     for shape, line in zip(CHECK, lines[len(CHECK):]):
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert cells[5] == f"{cells[4]} (stats())" and cells[6] == cells[7] == "2", cells
+        assert cells[5] == f"{cells[4]} (stats())" and (cells[6], cells[7]) == ("2", "2 (stats())"), cells
         recv_x = 8 * 2 * shape.tokens * shape.row_bytes()     # [E_l, world * T_MAX, H]
         assert cells[9] == moe_dispatch._mib(recv_x) and cells[10] == "- / -", cells   # no pypto kernels inside
 
@@ -112,3 +112,13 @@ def test_launched_job_runs_the_baseline_and_says_ours_is_not_built():
     assert [[row["rank"] for row in rows] for rows in ranks] == [[0] * len(CHECK), [1] * len(CHECK)]
     text = moe_dispatch.report({2: ranks})
     assert text.count(moe_rank.NOT_BUILT) == len(CHECK)
+
+
+def test_ours_host_reads_from_run_stats_on_the_busiest_rank():
+    def row(dispatch_reads, combine_reads):
+        calls = {"dispatch": {"kind": "engine", "reason": "", "host_reads": dispatch_reads},
+                 "combine": {"kind": "engine", "reason": "", "host_reads": combine_reads}}
+        return {"calls": 3, "ours": {"stats_after": None, "replay": calls}}
+
+    assert moe_dispatch._ours_reads([row(0, 0), row(2, 1)]) == "3 (host program)"
+    assert moe_dispatch._ours_reads([row(0, 0), row(None, None)]) == "n/a (no counter)"   # runtime without it
