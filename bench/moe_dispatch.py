@@ -23,7 +23,6 @@ import statistics
 import tempfile
 import time
 
-from bench.moe_rank import NOT_BUILT
 from bench.moe_routing import EXPERTS_PER_RANK, MoEShape
 from bench.timing import dur, ratio, table, verdict
 
@@ -107,7 +106,7 @@ def _bytes_row(rows: list[dict], world: int) -> list:
     live = sum(r["bytes"]["live"] for r in rows)
     base_wire = sum(r["bytes"]["baseline_wire"] for r in rows)
     base_reads = rows[0]["baseline"]["host_reads"] / max(1, rows[0]["calls"])
-    built = rows[0]["ours"]["status"] != NOT_BUILT
+    built = rows[0]["ours"]["status"] == "ok"
     wire = ours_wire(rows)
     wire_cell = ("-" if not built else f"{wire[0] / live:.2f}x ({wire[1]})" if wire is not None
                  else "n/a (no counter)")

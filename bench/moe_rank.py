@@ -165,9 +165,10 @@ def ours_counters(buf, x, topk_idx, topk_weights) -> dict:
             "replay": replay_state(buf, x, topk_idx, topk_weights)}
 
 
-def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: float = 60.0) -> dict:
+def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: float = 60.0,
+                  absent: str = NOT_BUILT) -> dict:
     """Check, then time, both contenders on one shape (at most `iters` timed calls each, fewer where they would
-    take over `budget_s`); this rank's samples and counters."""
+    take over `budget_s`); this rank's samples and counters. Without `ours`, its status says `absent`."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x, topk_idx, topk_weights = make_inputs(shape, world, rank)
     base = GlooDispatch(EXPERTS_PER_RANK)
@@ -177,7 +178,7 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
         recv = base.dispatch(x, topk_idx, topk_weights)
         return base.combine(recv.x, recv.handle)
 
-    contenders, row = {"baseline": baseline}, {"status": NOT_BUILT}
+    contenders, row = {"baseline": baseline}, {"status": absent}
     if ours is not None:
         idx32 = topk_idx.int()   # what the gate returns
         buf, contenders["ours"], recv_bytes = make_buffer(ours, shape, x, idx32, topk_weights)
@@ -207,7 +208,8 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     try:
         ours = None if args.baseline_only else load_ours()
-        mine = [measure_shape(s, args.iters, args.warmup, ours, args.budget_s) for s in SETS[args.set]]
+        absent = "not run (--baseline-only)" if args.baseline_only else NOT_BUILT
+        mine = [measure_shape(s, args.iters, args.warmup, ours, args.budget_s, absent) for s in SETS[args.set]]
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         if dist.get_rank() == 0:

@@ -101,17 +101,32 @@ def test_a_wrong_buffer_fails_its_check_naming_rank_and_shape(bug):
     assert f"rank {min(errors)}: MoEBuffer" in text and "MoEShape(phase='decode'" in text
 
 
+def _absent(ctx):
+    _gloo(ctx)
+    try:
+        return moe_rank.measure_shape(CHECK[0], 2, 1, None)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_without_moe_buffer_the_rows_say_not_built_yet():
+    rows = list(run_ranks(_absent, 2, deadline_s=60).ok().values())
+    text = moe_dispatch.report({2: [[rows[0]], [rows[1]]]})
+    assert text.count(moe_rank.NOT_BUILT) == 1     # in the timing row; the bytes row has "-" for MoEBuffer
+
+
 def test_latency_is_the_slowest_rank_per_call():
     rows = [{"baseline": {"samples": [1.0, 5.0, 2.0]}}, {"baseline": {"samples": [3.0, 1.0, 2.0]}}]
     median, p90 = moe_dispatch.latency(rows, "baseline")
     assert median == 3.0 and p90 >= 3.0     # per call: 3, 5, 2
 
 
-def test_launched_job_runs_the_baseline_and_says_ours_is_not_built():
+def test_launched_job_runs_the_baseline_alone_when_asked():
     ranks = moe_dispatch.run_world(2, "check", iters=2, warmup=1, baseline_only=True)
     assert [[row["rank"] for row in rows] for rows in ranks] == [[0] * len(CHECK), [1] * len(CHECK)]
+    assert all(len(row["baseline"]["samples"]) == 2 for rows in ranks for row in rows)
     text = moe_dispatch.report({2: ranks})
-    assert text.count(moe_rank.NOT_BUILT) == len(CHECK)
+    assert text.count("not run (--baseline-only)") == len(CHECK)
 
 
 def test_ours_host_reads_from_run_stats_on_the_busiest_rank():
