@@ -1,13 +1,14 @@
 """One rank of the MoE dispatch benchmark, started by `bench.moe_dispatch` through pypto-launch (comm shm).
 
-`python -m pypto_rt.launch.cli --nproc N bench/moe_rank.py --set quick --iters 50 --warmup 10 --out f.json`
+`pypto-launch --nproc N bench/moe_rank.py --set quick --iters 50 --warmup 10 --out f.json` (what it runs)
 
 Every rank joins one gloo process group (env://, the launcher's store) and, per shape, first checks each
 contender against the single-process golden (an error names the rank, the shape and the contender), then times
 them interleaved: each iteration is a gloo barrier and one timed dispatch+combine, baseline then ours, with the
 expert step as identity (only communication is timed). "ours" is `pypto_rt.kernels.moe.MoEBuffer`, constructed
-collectively per shape, when that name is importable; else the row says "not built yet". Rank 0 writes every
-rank's samples and counters to `--out` as JSON.
+collectively per shape, when that name is importable; else the row says "not built yet". The calls per shape
+stop at a time budget every rank agrees on (`plan_calls`). Rank 0 writes every rank's samples and counters to
+`--out` as JSON.
 """
 from __future__ import annotations
 
