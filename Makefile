@@ -22,8 +22,9 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q
 
+# `make bench BENCH_ARGS="--only moe_dispatch --full"`: options of python -m bench
 bench: venv
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -2,12 +2,14 @@
 
 Every table holds ratios measured in this one run (medians of interleaved repeats); ratios, not seconds, are
 what carry between machines. Targets are reported, never asserted. `python -m bench --only per_task,kernels`
-runs a subset; `python -m bench.profile_tasks` profiles benchmark 1.
+runs a subset; `--full` gives benchmarks with a quick default their full set; `python -m bench.profile_tasks`
+profiles benchmark 1.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import platform
 import sys
@@ -19,7 +21,7 @@ from bench.timing import load_average
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time", "collectives", "determinism",
-              "coalesce_memory", "moe_experts")
+              "coalesce_memory", "moe_experts", "moe_dispatch")
 
 
 def header(argv) -> str:
@@ -48,6 +50,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(BENCHMARKS),
                         help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--full", action="store_true",
+                        help="benchmarks with a quick default (moe_dispatch) run their full shape set")
     args = parser.parse_args(argv)
     chosen = [b.strip() for b in args.only.split(",") if b.strip()]
     unknown = sorted(set(chosen) - set(BENCHMARKS))
@@ -62,7 +66,8 @@ def main(argv=None) -> int:
         module = importlib.import_module(f"bench.{name}")
         torch.set_num_threads(1)
         t0 = time.perf_counter()
-        body = module.run()
+        takes_full = "full" in inspect.signature(module.run).parameters
+        body = module.run(full=True) if args.full and takes_full else module.run()
         print(f"\n## {module.TITLE}\n\n{body}\n\n_({name}: {time.perf_counter() - t0:.1f} s)_", flush=True)
     print(f"\nTotal: {time.perf_counter() - start:.1f} s; load average at end {load_average()}.")
     return 0
