@@ -56,7 +56,7 @@ def _transport(layout: Layout, rank: int):
     nccl / hccl, which has no windows), else symmetric windows (shm)."""
     if process.launched() and process.communicator("MoEBuffer").backend in TORCH_BACKENDS:
         return CollectiveTransport(layout, rank)
-    return WindowTransport(layout)
+    return WindowTransport(layout, rank)
 
 
 class MoEBuffer:

@@ -94,10 +94,14 @@ def dispatch_kernel(layout: Layout):
         x: pl.Tensor[[T_DYN, hidden], dtype],
         topk_idx: pl.Tensor[[T_DYN, top_k], pl.INT32],
         topk_weights: pl.Tensor[[T_DYN, top_k], pl.FP32],
+        me: pl.Scalar[pl.INT32],
         epoch: pl.InOut[pl.Tensor[[1, 1], pl.INT32]],
         route_pos: pl.InOut[pl.Tensor[[T_DYN, top_k], pl.FP32]],
         slots: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
         members: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
+        count_row: pl.InOut[pl.Tensor[[1, n_counts], pl.INT32]],
+        all_counts: pl.InOut[pl.Tensor[[world, n_counts], pl.INT32]],
+        send_at: pl.InOut[pl.Tensor[[1, n_counts], pl.INT32]],
         send_x: pl.InOut[pl.Tensor[[lanes + 1, hidden], dtype]],
         send_meta: pl.InOut[pl.Tensor[[lanes + 1, 2 * top_k], pl.FP32]],
         recv_rows: pl.InOut[pl.Tensor[[e_local * lanes + 1, hidden], dtype]],
@@ -114,31 +118,40 @@ def dispatch_kernel(layout: Layout):
         slots.bind_dynamic(0, T_DYN)
         members.bind_dynamic(0, T_DYN)
         t_dim = pl.tensor.dim(x, 0)
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_layout"):
-            me = pld.rank(pld.get_comm_ctx(signals))
+        # computing regions touch no window (a replay runs them as recorded torch calls); communicating regions
+        # do only what needs the windows or the data's row counts
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_route"):
+            count_row[:, :] = route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local,
+                                           top_k)
+
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_counts"):
             now = pl.read(epoch, [0, 0]) + 1
             pl.write(epoch, [0, 0], now)
-            count_row = route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local, top_k)
+            row = pl.load(count_row, [0, 0], [1, n_counts])
             for peer in pl.range(world):
-                pld.tile.remote_store(count_row, target=counts_in, peer=peer, offsets=[me, 0])
+                pld.tile.remote_store(row, target=counts_in, peer=peer, offsets=[me, 0])
                 pld.system.notify(signals, peer=peer, offsets=[me, COUNTS_SIGNAL], value=1,
                                   op=pld.NotifyOp.AtomicAdd)
 
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_send"):
-            me = pld.rank(pld.get_comm_ctx(signals))
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_counts_wait"):
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COUNTS_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            taken = lower_ranks_take(pl.load(counts_in, [0, 0], [world, n_counts]), me, world)
+            all_counts[:, :] = pl.load(counts_in, [0, 0], [world, n_counts])
+
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_stage"):
+            taken = lower_ranks_take(all_counts, me, world)
             row_ids = route_rows(taken, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
             by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
             send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
                                                      send_x, send_meta, t_dim, world, e_local, top_k, lanes)
-            at = pl.cast(taken, pl.INT32)
+            send_at[:, :] = pl.cast(taken, pl.INT32, mode="trunc")   # [:, E + d]: after lower ranks' tokens on d
+
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_send"):
             for d in pl.range(world):
-                n = pl.read(counts_in, [me, n_experts + d])
+                n = pl.read(all_counts, [me, n_experts + d])
                 if n > 0:
-                    row = pl.read(at, [0, n_experts + d])    # after the token rows of lower ranks
+                    row = pl.read(send_at, [0, n_experts + d])
                     pld.tile.remote_store(send_x[d * t_max : d * t_max + n, :], target=tokens_in, peer=d,
                                           offsets=[row, 0])
                     pld.tile.remote_store(send_meta[d * t_max : d * t_max + n, :], target=meta_in, peer=d,
@@ -148,13 +161,14 @@ def dispatch_kernel(layout: Layout):
                                   op=pld.NotifyOp.AtomicAdd)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_receive"):
-            me = pld.rank(pld.get_comm_ctx(signals))
             now = pl.read(epoch, [0, 0])
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, PAYLOAD_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32)
-            recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32)
-            n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32), [0, 0])
+            arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
+            recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
+                                        mode="trunc")
+            n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32, mode="trunc"),
+                        [0, 0])
             if n > 0:
                 recv_rows = expand_arrived(recv_rows, tokens_in, meta_in, n, top_k, e_local * lanes)
         return recv_rows, recv_counts
@@ -225,9 +239,10 @@ class WindowTransport:
     """How MoEBuffer's rows cross on a communicator with symmetric windows (shm): the windows above, allocated
     once (COLLECTIVE: every rank, in the same order), the send staging and the epoch that numbers the calls."""
 
-    def __init__(self, layout: Layout):
-        self.layout = layout
+    def __init__(self, layout: Layout, rank: int):
+        self.layout, self.rank = layout, rank
         world, lanes, k, hidden = layout.world, layout.lanes, layout.top_k, layout.hidden
+        n_counts = layout.num_experts + world
         self._counts_in = _window([world, layout.num_experts + world], pl.INT32)
         self._tokens_in = _window([lanes, hidden], layout.pl_dtype)
         self._meta_in = _window([lanes, 2 * k], pl.FP32)
@@ -236,11 +251,15 @@ class WindowTransport:
         self._epoch = torch.zeros(1, 1, dtype=torch.int32)
         self._send_x = torch.zeros(lanes + 1, hidden, dtype=layout.dtype)     # staged by destination + a spill row
         self._send_meta = torch.zeros(lanes + 1, 2 * k, dtype=torch.float32)
+        self._count_row = torch.zeros(1, n_counts, dtype=torch.int32)     # this rank's, then every rank's counts
+        self._all_counts = torch.zeros(world, n_counts, dtype=torch.int32)
+        self._send_at = torch.zeros(1, n_counts, dtype=torch.int32)
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
-        dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self._epoch, route_pos, slots, members, self._send_x,
-                                     self._send_meta, recv_rows, recv_counts, self._counts_in, self._tokens_in,
-                                     self._meta_in, self._signals)
+        dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, self._epoch, route_pos, slots, members,
+                                     self._count_row, self._all_counts, self._send_at, self._send_x, self._send_meta,
+                                     recv_rows, recv_counts, self._counts_in, self._tokens_in, self._meta_in,
+                                     self._signals)
 
     def combine(self, y, slots, members, addend, out) -> None:
         combine_kernel(self.layout)(y, self._epoch, slots, members, addend, out, self._counts_in, self._meta_in,

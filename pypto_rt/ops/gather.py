@@ -16,6 +16,7 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
+from pypto_rt.ops import recording
 from pypto_rt.ops.dtype_rules import storage_dtype, to_dtype
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue, valid_mask
@@ -78,26 +79,31 @@ def _index_long(name: str, idx: TensorValue) -> torch.Tensor:
 
 
 def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str) -> None:
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= bound):
+    if not index.numel():
+        return
+    if recording.recording():   # a replay checks its own indices, without reading them into Python
+        inside = ((index >= 0) & (index < bound)).all()
+        torch._assert_async(inside, f"pl.{name}: an index is outside {what} (valid range 0..{bound - 1})")
+        return
+    if int(index.min()) < 0 or int(index.max()) >= bound:
         bad = index[(index < 0) | (index >= bound)][0]
         raise OpError(f"pl.{name}: index {int(bad)} is outside {what} (valid range 0..{bound - 1})")
 
 
-def _last_writers(targets: torch.Tensor) -> torch.Tensor:
-    """Positions (into flat `targets`) of the last write to each distinct target."""
-    order = torch.sort(targets, stable=True).indices
-    ordered = targets[order]
-    keep = torch.ones_like(ordered, dtype=torch.bool)
-    keep[:-1] = ordered[:-1] != ordered[1:]
-    return order[keep]
+def _last_written(targets: torch.Tensor, values: torch.Tensor, bound: int) -> torch.Tensor:
+    """Per write i (flat `targets` in 0..bound-1, `values` one row each), the value the last write to its target
+    writes: assigning these, duplicate targets all write the same value, so the last write wins whatever order
+    the assignment takes. Shapes do not depend on the data (a recorded run replays it)."""
+    positions = torch.arange(targets.numel())
+    last = torch.full((bound,), -1, dtype=torch.int64).scatter_reduce(0, targets, positions, "amax")
+    return values[last[targets]]
 
 
 def _write_flat(name: str, out: TensorValue, targets: torch.Tensor, values: torch.Tensor) -> None:
     """out.flat[targets] = values in place (works on non-contiguous views); last write wins."""
     _check_bounds(name, targets, out.data.numel(), f"the destination {_shape(out)} ({out.data.numel()} elements)")
-    pick = _last_writers(targets)
-    coords = torch.unravel_index(targets[pick], out.shape) if out.ndim else ()
-    out.data[coords] = values[pick].to(out.data.dtype)
+    coords = torch.unravel_index(targets, out.shape) if out.ndim else ()
+    out.data[coords] = _last_written(targets, values, out.data.numel()).to(out.data.dtype)
 
 
 def _pattern(name: str, mask_pattern) -> tuple[int, int]:
@@ -258,10 +264,13 @@ def _scatter_index(name: str, x: TensorValue, dim, index: TensorValue, src: Tens
     idx = _index_long(name, index)
     _check_bounds(name, idx, x.shape[1], f"the {x.shape[1]} columns of the input {_shape(x)}")
     mask = valid_mask(index)
-    live = torch.ones_like(idx, dtype=torch.bool) if mask is None else mask.expand(idx.shape)
     rows = torch.arange(idx.shape[0]).unsqueeze(1).expand(idx.shape)
     out = TensorValue(x.data.clone(), x.dtype, x.valid, x.is_tile)
-    _write_flat(name, out, (rows * x.shape[1] + idx)[live], src.data[live])
+    targets, values = rows * x.shape[1] + idx, src.data
+    if mask is not None:   # (a fully valid index selects nothing: the shapes stay static for a replay)
+        live = mask.expand(idx.shape)
+        targets, values = targets[live], values[live]
+    _write_flat(name, out, targets.reshape(-1), values.reshape(-1))
     return out
 
 
@@ -344,13 +353,12 @@ def scatter_update(input, *args, **kwargs):
                       f"(index {_shape(index)} has {idx.numel()})")
     n_rows = input.data.numel() // d
     _check_bounds("scatter_update", idx, n_rows, f"the {n_rows} rows of input {_shape(input)}")
-    pick = _last_writers(idx)
-    target = idx[pick]
+    rows = _last_written(idx, rows, n_rows).to(input.data.dtype)
     if input.ndim == 2:
-        input.data[target] = rows[pick].to(input.data.dtype)
+        input.data[idx] = rows
     else:
         bs = input.shape[1]
-        input.data[target // bs, target % bs, 0] = rows[pick].to(input.data.dtype)
+        input.data[idx // bs, idx % bs, 0] = rows
     return input
 
 
