@@ -19,16 +19,18 @@ call cannot satisfy a newer wait. Dispatch and combine alternate on a buffer (Mo
 a peer's windows for call i + 1 only after its combine of call i saw that peer's combine rows, which the peer
 sends after it read its windows of call i.
 
-Dispatch (three communication regions, in program order):
-1. `moe_layout`: routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each route's rank
-   among this rank's rows for its expert and each token's slot among those it sends to each rank (exclusive
-   prefix counts: a matmul with a strictly lower triangular matrix); the count row goes to every rank, then
-   signal 0;
-2. `moe_send`: once every rank's counts arrived, the sum of lower ranks' counts gives, per expert, where this
-   rank's rows start in the receiver's layout and, per destination, where its tokens start in that rank's
-   tokens_in; the (token, destination) pairs are staged by destination in one scatter each for the rows, their
-   route rows and weights, and each destination gets its live rows in one store; then signal 1;
-3. `moe_receive`: once every payload arrived, every arrived token is copied to the rows of its routes here in
+Dispatch (six regions, in program order; the computing ones touch no window, so a replay runs them as recorded
+torch calls and calls only the communicating ones as they are):
+1. `moe_route` (computes): routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each
+   route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
+   (exclusive prefix counts: a matmul with a strictly lower triangular matrix);
+2. `moe_counts`: the count row to every rank, then signal 0;
+3. `moe_counts_wait`: once every rank's counts arrived, a copy of them;
+4. `moe_stage` (computes): the sum of lower ranks' counts gives, per expert, where this rank's rows start in
+   the receiver's layout and, per destination, where its tokens start in that rank's tokens_in; the (token,
+   destination) pairs are staged by destination in one scatter each for the rows and their meta rows;
+5. `moe_send`: each destination gets its live rows in one store (tokens and meta), then signal 1;
+6. `moe_receive`: once every payload arrived, every arrived token is copied to the rows of its routes here in
    one gather and one scatter (a route on another rank lands on a spill row past the layout), and the counts per
    local expert are summed.
 Combine (two regions): `moe_return` sums, per arrived token, its routes' expert rows times their weights (the
