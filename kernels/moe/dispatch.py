@@ -30,12 +30,12 @@ torch calls and calls only the communicating ones as they are):
    the receiver's layout and, per destination, where its tokens start in that rank's tokens_in; the (token,
    destination) pairs are staged by destination in one scatter each for the rows and their meta rows;
 5. `moe_send`: each destination gets its live rows in one store (tokens and meta), then signal 1;
-6. `moe_receive`: once every payload arrived, every arrived token is copied to the rows of its routes here in
-   one gather and one scatter (a route on another rank lands on a spill row past the layout), and the counts per
-   local expert are summed.
+6. `moe_receive`: once every payload arrived, the route slots that live here are compacted (the compare form of
+   `pl.gather`) and their tokens copied to their rows in one gather and one scatter; the counts per local expert
+   are summed.
 Combine (two regions): `moe_return` sums, per arrived token, its routes' expert rows times their weights (the
-weights are applied on the expert's rank, so one row per token and rank travels back; a gather in route-slot
-major order makes the sum over slots one column sum) and stores each source's rows to it, then signal 2;
+weights are applied on the expert's rank, so one row per token and rank travels back; only the live slots'
+rows are gathered and weighted, placed in route-slot-major order so the sum over slots is one column sum) and stores each source's rows to it, then signal 2;
 `moe_reduce` gathers, per token, the row each of its ranks sent back and sums them with the token's row of
 `addend` (e.g. the shared expert's output; zeros when there is none), rounding once.
 
@@ -172,7 +172,7 @@ def dispatch_kernel(layout: Layout):
             n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32, mode="trunc"),
                         [0, 0])
             if n > 0:
-                recv_rows = expand_arrived(recv_rows, tokens_in, meta_in, n, top_k, e_local * lanes)
+                recv_rows = expand_arrived(recv_rows, tokens_in, meta_in, n, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch

@@ -97,7 +97,7 @@ def dispatch_kernel(layout: Layout):
             recv_counts[:, :] = pl.cast(pl.col_sum(pl.cast(mine, pl.FP32)), pl.INT32)
             n = row_total(pl.load(counts, [0, n_experts + me], [world, 1]))
             if n > 0:
-                recv_rows = expand_arrived(recv_rows, recv_x, recv_meta, n, top_k, e_local * lanes)
+                recv_rows = expand_arrived(recv_rows, recv_x, recv_meta, n, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch_collective

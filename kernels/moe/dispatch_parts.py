@@ -4,7 +4,8 @@ rows are. Sizes as in `dispatch.py`: W ranks, E experts (E_LOCAL per rank), K ro
 LANES = W * T_MAX.
 
 The receive layout of a rank: local expert j owns rows j * LANES .., filled from row 0 in (source rank, token)
-order; a spill row past the layout takes the copies of routes that live elsewhere. A sent token row travels with
+order. Only the route slots that live on a rank are copied and weighted there (compacted with the compare form
+of `pl.gather`). A sent token row travels with
 a [1, 2K] FP32 meta row: per route slot its row in the destination's layout (-1: the route lives elsewhere; rows
 below 2^24 are exact in FP32), then the slot's weight (0 there).
 """
@@ -117,23 +118,47 @@ def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, fir
 
 
 @pl.jit.inline
-def expand_arrived(recv_rows, tokens, meta, n, top_k, spill):
+def live_routes(meta, n, top_k):
+    """The route slots of the n arrived tokens that live on this rank, compacted: (slots [1, n * K] INT32 whose
+    first m entries are the live slots' positions in route-slot-major order (slot k of token j at k * n + j),
+    m). Its rows, weights and tokens are then gathered at those positions."""
+    rows = pl.reshape(k_major(pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc"), n, top_k), [1, n * top_k])
+    slots, count = pl.gather(rows, kvalue=0, cmp_mode=5, out_cols=n * top_k)      # slots whose row is >= 0
+    return slots, pl.read(count, [0, 0])
+
+
+@pl.jit.inline
+def at_live(block, slots, n, m, top_k):
+    """[m, 1]: the entries of `block` [n, K] at the first m live slots (route-slot-major positions)."""
+    row = pl.reshape(k_major(block, n, top_k), [1, n * top_k])
+    return pl.reshape(pl.gather(row, dim=-1, index=slots[:, 0:m]), [m, 1])
+
+
+@pl.jit.inline
+def expand_arrived(recv_rows, tokens, meta, n, top_k):
     """Copy each of the n arrived tokens (rows 0..n of `tokens`, meta rows of `meta`) into the rows of its route
-    slots here, in one gather and one scatter (slot k of token j is row j * K + k; other ranks' slots go to row
-    `spill`). Returns recv_rows."""
-    routes = n * top_k
-    targets = pl.reshape(pl.cast(meta[0:n, 0:top_k], pl.INT32), [routes, 1])
-    targets = pl.sel(pl.cmps(targets, 0, cmp_type=5), targets, pl.full([routes, 1], dtype=pl.INT32, value=spill))
-    return pl.scatter_update(recv_rows, 0, targets, pl.mgather(tokens, repeat_rows(n, top_k), coalesce="row"))
+    slots that live here: one gather and one scatter over the live slots only. Returns recv_rows."""
+    slots, m = live_routes(meta, n, top_k)
+    if m > 0:
+        targets = at_live(pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc"), slots, n, m, top_k)
+        token_of = pl.row_expand(pl.full([n, top_k], dtype=pl.INT32, value=0),
+                                 pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1]))
+        copies = pl.mgather(tokens, at_live(token_of, slots, n, m, top_k), coalesce="row")
+        recv_rows = pl.scatter_update(recv_rows, 0, targets, copies)
+    return recv_rows
 
 
 @pl.jit.inline
 def weighted_sums(y, meta, n, top_k, hidden):
-    """[n, H] FP32: per arrived token, the sum over its route slots of its expert row in y ([E_local * LANES, H])
-    times the slot's weight (a slot on another rank, -1, gathers zeros)."""
-    rows = pl.cast(pl.mgather(y, k_major(pl.cast(meta[0:n, 0:top_k], pl.INT32), n, top_k), coalesce="row",
-                              gather_oob="zero"), pl.FP32)
-    weighted = pl.row_expand_mul(rows, k_major(meta[0:n, top_k : 2 * top_k], n, top_k))
+    """[n, H] FP32: per arrived token, the sum over its route slots here of its expert row in y
+    ([E_local * LANES, H]) times the slot's weight; only the live slots' rows are read and weighted."""
+    weighted = pl.full([top_k * n, hidden], dtype=pl.FP32, value=0.0)     # route-slot-major: row k * n + j
+    slots, m = live_routes(meta, n, top_k)
+    if m > 0:
+        rows = pl.mgather(y, at_live(pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc"), slots, n, m, top_k),
+                          coalesce="row")
+        scaled = pl.row_expand_mul(pl.cast(rows, pl.FP32), at_live(meta[0:n, top_k : 2 * top_k], slots, n, m, top_k))
+        weighted = pl.scatter_update(weighted, 0, pl.reshape(slots[:, 0:m], [m, 1]), scaled)
     return pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, n * hidden])), [n, hidden])
 
 
