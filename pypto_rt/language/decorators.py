@@ -18,9 +18,30 @@ from pypto_rt.kernel_state import KernelState
 from pypto_rt.language import _runtime
 from pypto_rt.language.enums import FunctionType
 
-__all__ = ["KernelFunction", "jit", "function", "inline", "program", "program_entry"]
+__all__ = ["KernelFunction", "ProgramNamespace", "jit", "function", "inline", "program", "program_entry"]
 
 ENTRY_KINDS = ("jit", "host", "function", "opaque", "incore")
+
+
+class ProgramNamespace:
+    """What `self` names inside a `@pl.jit` kernel and the `@pl.jit.inline` functions it calls: the real `@pl.jit`
+    materialises the kernel as a `@pl.program` whose methods are the module's kernel functions, so kernel-library
+    code writes `pl.spmd_submit(self.helper, ...)`. Attributes are the module's globals (read when asked)."""
+    __slots__ = ("_globals",)
+
+    def __init__(self, module_globals: dict):
+        self._globals = module_globals
+
+    def __getattr__(self, name: str):
+        try:
+            return self._globals[name]
+        except KeyError:
+            module = self._globals.get("__name__", "?")
+            raise DSLError(f"self.{name}: the program has no function {name!r} (module {module})",
+                           user_span(2), f"define {name} at the module level of {module}") from None
+
+    def __repr__(self) -> str:
+        return f"<program namespace of {self._globals.get('__name__', '?')}>"
 
 
 class KernelFunction:

@@ -24,6 +24,7 @@ from pypto_rt.incore_compiler.kernel_ir import UNBOUND, GeneratedKernel, KernelI
 from pypto_rt.incore_compiler.pycode import Factory
 from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES
 from pypto_rt.language import _runtime
+from pypto_rt.language.decorators import ProgramNamespace
 from pypto_rt.ops import OPS
 
 _FORMAT = 6   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired;
@@ -62,7 +63,9 @@ def store(kernel, program) -> None:
 
 def host_values(kernels, env: Env) -> dict:
     """What a host program's factory is instantiated with."""
-    return {"__host": _runtime.current, "__UNBOUND": UNBOUND, "__K": kernels, **env.closure}
+    # `self`: the program namespace library kernels name their helpers through (see ProgramNamespace)
+    return {"__host": _runtime.current, "__UNBOUND": UNBOUND, "__K": kernels,
+            "self": ProgramNamespace(env.globals), **env.closure}
 
 
 def _needs_full_ir() -> bool:

@@ -12,12 +12,14 @@ its `f(..., device=r)` calls handed to the `dispatch` it was given (the host for
 """
 from __future__ import annotations
 
+import types
 from typing import Callable
 
 from pypto_rt.errors import user_span
 from pypto_rt.executor_base import ExecutorBase, is_incore, refuse_unrunnable, warn_directions_on_inline
 from pypto_rt.frontend.analyze import placement_notes
 from pypto_rt.frontend.notes import warn_once
+from pypto_rt.language.decorators import ProgramNamespace
 from pypto_rt.language.scopes import Spmd
 from pypto_rt.reference.rewrite import rewrite_spmd_with
 
@@ -50,7 +52,7 @@ class ReferenceExecutor(ExecutorBase):
         if fn is None:
             if kernel.kind == "inline":
                 warn_directions_on_inline(kernel)
-            fn = rewrite_spmd_with(kernel.fn) or kernel.fn
+            fn = with_program_self(rewrite_spmd_with(kernel.fn) or kernel.fn)
             state.reference = fn
         self.incore_depth += incore
         try:
@@ -75,3 +77,14 @@ class ReferenceExecutor(ExecutorBase):
         finally:
             self.block_idx, self.block_num = saved
             self.incore_depth -= 1
+
+
+def with_program_self(fn):
+    """`fn`, seeing `self` as its program's namespace when its body names a global `self` (kernel-library code
+    writes `self.helper` for a function of its module: see ProgramNamespace)."""
+    if "self" not in fn.__code__.co_names or "self" in fn.__globals__:
+        return fn
+    module_globals = dict(fn.__globals__, self=ProgramNamespace(fn.__globals__))
+    bound = types.FunctionType(fn.__code__, module_globals, fn.__name__, fn.__defaults__, fn.__closure__)
+    bound.__kwdefaults__, bound.__wrapped__ = fn.__kwdefaults__, fn
+    return bound
