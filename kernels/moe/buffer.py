@@ -33,7 +33,7 @@ from pypto_rt.collective.torch_backend import TORCH_BACKENDS
 from pypto_rt.kernels.moe.config import MoEConfig
 from pypto_rt.kernels.moe.dispatch import Layout, WindowTransport
 from pypto_rt.kernels.moe.dispatch_collective import CollectiveTransport
-from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
 
 
 @dataclass(frozen=True)
@@ -126,17 +126,17 @@ class MoEBuffer:
         layout, cfg = self.layout, self.cfg
         shape = [layout.local_experts, layout.lanes, cfg.hidden]
         if not isinstance(y, torch.Tensor) or list(y.shape) != shape or y.dtype != cfg.dtype:
-            raise self._error("combine", f"y must be {cfg.dtype} {shape} (shaped like recv.x), got {_describe(y)}")
+            raise self._error("combine", f"y must be {cfg.dtype} {shape} (shaped like recv.x), got {describe(y)}")
         tokens = handle.tokens
         if out is None:
             out = torch.empty(tokens, cfg.hidden, dtype=cfg.dtype)
         elif list(out.shape) != [tokens, cfg.hidden] or out.dtype != cfg.dtype or not out.is_contiguous():
             raise self._error("combine", f"out must be a contiguous {cfg.dtype} [{tokens}, {cfg.hidden}], got "
-                              f"{_describe(out)}")
+                              f"{describe(out)}")
         if add is None:
             add = self._no_addend[:tokens]
         elif list(add.shape) != [tokens, cfg.hidden] or add.dtype != cfg.dtype:
-            raise self._error("combine", f"add must be {cfg.dtype} [{tokens}, {cfg.hidden}], got {_describe(add)}")
+            raise self._error("combine", f"add must be {cfg.dtype} [{tokens}, {cfg.hidden}], got {describe(add)}")
         self.transport.combine(y.reshape(layout.local_experts * layout.lanes, cfg.hidden), self._slots[:tokens],
                                 self._members[:tokens], add.contiguous(), out)
         self._open = None
@@ -152,7 +152,7 @@ class MoEBuffer:
         cfg = self.cfg
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != cfg.hidden:
             raise self._error("dispatch", f"x must be a [T, {cfg.hidden}] tensor (hidden={cfg.hidden}), got "
-                              f"{_describe(x)}")
+                              f"{describe(x)}")
         if x.dtype != cfg.dtype:
             raise self._error("dispatch", f"x is {x.dtype}, the config's dtype is {cfg.dtype}",
                               f"cast x with x.to({cfg.dtype}) or build the MoEConfig with dtype={x.dtype}")
@@ -164,11 +164,11 @@ class MoEBuffer:
         if not isinstance(topk_idx, torch.Tensor) or list(topk_idx.shape) != routes or \
                 topk_idx.is_floating_point() or topk_idx.dtype == torch.bool:
             raise self._error("dispatch", f"topk_idx must be an integer [T, top_k] = {routes} tensor, got "
-                              f"{_describe(topk_idx)}")
+                              f"{describe(topk_idx)}")
         if not isinstance(topk_weights, torch.Tensor) or list(topk_weights.shape) != routes or \
                 not topk_weights.is_floating_point():
             raise self._error("dispatch", f"topk_weights must be a floating-point {routes} tensor, got "
-                              f"{_describe(topk_weights)}")
+                              f"{describe(topk_weights)}")
         if self.check_routes and tokens:
             self._check_expert_ids(topk_idx)
         return tokens
@@ -191,9 +191,3 @@ class MoEBuffer:
 
     def _error(self, method: str, message: str, hint: str | None = None) -> MoEArgumentError:
         return MoEArgumentError.at_caller(f"rank {self.rank}: MoEBuffer.{method}: {message}", hint)
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} {list(value.shape)}"
-    return type(value).__name__

@@ -20,7 +20,7 @@ import torch
 
 import pypto.language as pl
 from pypto_rt.kernels.moe.config import MoEConfig
-from pypto_rt.kernels.moe.moe_errors import MoEArgumentError
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 
 T_DYN = pl.dynamic("T_DYN")
 SORT_WIDTHS = (32, 128, 512, 2048)      # sort32 runs, then each mrgsort merges four runs
@@ -228,7 +228,7 @@ def _checked_inputs(cfg: MoEConfig, logits, bias):
     experts = cfg.num_experts
     bad = MoEArgumentError.at_caller
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != experts:
-        raise bad(f"gate: logits must be a [T, {experts}] tensor (num_experts={experts}), got {_describe(logits)}")
+        raise bad(f"gate: logits must be a [T, {experts}] tensor (num_experts={experts}), got {describe(logits)}")
     if not logits.is_floating_point():
         raise bad(f"gate: logits must be floating point, got {logits.dtype}")
     if logits.shape[0] > cfg.max_tokens_per_rank:
@@ -238,11 +238,5 @@ def _checked_inputs(cfg: MoEConfig, logits, bias):
         bias = torch.zeros(experts)
     elif not isinstance(bias, torch.Tensor) or bias.numel() != experts or not bias.is_floating_point():
         raise bad(f"gate: bias must be a floating-point tensor of {experts} elements (num_experts), "
-                  f"got {_describe(bias)}")
+                  f"got {describe(bias)}")
     return logits.float().contiguous(), bias.float().reshape(1, experts).contiguous()
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} {list(value.shape)}"
-    return type(value).__name__
