@@ -75,7 +75,6 @@ def _attend(shape: AttnShape, q_tile: int):
         m0 = pl.full([rows, 1], dtype=pl.FP32, value=NEG_CAP)
         l0 = pl.full([rows, 1], dtype=pl.FP32, value=0.0)
         acc0 = pl.full([kvh, q_tile * group, d], dtype=pl.FP32, value=0.0)
-        m_out, l_out, acc_out = m0, l0, acc0
         for kt, (m, l, acc) in pl.range((kv_end + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
             pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
             idx = cache_rows(table_row, pos, length)
@@ -106,7 +105,6 @@ def _longest():
 
     @pl.jit.inline
     def longest(seq_lens, batch):
-        longest_len = 0
         for b, (running,) in pl.range(batch, init_values=(0,)):
             longest_len = pl.yield_(pl.max(running, pl.read(seq_lens, [b])))
         return longest_len
@@ -131,7 +129,6 @@ def _decode_batch(shape: AttnShape):
         m0 = pl.full([q_rows, 1], dtype=pl.FP32, value=NEG_CAP)
         l0 = pl.full([q_rows, 1], dtype=pl.FP32, value=0.0)
         acc0 = pl.full([heads, group, d], dtype=pl.FP32, value=0.0)
-        m_out, l_out, acc_out = m0, l0, acc0
         for kt, (m, l, acc) in pl.range((longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
             pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
             inside = pl.maxs(pl.minimum(pos, pl.subs(lens, 1)), 0)
