@@ -1,16 +1,22 @@
 """Paged decode and chunked-prefill attention as `@pl.jit` kernels built per shape.
 
-Caches are [num_blocks, block_size, KVH, D] (num_blocks dynamic: a layer's pool or a slice of a stacked one);
-block_tables [B, max_blocks] INT32, seq_lens [B] INT32 (context length after this step's tokens). One spmd block
-per request reads its own length, offsets and table row (pl.read inside the region: the host program reads no
-data). Per tile of KV_TILE context positions it builds the cache rows of every KV head through the block table
-and gathers them in one op per cache, then runs one batched matmul for all heads (GQA: query head h reads KV
-head h // (QH // KVH)) and an FP32 online-softmax step. Positions past the length, or after a query's own
-position, are capped to the lowest float; gathered rows are clamped into the context, so no unwritten slot is
-ever read. A request with length 0 gets zeros (the running sum is floored above 0: no NaN, pitfall 3).
+Caches are [num_blocks, block_size, KVH, D] (num_blocks dynamic: a layer's pool or a slice of a stacked one),
+viewed as [slots * KVH, D] rows; block_tables [B, max_blocks] INT32, seq_lens [B] INT32 (context length after
+this step's tokens). Lengths, offsets and table entries are read inside the regions: the host programs read no
+data. Per tile of KV_TILE context positions the kernels build the cache row of every KV head through the block
+table, gather them in one op per cache, and run one batched matmul for all heads' scores (GQA: query head h
+reads KV head h // (QH // KVH)), an FP32 online-softmax step and one batched matmul for the values.
 
-Loop trip counts come from the lengths, so a call replays while every request's length stays within its
-KV_TILE (and, for prefill, its query count within its Q_TILE); data inside a tile never pins the course.
+- Decode: one region for the whole batch; the tile loop runs to the longest length.
+- Prefill: one spmd block per request, Q_TILE queries by KV_TILE positions a tile, causal.
+
+Positions past a length, or after a query's own position, are masked to NEG_CAP; their rows are gathered from
+the request's last position (clamped), so no unwritten slot is read for a request with context. A request of
+length 0 (a padded row) gets zeros and no NaN (pitfall 3): its table entries are ignored (block 0 stands in,
+whatever the row holds: 0, -1 or stale ids) and its result is replaced by zeros.
+
+Loop trip counts come from the lengths, so a call replays while every length stays within its KV_TILE (and,
+for prefill, every query count within its Q_TILE); data inside a tile never pins the course.
 """
 import functools
 from dataclasses import dataclass
@@ -126,13 +132,14 @@ def _decode_batch(shape: AttnShape):
         gathered = heads * KV_TILE
         q_t = pl.transpose(pl.reshape(query, [heads, group, d]), 1, 2)
         head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT32), [1, kvh, 1])
+        has_context = pl.cmps(lens, 0, cmp_type=4)
         m0 = pl.full([q_rows, 1], dtype=pl.FP32, value=NEG_CAP)
         l0 = pl.full([q_rows, 1], dtype=pl.FP32, value=0.0)
         acc0 = pl.full([heads, group, d], dtype=pl.FP32, value=0.0)
         for kt, (m, l, acc) in pl.range((longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
             pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
             inside = pl.maxs(pl.minimum(pos, pl.subs(lens, 1)), 0)
-            blocks = pl.gather(table, dim=-1, index=pl.divs(inside, bs))
+            blocks = pl.sels(has_context, pl.gather(table, dim=-1, index=pl.divs(inside, bs)), scalar=0)
             slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
             live_heads = pl.reshape(pl.cmp(pos, lens, cmp_type=2), [batch, 1, KV_TILE])
             idx = pl.reshape(pl.add(pl.reshape(pl.muls(slots, kvh), [batch, 1, KV_TILE]), head_ids), [1, gathered])
@@ -149,7 +156,7 @@ def _decode_batch(shape: AttnShape):
             acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [heads, group, 1])), pv)
             m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
         o = pl.row_expand_div(pl.reshape(acc_out, [q_rows, d]), pl.maxs(l_out, 1.0e-30))
-        o = pl.sels(pl.cmps(lens, 0, cmp_type=4), pl.reshape(o, [batch, qh * d]), scalar=0.0)
+        o = pl.sels(has_context, pl.reshape(o, [batch, qh * d]), scalar=0.0)
         out_flat[:, :] = pl.cast(o, target_type=dt)
         return out_flat
 
