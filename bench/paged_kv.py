@@ -99,10 +99,10 @@ def _write(pool: _Pool, padded: bool) -> dict:
     return {"paged": paged, "contiguous": contiguous}
 
 
-def run(repeats: int = 5) -> str:
+def run(repeats: int = 5, contexts=(1024, 4096), blocks=(16, 128)) -> str:
     read_rows, write_rows = [], []
-    for ctx in (1024, 4096):
-        for block in (16, 128):
+    for ctx in contexts:
+        for block in blocks:
             for dtype in (torch.float32, DTYPE):      # the write below uses the last pool (bf16)
                 pool = _Pool(ctx, block, dtype)
                 t = interleaved(_read(pool), repeats)
