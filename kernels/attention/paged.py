@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pypto.language as pl
 
 KV_TILE = 256
-Q_TILE = 32
+Q_TILE = 64
 NEG_CAP = -1.0e30
 NB_DYN = pl.dynamic("NB_DYN")
 T_DYN = pl.dynamic("T_DYN")
@@ -201,7 +201,8 @@ def decode_kernel(shape: AttnShape):
 def prefill_kernel(shape: AttnShape):
     qh, kvh, d, bs, mb, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size, shape.max_blocks,
                               shape.dtype)
-    attend = _attend(shape, Q_TILE)
+    q_tile = Q_TILE
+    attend = _attend(shape, q_tile)
 
     @pl.jit
     def chunked_prefill_attention(
@@ -231,12 +232,12 @@ def prefill_kernel(shape: AttnShape):
             length = pl.read(seq_lens, [b])
             first = pl.read(query_start_loc, [b])
             q_len = pl.read(query_start_loc, [b + 1]) - first
-            for qt in pl.range((q_len + Q_TILE - 1) // Q_TILE):
-                r0 = first + qt * Q_TILE
-                valid = pl.min(Q_TILE, q_len - qt * Q_TILE)
-                q_rows = pl.fillpad(pl.set_validshape(q_flat[r0 : r0 + Q_TILE, :], valid, qh * d))
-                o = attend(q_rows, length - q_len + qt * Q_TILE, length, block_tables[b : b + 1, :], k_rows, v_rows)
-                out_flat[r0 : r0 + Q_TILE, :] = pl.set_validshape(o, valid, qh * d)
+            for qt in pl.range((q_len + q_tile - 1) // q_tile):
+                r0 = first + qt * q_tile
+                valid = pl.min(q_tile, q_len - qt * q_tile)
+                q_rows = pl.fillpad(pl.set_validshape(q_flat[r0 : r0 + q_tile, :], valid, qh * d))
+                o = attend(q_rows, length - q_len + qt * q_tile, length, block_tables[b : b + 1, :], k_rows, v_rows)
+                out_flat[r0 : r0 + q_tile, :] = pl.set_validshape(o, valid, qh * d)
         return out
 
     return chunked_prefill_attention
