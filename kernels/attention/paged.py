@@ -8,7 +8,9 @@ table, gather them in one op per cache, and run one batched matmul for all heads
 reads KV head h // (QH // KVH)), an FP32 online-softmax step and one batched matmul for the values.
 
 - Decode: one region for the whole batch; the tile loop runs to the longest length.
-- Prefill: one spmd block per request, Q_TILE queries by KV_TILE positions a tile, causal.
+- Prefill: one spmd block per request, Q_TILE queries by KV_TILE positions a tile, causal. A query tile's rows
+  are gathered and scattered by row id; rows past the chunk repeat its last query (the same visible context),
+  so they rewrite that query's output and no other request's rows, with no valid box taken from data.
 
 Positions past a length, or after a query's own position, are masked to NEG_CAP; their rows are gathered from
 the request's last position (clamped), so no unwritten slot is read for a request with context. A request of
@@ -233,11 +235,11 @@ def prefill_kernel(shape: AttnShape):
             first = pl.read(query_start_loc, [b])
             q_len = pl.read(query_start_loc, [b + 1]) - first
             for qt in pl.range((q_len + q_tile - 1) // q_tile):
-                r0 = first + qt * q_tile
-                valid = pl.min(q_tile, q_len - qt * q_tile)
-                q_rows = pl.fillpad(pl.set_validshape(q_flat[r0 : r0 + q_tile, :], valid, qh * d))
+                rows = pl.mins(pl.adds(pl.arange(0, [1, q_tile], dtype=pl.INT32), first + qt * q_tile),
+                               first + q_len - 1)
+                q_rows = pl.mgather(q_flat, rows, coalesce="row")
                 o = attend(q_rows, length - q_len + qt * q_tile, length, block_tables[b : b + 1, :], k_rows, v_rows)
-                out_flat[r0 : r0 + q_tile, :] = pl.set_validshape(o, valid, qh * d)
+                out_flat = pl.scatter_update(out_flat, 0, rows, o)
         return out
 
     return chunked_prefill_attention
