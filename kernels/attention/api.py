@@ -1,0 +1,102 @@
+"""The Python entry points a model calls every step (the contract of issue 15): argument checks naming the
+argument, then one compiled kernel call each. Shapes follow vLLM: caches [num_blocks, block_size, KVH, D] (a
+layer's pool, or a slice of a stacked all-layer pool), block_tables [B, max_blocks] INT32, seq_lens [B] INT32."""
+import torch
+
+import pypto.language as pl
+from pypto_rt.kernels.attention.attn_errors import AttentionArgumentError, describe
+from pypto_rt.kernels.attention.cache_write import cache_write_kernel
+from pypto_rt.kernels.attention.paged import AttnShape, decode_kernel, prefill_kernel
+
+PL_DTYPES = {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}
+SLOT_DTYPES = {torch.int32: pl.INT32, torch.int64: pl.INT64}
+
+
+def _fail(what: str, got, need: str):
+    raise AttentionArgumentError.at_caller(f"{what} is {describe(got)}; it must be {need}")
+
+
+def _check_caches(key_cache, value_cache, dtype) -> None:
+    if not isinstance(key_cache, torch.Tensor) or key_cache.dim() != 4:
+        _fail("key_cache", key_cache, "a tensor [num_blocks, block_size, kv_heads, head_dim]")
+    if not isinstance(value_cache, torch.Tensor) or value_cache.shape != key_cache.shape:
+        _fail("value_cache", value_cache, f"shaped like key_cache {list(key_cache.shape)}")
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dtype != dtype:
+            _fail(name, cache, f"of the dtype of the keys/queries ({dtype})")
+
+
+def _check_int(name: str, t, shape: list, dtypes=(torch.int32,)) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or list(t.shape) != shape:
+        _fail(name, t, f"{' or '.join(str(d) for d in dtypes)} {shape}")
+
+
+def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Write key/value [N, KVH, D] into key_cache/value_cache [num_blocks, block_size, KVH, D] in place at
+    slot_mapping [N] (int64 or int32; slot = block * block_size + offset); a slot of -1 writes nothing."""
+    if not isinstance(key, torch.Tensor) or key.dim() != 3 or key.dtype not in PL_DTYPES:
+        _fail("key", key, f"a tensor [N, kv_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
+    if not isinstance(value, torch.Tensor) or value.shape != key.shape or value.dtype != key.dtype:
+        _fail("value", value, f"shaped like key ({describe(key)})")
+    _check_caches(key_cache, value_cache, key.dtype)
+    if list(key_cache.shape[2:]) != list(key.shape[1:]):
+        _fail("key_cache", key_cache, f"[num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to take key's rows")
+    _check_int("slot_mapping", slot_mapping, [key.shape[0]], (torch.int64, torch.int32))
+    if key.shape[0] == 0:
+        return None
+    kernel = cache_write_kernel(key_cache.shape[1], key.shape[1], key.shape[2], PL_DTYPES[key.dtype],
+                                SLOT_DTYPES[slot_mapping.dtype])
+    kernel(key, value, key_cache, value_cache, slot_mapping)
+    return None
+
+
+def _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale) -> AttnShape:
+    if not isinstance(query, torch.Tensor) or query.dim() != 3 or query.dtype not in PL_DTYPES:
+        _fail("query", query, f"a tensor [tokens, q_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
+    _check_caches(key_cache, value_cache, query.dtype)
+    q_heads, head_dim = query.shape[1], query.shape[2]
+    kv_heads = key_cache.shape[2]
+    if key_cache.shape[3] != head_dim or q_heads % kv_heads:
+        _fail("key_cache", key_cache, f"[num_blocks, block_size, kv_heads, {head_dim}] with kv_heads dividing "
+              f"the query's {q_heads} heads")
+    if not isinstance(block_tables, torch.Tensor) or block_tables.dim() != 2 or block_tables.dtype != torch.int32:
+        _fail("block_tables", block_tables, "torch.int32 [batch, max_blocks]")
+    _check_int("seq_lens", seq_lens, [block_tables.shape[0]])
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    return AttnShape(q_heads, kv_heads, head_dim, key_cache.shape[1], block_tables.shape[1],
+                     PL_DTYPES[query.dtype], scale)
+
+
+def _out(query, out):
+    if out is None:
+        return torch.zeros_like(query)
+    if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
+        _fail("out", out, f"shaped like query ({describe(query)})")
+    return out
+
+
+def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, out=None):
+    """query [B, QH, D] -> out [B, QH, D]: request b attends to positions 0..seq_lens[b]-1 of its blocks (the new
+    token's K/V already written); seq_lens[b] == 0 gives zeros. scale defaults to D ** -0.5."""
+    shape = _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    if block_tables.shape[0] != query.shape[0]:
+        _fail("block_tables", block_tables, f"one row per query ({query.shape[0]})")
+    out = _out(query, out)
+    if query.shape[0] == 0:
+        return out
+    decode_kernel(shape)(query, key_cache, value_cache, block_tables, seq_lens, out)
+    return out
+
+
+def chunked_prefill_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, *,
+                              scale=None, out=None):
+    """query [T, QH, D] packed token-major -> out [T, QH, D]: request b's rows qsl[b]:qsl[b+1] sit at positions
+    seq_lens[b] - qlen .. seq_lens[b] - 1 and attend causally to the cached context plus the chunk (its K/V
+    already written). Rows outside every request keep out's contents (zeros when out is allocated here)."""
+    shape = _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    _check_int("query_start_loc", query_start_loc, [block_tables.shape[0] + 1])
+    out = _out(query, out)
+    if query.shape[0] == 0 or block_tables.shape[0] == 0:
+        return out
+    prefill_kernel(shape)(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out)
+    return out

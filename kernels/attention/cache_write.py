@@ -1,0 +1,65 @@
+"""The cache write (vLLM's reshape_and_cache) as a `@pl.jit` kernel built per shape: row i of key/value goes to
+slot slot_mapping[i] = block * block_size + offset of caches passed as `pl.InOut`; a slot < 0 writes nothing.
+
+One scatter per cache, whatever the padding: a row whose slot is < 0 is redirected to the last live row (its slot
+and its data), so it rewrites what that row writes; with no live row at all every row rewrites slot 0 with the
+value slot 0 already holds. No other slot is touched (pitfall 1: a -1 never wraps to the last slot), and the
+kernel's course never depends on the slots, so calls with changing slot mappings replay.
+"""
+import functools
+
+import pypto.language as pl
+
+N_DYN = pl.dynamic("N_DYN")
+NB_DYN = pl.dynamic("NB_DYN")
+
+
+def _scatter_rows():
+    """An inline `(cache [rows, W], rows_in [n, W], slots [1, n] INT32, n) -> cache` with the rows written."""
+
+    @pl.jit.inline
+    def scatter_rows(cache, rows_in, slots, n):
+        live = pl.cmps(slots, 0, cmp_type=5)
+        iota = pl.arange(0, [1, n], dtype=pl.INT32)
+        last_live = pl.row_max(pl.sel(live, iota, pl.full([1, n], dtype=pl.INT32, value=-1)))
+        src = pl.maxs(pl.sel(live, iota, pl.row_expand(pl.full([1, n], dtype=pl.INT32, value=0), last_live)), 0)
+        target = pl.maxs(pl.gather(slots, dim=-1, index=src), 0)
+        any_live = pl.cmps(pl.row_expand(pl.full([n, 1], dtype=pl.INT32, value=0), pl.reshape(last_live, [1, 1])),
+                           0, cmp_type=5)
+        fresh = pl.mgather(rows_in, src, coalesce="row")
+        kept = pl.col_expand(fresh, cache[0:1, :])
+        cache = pl.scatter_update(cache, 0, target, pl.sel(any_live, fresh, kept))
+        return cache
+
+    return scatter_rows
+
+
+@functools.lru_cache(maxsize=None)
+def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slot_dtype):
+    width = kv_heads * head_dim
+    scatter_rows = _scatter_rows()
+
+    @pl.jit
+    def kv_cache_write(
+        key: pl.Tensor[[N_DYN, kv_heads, head_dim], dtype],
+        value: pl.Tensor[[N_DYN, kv_heads, head_dim], dtype],
+        key_cache: pl.InOut[pl.Tensor[[NB_DYN, block_size, kv_heads, head_dim], dtype]],
+        value_cache: pl.InOut[pl.Tensor[[NB_DYN, block_size, kv_heads, head_dim], dtype]],
+        slot_mapping: pl.Tensor[[N_DYN], slot_dtype],
+    ):
+        key.bind_dynamic(0, N_DYN)
+        value.bind_dynamic(0, N_DYN)
+        key_cache.bind_dynamic(0, NB_DYN)
+        value_cache.bind_dynamic(0, NB_DYN)
+        slot_mapping.bind_dynamic(0, N_DYN)
+        n = pl.tensor.dim(key, 0)
+        cache_rows = pl.tensor.dim(key_cache, 0) * block_size
+        k_flat = pl.reshape(key_cache, [cache_rows, width])
+        v_flat = pl.reshape(value_cache, [cache_rows, width])
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="kv_cache_write"):
+            slots = pl.cast(pl.reshape(slot_mapping, [1, n]), target_type=pl.INT32)
+            k_flat = scatter_rows(k_flat, pl.reshape(key, [n, width]), slots, n)
+            v_flat = scatter_rows(v_flat, pl.reshape(value, [n, width]), slots, n)
+        return key_cache
+
+    return kv_cache_write

@@ -1,0 +1,182 @@
+"""Paged decode and chunked-prefill attention as `@pl.jit` kernels built per shape.
+
+Caches are [num_blocks, block_size, KVH, D] (num_blocks dynamic: a layer's pool or a slice of a stacked one);
+block_tables [B, max_blocks] INT32, seq_lens [B] INT32 (context length after this step's tokens). One spmd block
+per request reads its own length, offsets and table row (pl.read inside the region: the host program reads no
+data). Per tile of KV_TILE context positions it builds the cache rows of every KV head through the block table
+and gathers them in one op per cache, then runs one batched matmul for all heads (GQA: query head h reads KV
+head h // (QH // KVH)) and an FP32 online-softmax step. Positions past the length, or after a query's own
+position, are capped to the lowest float; gathered rows are clamped into the context, so no unwritten slot is
+ever read. A request with length 0 gets zeros (the running sum is floored above 0: no NaN, pitfall 3).
+
+Loop trip counts come from the lengths, so a call replays while every request's length stays within its
+KV_TILE (and, for prefill, its query count within its Q_TILE); data inside a tile never pins the course.
+"""
+import functools
+from dataclasses import dataclass
+
+import pypto.language as pl
+
+KV_TILE = 256
+Q_TILE = 32
+NEG_CAP = -1.0e30
+NB_DYN = pl.dynamic("NB_DYN")
+T_DYN = pl.dynamic("T_DYN")
+B_DYN = pl.dynamic("B_DYN")
+QSL_DYN = pl.dynamic("QSL_DYN")
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    max_blocks: int
+    dtype: object               # the pl dtype of query, caches and out
+    scale: float
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
+
+
+def _cache_rows(shape: AttnShape):
+    """An inline `(table_row [1, max_blocks], pos [1, KV_TILE], length) -> [1, KVH * KV_TILE]` row ids of a
+    [slots * KVH, D] cache view, head-major: entry g * KV_TILE + i is KV head g of position min(pos[i], length-1)."""
+    kvh, bs = shape.kv_heads, shape.block_size
+
+    @pl.jit.inline
+    def cache_rows(table_row, pos, length):
+        inside = pl.maxs(pl.mins(pos, length - 1), 0)
+        blocks = pl.gather(table_row, dim=-1, index=pl.divs(inside, bs))
+        slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
+        heads = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT32), [kvh, 1])
+        return pl.reshape(pl.add(pl.muls(slots, kvh), heads), [1, kvh * KV_TILE])
+
+    return cache_rows
+
+
+def _attend(shape: AttnShape, q_tile: int):
+    """An inline `(q_rows [q_tile, QH * D], q_pos0, length, table_row, k_rows, v_rows) -> [q_tile, QH * D]` in
+    the query's dtype: query row r at position q_pos0 + r attends to positions 0..min(q_pos0 + r, length - 1).
+    k_rows / v_rows are the caches viewed as [slots * KVH, D]."""
+    qh, kvh, d, group, dt = shape.q_heads, shape.kv_heads, shape.head_dim, shape.group, shape.dtype
+    rows = q_tile * qh
+    cache_rows = _cache_rows(shape)
+
+    @pl.jit.inline
+    def attend(q_rows, q_pos0, length, table_row, k_rows, v_rows):
+        q_heads = pl.transpose(pl.reshape(q_rows, [q_tile, kvh, group, d]), 0, 1)
+        q_t = pl.transpose(pl.reshape(q_heads, [kvh, q_tile * group, d]), 1, 2)
+        q_pos = pl.reshape(pl.adds(pl.arange(0, [1, q_tile], dtype=pl.INT32), q_pos0), [q_tile, 1])
+        visible = pl.mins(pl.adds(q_pos, 1), length)
+        kv_end = pl.min(q_pos0 + q_tile, length)
+        m0 = pl.full([rows, 1], dtype=pl.FP32, value=NEG_CAP)
+        l0 = pl.full([rows, 1], dtype=pl.FP32, value=0.0)
+        acc0 = pl.full([kvh, q_tile * group, d], dtype=pl.FP32, value=0.0)
+        m_out, l_out, acc_out = m0, l0, acc0
+        for kt, (m, l, acc) in pl.range((kv_end + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
+            pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
+            idx = cache_rows(table_row, pos, length)
+            k = pl.reshape(pl.mgather(k_rows, idx, coalesce="row"), [kvh, KV_TILE, d])
+            v = pl.reshape(pl.mgather(v_rows, idx, coalesce="row"), [kvh, KV_TILE, d])
+            scores_t = pl.batch_matmul(k, q_t)
+            scores = pl.reshape(pl.transpose(scores_t, 1, 2), [kvh, q_tile, group, KV_TILE])
+            cap = pl.sel(pl.cmp(pos, visible, cmp_type=2), pl.full([q_tile, KV_TILE], dtype=pl.FP32, value=3.0e38),
+                         pl.full([q_tile, KV_TILE], dtype=pl.FP32, value=NEG_CAP))
+            capped = pl.minimum(pl.muls(scores, shape.scale), pl.reshape(cap, [q_tile, 1, KV_TILE]))
+            s = pl.reshape(capped, [rows, KV_TILE])
+            m_new = pl.maximum(m, pl.row_max(s))
+            p = pl.exp(pl.row_expand_sub(s, m_new))
+            alpha = pl.exp(pl.sub(m, m_new))
+            l_new = pl.add(pl.mul(l, alpha), pl.row_sum(p))
+            pv = pl.batch_matmul(pl.cast(pl.reshape(p, [kvh, q_tile * group, KV_TILE]), target_type=dt), v)
+            acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [kvh, q_tile * group, 1])), pv)
+            m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
+        o = pl.row_expand_div(pl.reshape(acc_out, [rows, d]), pl.maxs(l_out, 1.0e-30))
+        o = pl.transpose(pl.reshape(o, [kvh, q_tile, group, d]), 0, 1)
+        return pl.cast(pl.reshape(o, [q_tile, qh * d]), target_type=dt)
+
+    return attend
+
+
+@functools.lru_cache(maxsize=None)
+def decode_kernel(shape: AttnShape):
+    qh, kvh, d, bs, mb, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size, shape.max_blocks,
+                              shape.dtype)
+    attend = _attend(shape, 1)
+
+    @pl.jit
+    def paged_decode_attention(
+        query: pl.Tensor[[B_DYN, qh, d], dt],
+        key_cache: pl.Tensor[[NB_DYN, bs, kvh, d], dt],
+        value_cache: pl.Tensor[[NB_DYN, bs, kvh, d], dt],
+        block_tables: pl.Tensor[[B_DYN, mb], pl.INT32],
+        seq_lens: pl.Tensor[[B_DYN], pl.INT32],
+        out: pl.Out[pl.Tensor[[B_DYN, qh, d], dt]],
+    ):
+        query.bind_dynamic(0, B_DYN)
+        key_cache.bind_dynamic(0, NB_DYN)
+        value_cache.bind_dynamic(0, NB_DYN)
+        block_tables.bind_dynamic(0, B_DYN)
+        seq_lens.bind_dynamic(0, B_DYN)
+        out.bind_dynamic(0, B_DYN)
+        batch = pl.tensor.dim(query, 0)
+        slot_rows = pl.tensor.dim(key_cache, 0) * bs * kvh
+        k_rows = pl.reshape(key_cache, [slot_rows, d])
+        v_rows = pl.reshape(value_cache, [slot_rows, d])
+        q_flat = pl.reshape(query, [batch, qh * d])
+        out_flat = pl.reshape(out, [batch, qh * d])
+        for b in pl.spmd(batch, name_hint="paged_decode_attention"):
+            length = pl.read(seq_lens, [b])
+            o = attend(q_flat[b : b + 1, :], length - 1, length, block_tables[b : b + 1, :], k_rows, v_rows)
+            out_flat[b : b + 1, :] = o
+        return out
+
+    return paged_decode_attention
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_kernel(shape: AttnShape):
+    qh, kvh, d, bs, mb, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size, shape.max_blocks,
+                              shape.dtype)
+    attend = _attend(shape, Q_TILE)
+
+    @pl.jit
+    def chunked_prefill_attention(
+        query: pl.Tensor[[T_DYN, qh, d], dt],
+        key_cache: pl.Tensor[[NB_DYN, bs, kvh, d], dt],
+        value_cache: pl.Tensor[[NB_DYN, bs, kvh, d], dt],
+        block_tables: pl.Tensor[[B_DYN, mb], pl.INT32],
+        seq_lens: pl.Tensor[[B_DYN], pl.INT32],
+        query_start_loc: pl.Tensor[[QSL_DYN], pl.INT32],
+        out: pl.Out[pl.Tensor[[T_DYN, qh, d], dt]],
+    ):
+        query.bind_dynamic(0, T_DYN)
+        key_cache.bind_dynamic(0, NB_DYN)
+        value_cache.bind_dynamic(0, NB_DYN)
+        block_tables.bind_dynamic(0, B_DYN)
+        seq_lens.bind_dynamic(0, B_DYN)
+        query_start_loc.bind_dynamic(0, QSL_DYN)
+        out.bind_dynamic(0, T_DYN)
+        tokens = pl.tensor.dim(query, 0)
+        batch = pl.tensor.dim(block_tables, 0)
+        slot_rows = pl.tensor.dim(key_cache, 0) * bs * kvh
+        k_rows = pl.reshape(key_cache, [slot_rows, d])
+        v_rows = pl.reshape(value_cache, [slot_rows, d])
+        q_flat = pl.reshape(query, [tokens, qh * d])
+        out_flat = pl.reshape(out, [tokens, qh * d])
+        for b in pl.spmd(batch, name_hint="chunked_prefill_attention"):
+            length = pl.read(seq_lens, [b])
+            first = pl.read(query_start_loc, [b])
+            q_len = pl.read(query_start_loc, [b + 1]) - first
+            for qt in pl.range((q_len + Q_TILE - 1) // Q_TILE):
+                r0 = first + qt * Q_TILE
+                valid = pl.min(Q_TILE, q_len - qt * Q_TILE)
+                q_rows = pl.fillpad(pl.set_validshape(q_flat[r0 : r0 + Q_TILE, :], valid, qh * d))
+                o = attend(q_rows, length - q_len + qt * Q_TILE, length, block_tables[b : b + 1, :], k_rows, v_rows)
+                out_flat[r0 : r0 + Q_TILE, :] = pl.set_validshape(o, valid, qh * d)
+        return out
+
+    return chunked_prefill_attention

@@ -1,0 +1,131 @@
+"""Paged decode and chunked-prefill attention against their goldens on both executors: lengths 1, block_size,
+block_size + 1 and the maximum (several KV tiles), padded rows with length 0 (zeros, no NaN anywhere, pitfall 3),
+blocks shared by several requests, GQA, both pool forms, bf16 and fp32. Slots no request reads hold NaN."""
+import pytest
+import torch
+
+from pypto_rt import config
+from pypto_rt.kernels.attention import (AttentionArgumentError, chunked_prefill_attention,
+                                        paged_decode_attention)
+from pypto_rt.kernels.attention import golden
+from pypto_rt.kernels.attention.paged import KV_TILE
+
+BS, MB, QH, KVH, D = 16, 20, 4, 2, 8
+MAX_LEN = BS * MB                                   # 320: two KV tiles
+NB = 3 * MB
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+assert MAX_LEN > KV_TILE
+
+
+@pytest.fixture(params=["reference", "compiled"], autouse=True)
+def executor(request):
+    with config.scope(EXECUTOR=request.param):
+        yield request.param
+
+
+def pool(lengths, dtype, blocks=NB, seed=0, shared_first_block=False):
+    """(key_cache, value_cache, block_tables): each request's blocks hold data up to its length, every other
+    slot NaN; table entries past a request's blocks are 0 (padding, as pypto-serving pads)."""
+    gen = torch.Generator().manual_seed(seed)
+    kc = torch.full((blocks, BS, KVH, D), float("nan"), dtype=dtype)
+    vc = kc.clone()
+    tables = torch.zeros(len(lengths), MB, dtype=torch.int32)
+    free = torch.randperm(blocks - 1, generator=gen) + 1
+    for b, length in enumerate(lengths):
+        n = (length + BS - 1) // BS
+        tables[b, :n], free = free[:n].int(), free[n:]
+        if shared_first_block and b > 0 and n > 0:
+            tables[b, 0] = tables[0, 0]
+        for i in range(length):
+            blk, off = tables[b, i // BS], i % BS
+            kc[blk, off] = torch.randn(KVH, D, generator=gen).to(dtype)
+            vc[blk, off] = torch.randn(KVH, D, generator=gen).to(dtype)
+    if shared_first_block:
+        first = max(lengths[0], BS)
+        assert all(length >= first for length in lengths[1:])
+    return kc, vc, tables
+
+
+def queries(tokens, dtype, seed=5):
+    return torch.randn(tokens, QH, D, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_at_block_boundaries_and_padded_rows(dtype):
+    lengths = [1, BS, BS + 1, MAX_LEN, 0, KV_TILE + 1]
+    kc, vc, tables = pool(lengths, dtype)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    q = queries(len(lengths), dtype)
+    out = paged_decode_attention(q, kc, vc, tables, seq_lens)
+    want = golden.paged_decode_attention(q, kc, vc, tables, seq_lens)
+    assert not out.isnan().any()
+    assert torch.equal(out[4], torch.zeros_like(out[4]))
+    torch.testing.assert_close(out.float(), want.float(), **TOL[dtype])
+
+
+def test_decode_over_blocks_shared_by_several_requests():
+    lengths = [BS, 2 * BS + 3, 3 * BS]
+    kc, vc, tables = pool(lengths, torch.float32, shared_first_block=True)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    q = queries(3, torch.float32)
+    out = torch.full_like(q, float("nan"))
+    assert paged_decode_attention(q, kc, vc, tables, seq_lens, scale=0.3, out=out) is out
+    torch.testing.assert_close(out, golden.paged_decode_attention(q, kc, vc, tables, seq_lens, scale=0.3))
+
+
+def test_decode_reads_a_stacked_pool_sliced_or_with_offset_block_ids():
+    lengths = [5, BS + 1]
+    kc, vc, tables = pool(lengths, torch.float32)
+    layer = 2
+    stack_k = torch.randn(3 * NB, BS, KVH, D)
+    stack_v = torch.randn(3 * NB, BS, KVH, D)
+    stack_k[layer * NB:(layer + 1) * NB], stack_v[layer * NB:(layer + 1) * NB] = kc, vc
+    seq_lens, q = torch.tensor(lengths, dtype=torch.int32), queries(2, torch.float32)
+    want = golden.paged_decode_attention(q, kc, vc, tables, seq_lens)
+    sliced = paged_decode_attention(q, stack_k[layer * NB:(layer + 1) * NB], stack_v[layer * NB:(layer + 1) * NB],
+                                    tables, seq_lens)
+    offset = paged_decode_attention(q, stack_k, stack_v, tables + layer * NB, seq_lens)
+    torch.testing.assert_close(sliced, want)
+    torch.testing.assert_close(offset, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_prefill_over_cached_context_plus_the_chunk(dtype):
+    lengths = [1, BS, BS + 1, MAX_LEN, 0, 40]
+    chunks = [1, 3, BS + 1, 70, 0, 40]              # the last request has no cached context
+    kc, vc, tables = pool(lengths, dtype)
+    qsl = torch.tensor([0] + torch.tensor(chunks).cumsum(0).tolist(), dtype=torch.int32)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    q = queries(int(qsl[-1]), dtype)
+    out = chunked_prefill_attention(q, kc, vc, tables, seq_lens, qsl)
+    want = golden.chunked_prefill_attention(q, kc, vc, tables, seq_lens, qsl)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), want.float(), **TOL[dtype])
+
+
+def test_chunked_prefill_leaves_rows_of_no_request_alone():
+    lengths = [BS + 2]
+    kc, vc, tables = pool(lengths, torch.float32)
+    qsl = torch.tensor([0, 2], dtype=torch.int32)
+    q = queries(5, torch.float32)
+    out = torch.full_like(q, 7.0)
+    chunked_prefill_attention(q, kc, vc, tables, torch.tensor(lengths, dtype=torch.int32), qsl, out=out)
+    want = golden.chunked_prefill_attention(q[:2], kc, vc, tables, torch.tensor(lengths, dtype=torch.int32), qsl)
+    torch.testing.assert_close(out[:2], want)
+    assert torch.equal(out[2:], torch.full_like(out[2:], 7.0))
+
+
+def test_empty_batches_are_legal():
+    kc, vc, _ = pool([], torch.float32)
+    q = queries(0, torch.float32)
+    tables, lens = torch.zeros(0, MB, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
+    assert paged_decode_attention(q, kc, vc, tables, lens).shape == (0, QH, D)
+    qsl = torch.zeros(1, dtype=torch.int32)
+    assert chunked_prefill_attention(q, kc, vc, tables, lens, qsl).shape == (0, QH, D)
+
+
+def test_heads_that_do_not_group_are_named():
+    kc, vc, tables = pool([3], torch.float32)
+    q = torch.randn(1, 3, D)
+    with pytest.raises(AttentionArgumentError, match=r"key_cache is .*kv_heads dividing the query's 3 heads"):
+        paged_decode_attention(q, kc, vc, tables, torch.tensor([3], dtype=torch.int32))
