@@ -24,7 +24,7 @@ from pypto_rt.kernels.layers import embedding, greedy, linear, rms_norm, rope_ca
 from pypto_rt.kernels.moe import MoEBuffer, MoELayer
 from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
-from pypto_rt.serving.model.weights import load_dense_weights
+from pypto_rt.serving.model.dense_weights import load_dense_weights
 
 
 class DecoderError(PyptoError):

@@ -17,7 +17,7 @@ from pypto_rt.kernels.layers.rope import rope_cache
 from pypto_rt.kernels.moe import load_moe_weights
 from pypto_rt.kernels.moe.golden import moe_layer_golden
 from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
-from pypto_rt.serving.model.weights import load_dense_weights
+from pypto_rt.serving.model.dense_weights import load_dense_weights
 
 
 class RequestCache:
