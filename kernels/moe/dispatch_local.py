@@ -1,9 +1,10 @@
 """MoE dispatch and combine in a plain process (world 1, not launched): the `MoEBuffer` protocol of `dispatch.py`
 with no windows and no communicator, so a model runs its MoE layers in one process with the same results.
 
-With one rank every route lives here: the receive layout, the per-expert counts, the weighted sums and their one
-rounding are the windows version's (the same `dispatch_parts.py` pieces), and the token rows are read straight
-from x instead of crossing a window. Buffers: `meta` [T_MAX, 2K] FP32, per token its routes' receive rows, then
+With one rank every route lives here: the receive layout, the per-expert counts and the rounding of the weighted
+sums are the windows version's (the same `dispatch_parts.py` layout pieces), the token rows are copied straight
+from x instead of crossing a window, and as no route slot lives elsewhere none is compacted (so no count is read
+inside a region and a repeated call replays as recorded torch calls). Buffers: `meta` [T_MAX, 2K] FP32, per token its routes' receive rows, then
 their weights (written by dispatch, read by combine). Nothing is read to the host, so calls with the same token
 count replay whatever the routing; T = 0 is legal (nothing is copied, the counts are zero).
 """
@@ -13,7 +14,14 @@ import torch
 
 import pypto.language as pl
 from pypto_rt.kernels.moe.dispatch import T_DYN, Layout
-from pypto_rt.kernels.moe.dispatch_parts import expand_arrived, route_layout, route_rows, weighted_sums
+from pypto_rt.kernels.moe.dispatch_parts import k_major, route_layout, route_rows
+
+
+@pl.jit.inline
+def token_of_routes(t_dim, top_k):
+    """[K * T, 1] INT32: the token of each route slot in route-slot-major order (slot k of token t at k * T + t)."""
+    return k_major(pl.row_expand(pl.full([t_dim, top_k], dtype=pl.INT32, value=0),
+                                 pl.reshape(pl.arange(0, [1, t_dim], dtype=pl.INT32), [t_dim, 1])), t_dim, top_k)
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,9 +54,12 @@ def dispatch_kernel(layout: Layout):
             recv_counts[:, :] = count_row[:, 0:n_experts]
             if t_dim > 0:
                 taken = pl.full([1, n_experts + 1], dtype=pl.FP32, value=0.0)
-                meta[0:t_dim, 0:top_k] = route_rows(taken, topk_idx, route_pos, t_dim, n_experts, n_experts, lanes)
+                rows = route_rows(taken, topk_idx, route_pos, t_dim, n_experts, n_experts, lanes)
+                meta[0:t_dim, 0:top_k] = rows
                 meta[0:t_dim, top_k : 2 * top_k] = topk_weights
-                recv_rows = expand_arrived(recv_rows, x, meta, t_dim, top_k)
+                copies = pl.mgather(x, token_of_routes(t_dim, top_k), coalesce="row")
+                recv_rows = pl.scatter_update(recv_rows, 0, k_major(pl.cast(rows, pl.INT32, mode="trunc"), t_dim,
+                                                                    top_k), copies)
         return recv_rows, recv_counts
 
     return moe_dispatch_local
@@ -72,7 +83,11 @@ def combine_kernel(layout: Layout):
         t_dim = pl.tensor.dim(out, 0)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_reduce_local"):
             if t_dim > 0:
-                routed = pl.cast(pl.cast(weighted_sums(y, meta, t_dim, top_k, hidden), dtype, mode="rint"), pl.FP32)
+                rows = k_major(pl.cast(meta[0:t_dim, 0:top_k], pl.INT32, mode="trunc"), t_dim, top_k)
+                weights = k_major(meta[0:t_dim, top_k : 2 * top_k], t_dim, top_k)
+                weighted = pl.row_expand_mul(pl.cast(pl.mgather(y, rows, coalesce="row"), pl.FP32), weights)
+                routed = pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, t_dim * hidden])), [t_dim, hidden])
+                routed = pl.cast(pl.cast(routed, dtype, mode="rint"), pl.FP32)
                 out[:, :] = pl.cast(pl.add(routed, pl.cast(addend, pl.FP32)), dtype, mode="rint")
         return out
 

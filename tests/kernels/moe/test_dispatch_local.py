@@ -2,9 +2,12 @@
 import pytest
 import torch
 
+from pypto_rt import config, run_stats
 from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, MoELayer, load_moe_weights
 from pypto_rt.kernels.moe.dispatch_local import LocalTransport
 from pypto_rt.kernels.moe.golden import moe_layer_golden
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import REPLAYED
 
 H, I, E, K, T_MAX = 16, 24, 4, 2, 6
 
@@ -64,3 +67,22 @@ def test_moe_layer_matches_its_golden_in_a_plain_process(dtype, quantize):
         want = moe_layer_golden(cfg, weights, x)
         assert out.shape == want.shape and out.dtype == dtype
         torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_repeated_calls_replay_as_torch_calls_while_the_routing_changes():
+    """No region reads a count: every call after the trial replays its recorded torch calls, none called as is."""
+    cfg = MoEConfig(hidden=H, num_experts=E, top_k=K, max_tokens_per_rank=T_MAX, dtype=torch.float32)
+    buf = MoEBuffer(cfg)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, H, generator=gen)
+    calls = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 2
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for _ in range(calls):
+            idx, w = _routes(4, gen)
+            with run_stats.collect() as dispatched:
+                recv = buf.dispatch(x, idx, w)
+            with run_stats.collect() as combined:
+                out = buf.combine(recv.x, recv.handle)
+            torch.testing.assert_close(out, (w.unsqueeze(-1) * x.unsqueeze(1)).sum(dim=1), rtol=1e-5, atol=1e-5)
+    for stats in (dispatched, combined):
+        assert stats.replay.kind == REPLAYED and "as they are" not in stats.replay.reason, stats.replay
