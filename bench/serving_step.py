@@ -1,4 +1,4 @@
-"""Benchmark 11 - one decode step of `MoEDecoder` on one rank (a plain process: MoE through the local transport)
+"""Benchmark 12 - one decode step of `MoEDecoder` on one rank (a plain process: MoE through the local transport)
 against the same model written as an eager torch user would (issue 15, target <= 1.5x): batched torch ops, one
 SDPA call over a contiguous per-request cache padded to the longest context, the MoE as Hugging Face's loop over
 the experts (the routed rows gathered per expert on the host). Batch 1, 8 and 32, every request at CONTEXT tokens.
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from bench.timing import interleaved, ms, ratio, table
 
-TITLE = "11. A decode step of the MoE decoder against eager torch"
+TITLE = "12. A decode step of the MoE decoder against eager torch"
 CONTEXT = 96
 BATCHES = (1, 8, 32)
 WARMUP = 12
