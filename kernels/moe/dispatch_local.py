@@ -3,10 +3,10 @@ with no windows and no communicator, so a model runs its MoE layers in one proce
 
 With one rank every route lives here: the receive layout, the per-expert counts and the rounding of the weighted
 sums are the windows version's (the same `dispatch_parts.py` layout pieces), the token rows are copied straight
-from x instead of crossing a window, and as no route slot lives elsewhere none is compacted (so no count is read
-inside a region and a repeated call replays as recorded torch calls). Buffers: `meta` [T_MAX, 2K] FP32, per token its routes' receive rows, then
-their weights (written by dispatch, read by combine). Nothing is read to the host, so calls with the same token
-count replay whatever the routing; T = 0 is legal (nothing is copied, the counts are zero).
+from x instead of crossing a window, and as no route slot lives elsewhere none is compacted, so no region reads a
+count: repeated calls with the same token count replay as recorded torch calls whatever the routing. Buffer:
+`meta` [T_MAX, 2K] FP32, per token its routes' receive rows, then their weights (written by dispatch, read by
+combine). T = 0 is legal (nothing is copied, the counts are zero).
 """
 import functools
 

@@ -10,14 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pypto_rt.errors import PyptoError
 from pypto_rt.kernels.moe import MoEConfig
+from pypto_rt.serving.model.decoder_errors import DecoderConfigError
 
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-class DecoderConfigError(PyptoError):
-    """A `DecoderConfig` field the decoder cannot be built with."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +70,7 @@ class DecoderConfig:
 
 
 def _fail(message: str, hint: str | None = None) -> None:
-    raise DecoderConfigError(f"DecoderConfig: {message}", hint=hint)
+    raise DecoderConfigError.at_caller(f"DecoderConfig: {message}", hint)
 
 
 def layer_prefix(layer: int) -> str:

@@ -19,21 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from pypto_rt.errors import PyptoError
+from pypto_rt.kernels import attention as attention_kernels
 from pypto_rt.kernels.layers import embedding, greedy, linear, rms_norm, rope_cache, rotary_embedding
 from pypto_rt.kernels.moe import MoEBuffer, MoELayer
 from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
+from pypto_rt.serving.model.decoder_errors import DecoderError
 from pypto_rt.serving.model.dense_weights import load_dense_weights
-
-
-class DecoderError(PyptoError):
-    """A step the decoder cannot run (no KV cache, too many tokens)."""
-
-
-def _attention_kernels():
-    from pypto_rt.kernels import attention
-    return attention
 
 
 class MoEDecoder:
@@ -42,9 +34,9 @@ class MoEDecoder:
         only its own experts. `attention`: where write_kv_cache, paged_decode_attention and
         chunked_prefill_attention come from (default `pypto_rt.kernels.attention`)."""
         if not isinstance(cfg, DecoderConfig):
-            raise DecoderError(f"MoEDecoder takes a DecoderConfig, got {type(cfg).__name__}")
+            raise DecoderError.at_caller(f"MoEDecoder takes a DecoderConfig, got {type(cfg).__name__}")
         self.cfg, self.block_size = cfg, cfg.block_size
-        self.attention = attention or _attention_kernels()
+        self.attention = attention or attention_kernels
         self.weights = load_dense_weights(cfg, state_dict)
         moe_cfg = cfg.moe_config()
         buffer = MoEBuffer(moe_cfg)
@@ -58,7 +50,8 @@ class MoEDecoder:
         """Allocate the KV pools: every layer's [num_blocks, block_size, KVH, D] keys and values, stacked in one
         [L * num_blocks, ...] tensor each (zeros; block ids are per layer)."""
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
-            raise DecoderError(f"MoEDecoder.allocate_kv_cache: num_blocks={num_blocks!r} must be a positive integer")
+            raise DecoderError.at_caller(f"MoEDecoder.allocate_kv_cache: num_blocks={num_blocks!r} must be a "
+                                         "positive integer")
         cfg = self.cfg
         shape = (cfg.num_layers * num_blocks, cfg.block_size, cfg.num_kv_heads, cfg.head_dim)
         self.key_pool = torch.zeros(shape, dtype=cfg.dtype)
@@ -116,16 +109,17 @@ class MoEDecoder:
         return out.reshape(tokens, qh * d)
 
     def _check(self, batch: ForwardBatch) -> None:
+        fail = DecoderError.at_caller
         if not isinstance(batch, ForwardBatch):
-            raise DecoderError(f"MoEDecoder.forward takes a ForwardBatch, got {type(batch).__name__}")
+            raise fail(f"MoEDecoder.forward takes a ForwardBatch, got {type(batch).__name__}")
         if self.key_pool is None:
-            raise DecoderError("MoEDecoder.forward: no KV cache", hint="call model.allocate_kv_cache(num_blocks) "
-                               "once before the first step")
+            raise fail("MoEDecoder.forward: no KV cache",
+                       "call model.allocate_kv_cache(num_blocks) once before the first step")
         limit = self.cfg.max_tokens_per_rank
         if batch.num_tokens > limit:
-            raise DecoderError(f"MoEDecoder.forward: the batch has {batch.num_tokens} tokens, over "
-                               f"max_tokens_per_rank={limit}", hint="schedule fewer tokens per step (a smaller "
-                               "prefill chunk) or raise DecoderConfig.max_tokens_per_rank")
+            raise fail(f"MoEDecoder.forward: the batch has {batch.num_tokens} tokens, over max_tokens_per_rank="
+                       f"{limit}", "schedule fewer tokens per step (a smaller prefill chunk) or raise "
+                       "DecoderConfig.max_tokens_per_rank")
         if batch.query_start_loc.shape[0] != batch.num_requests + 1:
-            raise DecoderError(f"MoEDecoder.forward: query_start_loc has {batch.query_start_loc.shape[0]} entries "
-                               f"for {batch.num_requests} requests (block_tables' rows); it needs B + 1")
+            raise fail(f"MoEDecoder.forward: query_start_loc has {batch.query_start_loc.shape[0]} entries for "
+                       f"{batch.num_requests} requests (block_tables' rows); it needs B + 1")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pypto_rt.serving.model.config import DecoderConfig, DecoderConfigError, layer_prefix
+from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
+from pypto_rt.serving.model.decoder_errors import DecoderError
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,12 @@ def load_dense_weights(cfg: DecoderConfig, state_dict) -> DenseWeights:
 
     def get(name: str, shape: list[int]) -> torch.Tensor:
         if name not in state_dict:
-            raise DecoderConfigError(f"MoEDecoder: the state dict has no {name!r} (expected {shape})",
-                                     hint="build it with random_state_dict(cfg, seed) or a checkpoint of this shape")
+            raise DecoderError.at_caller(f"MoEDecoder: the state dict has no {name!r} (expected {shape})",
+                                         "build it with random_state_dict(cfg, seed) or a checkpoint of this shape")
         value = state_dict[name]
         if not isinstance(value, torch.Tensor) or list(value.shape) != shape:
             got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise DecoderConfigError(f"MoEDecoder: {name!r} is {got}, the config expects {shape}")
+            raise DecoderError.at_caller(f"MoEDecoder: {name!r} is {got}, the config expects {shape}")
         return value.to(cfg.dtype).contiguous()
 
     layers = []

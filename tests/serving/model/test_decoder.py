@@ -83,9 +83,10 @@ def test_a_step_before_the_cache_is_allocated_says_what_to_call():
     model = MoEDecoder(cfg, random_state_dict(cfg, seed=2))
     with pytest.raises(DecoderError, match="no KV cache") as caught:
         model.forward(HandBatches([[1]], BLOCK, 1).batch([(0, 1)]))
-    assert "allocate_kv_cache" in caught.value.hint
+    assert "allocate_kv_cache" in caught.value.hint and caught.value.span.file == __file__
 
 
 def test_a_config_that_cannot_be_built_names_the_field():
-    with pytest.raises(DecoderConfigError, match="num_kv_heads=3 does not divide num_q_heads=4"):
+    with pytest.raises(DecoderConfigError, match="num_kv_heads=3 does not divide num_q_heads=4") as caught:
         DecoderConfig(**{**SMALL, "num_kv_heads": 3})
+    assert caught.value.span.file == __file__
