@@ -125,6 +125,7 @@ SHARED_NAMES = {
                  "serving/model)",
     "golden.py": "each kernel family's and model's torch golden, the harness's contract (kernel library name)",
     "files.py": "kernel-library files as modules (golden) and the launcher's log folder (launch)",
+    "golden.py": "each kernel library's torch goldens (kernels/moe, kernels/attention), as the kernel library names them",
     "Refused": "a run replay refuses and a peer the launch gateway refuses",
     "RunResult": "the golden harness's result (the kernel library's own name for it) and Runtime.run's result",
 }

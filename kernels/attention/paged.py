@@ -75,7 +75,6 @@ def _attend(shape: AttnShape, q_tile: int):
         m0 = pl.full([rows, 1], dtype=pl.FP32, value=NEG_CAP)
         l0 = pl.full([rows, 1], dtype=pl.FP32, value=0.0)
         acc0 = pl.full([kvh, q_tile * group, d], dtype=pl.FP32, value=0.0)
-        m_out, l_out, acc_out = m0, l0, acc0
         for kt, (m, l, acc) in pl.range((kv_end + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
             pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
             idx = cache_rows(table_row, pos, length)
@@ -101,11 +100,67 @@ def _attend(shape: AttnShape, q_tile: int):
     return attend
 
 
+def _longest():
+    """An inline `(seq_lens [B], batch) -> max(seq_lens)`, each length read from data (a replay reads them again)."""
+
+    @pl.jit.inline
+    def longest(seq_lens, batch):
+        for b, (running,) in pl.range(batch, init_values=(0,)):
+            longest_len = pl.yield_(pl.max(running, pl.read(seq_lens, [b])))
+        return longest_len
+
+    return longest
+
+
+def _decode_batch(shape: AttnShape):
+    """An inline `(query [B, QH, D], lens [B, 1], longest, table [B, max_blocks], k_rows, v_rows, out [B, QH * D])`:
+    every request at once, per KV tile of the longest context: one gather per cache of [B * KVH * KV_TILE] rows,
+    one batched matmul for the scores and one for the values."""
+    qh, kvh, d, group, bs, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.group, shape.block_size,
+                                 shape.dtype)
+
+    @pl.jit.inline
+    def decode_batch(query, lens, longest_len, table, k_rows, v_rows, out_flat, batch):
+        heads = batch * kvh
+        q_rows = batch * qh
+        gathered = heads * KV_TILE
+        q_t = pl.transpose(pl.reshape(query, [heads, group, d]), 1, 2)
+        head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT32), [1, kvh, 1])
+        m0 = pl.full([q_rows, 1], dtype=pl.FP32, value=NEG_CAP)
+        l0 = pl.full([q_rows, 1], dtype=pl.FP32, value=0.0)
+        acc0 = pl.full([heads, group, d], dtype=pl.FP32, value=0.0)
+        for kt, (m, l, acc) in pl.range((longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
+            pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
+            inside = pl.maxs(pl.minimum(pos, pl.subs(lens, 1)), 0)
+            blocks = pl.gather(table, dim=-1, index=pl.divs(inside, bs))
+            slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
+            live_heads = pl.reshape(pl.cmp(pos, lens, cmp_type=2), [batch, 1, KV_TILE])
+            idx = pl.reshape(pl.add(pl.reshape(pl.muls(slots, kvh), [batch, 1, KV_TILE]), head_ids), [1, gathered])
+            k = pl.reshape(pl.mgather(k_rows, idx, coalesce="row"), [heads, KV_TILE, d])
+            v = pl.reshape(pl.mgather(v_rows, idx, coalesce="row"), [heads, KV_TILE, d])
+            scores = pl.reshape(pl.transpose(pl.batch_matmul(k, q_t), 1, 2), [batch, qh, KV_TILE])
+            masked = pl.sels(live_heads, pl.muls(scores, shape.scale), scalar=NEG_CAP)
+            s = pl.reshape(masked, [q_rows, KV_TILE])
+            m_new = pl.maximum(m, pl.row_max(s))
+            p = pl.exp(pl.row_expand_sub(s, m_new))
+            alpha = pl.exp(pl.sub(m, m_new))
+            l_new = pl.add(pl.mul(l, alpha), pl.row_sum(p))
+            pv = pl.batch_matmul(pl.cast(pl.reshape(p, [heads, group, KV_TILE]), target_type=dt), v)
+            acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [heads, group, 1])), pv)
+            m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
+        o = pl.row_expand_div(pl.reshape(acc_out, [q_rows, d]), pl.maxs(l_out, 1.0e-30))
+        o = pl.sels(pl.cmps(lens, 0, cmp_type=4), pl.reshape(o, [batch, qh * d]), scalar=0.0)
+        out_flat[:, :] = pl.cast(o, target_type=dt)
+        return out_flat
+
+    return decode_batch
+
+
 @functools.lru_cache(maxsize=None)
 def decode_kernel(shape: AttnShape):
     qh, kvh, d, bs, mb, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size, shape.max_blocks,
                               shape.dtype)
-    attend = _attend(shape, 1)
+    longest, decode_batch = _longest(), _decode_batch(shape)
 
     @pl.jit
     def paged_decode_attention(
@@ -126,12 +181,10 @@ def decode_kernel(shape: AttnShape):
         slot_rows = pl.tensor.dim(key_cache, 0) * bs * kvh
         k_rows = pl.reshape(key_cache, [slot_rows, d])
         v_rows = pl.reshape(value_cache, [slot_rows, d])
-        q_flat = pl.reshape(query, [batch, qh * d])
         out_flat = pl.reshape(out, [batch, qh * d])
-        for b in pl.spmd(batch, name_hint="paged_decode_attention"):
-            length = pl.read(seq_lens, [b])
-            o = attend(q_flat[b : b + 1, :], length - 1, length, block_tables[b : b + 1, :], k_rows, v_rows)
-            out_flat[b : b + 1, :] = o
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="paged_decode_attention"):
+            lens = pl.reshape(seq_lens, [batch, 1])
+            decode_batch(query, lens, longest(seq_lens, batch), block_tables, k_rows, v_rows, out_flat, batch)
         return out
 
     return paged_decode_attention

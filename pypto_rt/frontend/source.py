@@ -11,6 +11,7 @@ import textwrap
 from dataclasses import dataclass
 
 from pypto_rt.errors import DSLError, Span
+from pypto_rt.frontend.carried import bind_carried_results
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ def parse_function(fn) -> ParsedSource:
     func = module.body[0]
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise DSLError(f"{fn.__qualname__} is not a plain function definition", None)
+    bind_carried_results(func)
     for node in ast.walk(module):
         if hasattr(node, "lineno"):
             node.lineno += first_line - 1

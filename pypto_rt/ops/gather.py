@@ -90,20 +90,20 @@ def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str) -> None
         raise OpError(f"pl.{name}: index {int(bad)} is outside {what} (valid range 0..{bound - 1})")
 
 
-def _last_written(targets: torch.Tensor, values: torch.Tensor, bound: int) -> torch.Tensor:
-    """Per write i (flat `targets` in 0..bound-1, `values` one row each), the value the last write to its target
+def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Per write i (flat `targets`, `values` one row each), the value the last write to its target
     writes: assigning these, duplicate targets all write the same value, so the last write wins whatever order
-    the assignment takes. Shapes do not depend on the data (a recorded run replays it)."""
-    positions = torch.arange(targets.numel())
-    last = torch.full((bound,), -1, dtype=torch.int64).scatter_reduce(0, targets, positions, "amax")
-    return values[last[targets]]
+    the assignment takes. Shapes do not depend on the data (a recorded run replays it), and the cost follows the
+    writes, not the destination's size (a scatter of a few rows into a large cache stays cheap)."""
+    ordered, order = torch.sort(targets, stable=True)
+    return values[order[torch.searchsorted(ordered, targets, right=True) - 1]]
 
 
 def _write_flat(name: str, out: TensorValue, targets: torch.Tensor, values: torch.Tensor) -> None:
     """out.flat[targets] = values in place (works on non-contiguous views); last write wins."""
     _check_bounds(name, targets, out.data.numel(), f"the destination {_shape(out)} ({out.data.numel()} elements)")
     coords = torch.unravel_index(targets, out.shape) if out.ndim else ()
-    out.data[coords] = _last_written(targets, values, out.data.numel()).to(out.data.dtype)
+    out.data[coords] = _last_written(targets, values).to(out.data.dtype)
 
 
 def _pattern(name: str, mask_pattern) -> tuple[int, int]:
@@ -353,7 +353,7 @@ def scatter_update(input, *args, **kwargs):
                       f"(index {_shape(index)} has {idx.numel()})")
     n_rows = input.data.numel() // d
     _check_bounds("scatter_update", idx, n_rows, f"the {n_rows} rows of input {_shape(input)}")
-    rows = _last_written(idx, rows, n_rows).to(input.data.dtype)
+    rows = _last_written(idx, rows).to(input.data.dtype)
     if input.ndim == 2:
         input.data[idx] = rows
     else:
@@ -411,18 +411,20 @@ def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=N
     if idx.ndim != 2 or (mode == "row" and mem.ndim != 2) or (mode == "row" and 1 not in idx.shape):
         raise OpError(f"pl.mgather: needs a 2-D index ([1, n] or [n, 1] for row mode) and, for row mode, a 2-D mem; "
                       f"got mem {_shape(mem)}, idx {_shape(idx)}")
-    live = valid_mask(idx)
-    live = torch.ones(idx.shape, dtype=torch.bool) if live is None else live.expand(idx.shape)
+    boxed = valid_mask(idx)
+    live = torch.ones(idx.shape, dtype=torch.bool) if boxed is None else boxed.expand(idx.shape)
     raw = idx.data.to(torch.int64) & 0xFFFFFFFF
     if mode == "row":
         table, raw, live = mem.data, raw.reshape(-1), live.reshape(-1)
         valid = (int(live.sum()), mem.shape[1])
     else:
         table, valid = mem.data.reshape(-1), idx.valid
-    pos, keep = _oob("mgather", torch.where(live, raw, 0), table.shape[0], gather_oob)
-    keep = keep & live
-    out = table[pos]
-    out = torch.where(keep.reshape(keep.shape + (1,) * (out.ndim - keep.ndim)), out, torch.zeros((), dtype=out.dtype))
+    pos, keep = _oob("mgather", raw if boxed is None else torch.where(live, raw, 0), table.shape[0], gather_oob)
+    out = table.index_select(0, pos) if mode == "row" else table[pos]
+    if boxed is not None or gather_oob in ("zero", 3):   # entries may be dropped: zero them (else a full-tile pass)
+        keep = keep & live
+        out = torch.where(keep.reshape(keep.shape + (1,) * (out.ndim - keep.ndim)), out,
+                          torch.zeros((), dtype=out.dtype))
     if valid_shape is not None:
         valid = tuple(min(int(a), int(b)) for a, b in zip(valid or out.shape, valid_shape))
     result = TensorValue(out, mem.dtype, valid, True)

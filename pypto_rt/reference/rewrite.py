@@ -1,4 +1,6 @@
-"""The one source rewrite the eager executor needs: `with pl.spmd(...) [as tid]:` becomes a loop.
+"""The source rewrites the eager executor needs: `with pl.spmd(...) [as tid]:` becomes a loop, and carried
+loops get the real compiler's results (frontend/carried.py: initial values after zero trips, state carried
+without `pl.yield_`).
 
 A context manager cannot run its body n times, so
 
@@ -9,7 +11,7 @@ A context manager cannot run its body n times, so
 
 in the same scope (bodies rebind outer names), keeping every line and column, compiled
 with the kernel's own file name and run against the kernel's live module globals and
-closure values. Functions without the with-form run unmodified.
+closure values. Functions with neither run unmodified.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import ast
 import inspect
 import textwrap
 import types
+
+from pypto_rt.frontend.carried import bind_carried_results
 
 _FUTURE_FLAGS = 0
 for _name in __future__.all_feature_names:
@@ -69,13 +73,14 @@ def _strip_annotations(fn_def: ast.FunctionDef) -> None:
 
 
 def rewrite_spmd_with(fn: types.FunctionType) -> types.FunctionType | None:
-    """`fn` with its spmd with-statements turned into loops, or None when it has none (or no source)."""
+    """`fn` with its spmd with-statements turned into loops and its carried loops rewritten, or None when it has
+    neither (or no source)."""
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
         return None
     source = "".join(lines)
-    if "spmd" not in source:
+    if "spmd" not in source and "init_values" not in source:
         return None
     dedented = textwrap.dedent(source)
     indent = len(lines[0]) - len(lines[0].lstrip()) if dedented != source else 0
@@ -86,7 +91,7 @@ def rewrite_spmd_with(fn: types.FunctionType) -> types.FunctionType | None:
     transformer = _SpmdWith()
     fn_def.body = [transformer.visit(stmt) for stmt in fn_def.body]
     fn_def.body = [s for item in fn_def.body for s in (item if isinstance(item, list) else [item])]
-    if transformer.count == 0:
+    if not bind_carried_results(fn_def) and transformer.count == 0:
         return None
     _strip_annotations(fn_def)
     for node in ast.walk(tree):
