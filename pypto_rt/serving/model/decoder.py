@@ -120,6 +120,10 @@ class MoEDecoder:
             raise fail(f"MoEDecoder.forward: the batch has {batch.num_tokens} tokens, over max_tokens_per_rank="
                        f"{limit}", "schedule fewer tokens per step (a smaller prefill chunk) or raise "
                        "DecoderConfig.max_tokens_per_rank")
+        longest = int(batch.seq_lens.max()) if batch.num_requests else 0
+        if longest > self.cfg.max_positions:
+            raise fail(f"MoEDecoder.forward: a request reaches {longest} tokens, over max_positions="
+                       f"{self.cfg.max_positions} (the rotary table's rows)", "raise DecoderConfig.max_positions")
         if batch.query_start_loc.shape[0] != batch.num_requests + 1:
             raise fail(f"MoEDecoder.forward: query_start_loc has {batch.query_start_loc.shape[0]} entries for "
                        f"{batch.num_requests} requests (block_tables' rows); it needs B + 1")

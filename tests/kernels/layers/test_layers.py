@@ -106,3 +106,23 @@ def test_repeated_decode_steps_of_one_shape_replay():
                 rotary_golden(rms_norm_golden(embedding_golden(ids, table), weight), positions, cos_sin), w_out,
                 torch.float32)))
     assert stats.replay.kind == REPLAYED, stats.replay
+
+
+def test_the_reference_executor_computes_the_same():
+    """The layer kernels mean the same on the reference executor (the semantic oracle) as on the compiled one."""
+    gen = torch.Generator().manual_seed(7)
+    tokens = ROW_TILE + 3
+    table, weight, w_out = _randn(gen, V, H), _randn(gen, H), _randn(gen, V, H)
+    ids, positions = torch.randint(0, V, (tokens,), generator=gen), torch.randint(0, 64, (tokens,), generator=gen)
+    cos_sin, residual = rope_cache(D, 64), _randn(gen, tokens, H)
+
+    def step():
+        x = embedding(ids, table)
+        h = rotary_embedding(rms_norm(x, weight, residual=residual.clone()), positions, cos_sin)
+        return linear(h, w_out, out_dtype=torch.float32), greedy(linear(h, w_out))
+
+    with config.scope(EXECUTOR="reference"):
+        reference = step()
+    with config.scope(EXECUTOR="compiled"):
+        compiled = step()
+    assert torch.equal(reference[0], compiled[0]) and torch.equal(reference[1], compiled[1])

@@ -86,6 +86,15 @@ def test_a_step_before_the_cache_is_allocated_says_what_to_call():
     assert "allocate_kv_cache" in caught.value.hint and caught.value.span.file == __file__
 
 
+def test_a_request_longer_than_the_rotary_table_is_refused_before_any_kernel_runs():
+    cfg = DecoderConfig(**{**SMALL, "max_positions": 4})
+    model = MoEDecoder(cfg, random_state_dict(cfg, seed=2))
+    model.allocate_kv_cache(4)
+    with pytest.raises(DecoderError, match="reaches 5 tokens, over max_positions=4") as caught:
+        model.forward(HandBatches([[1, 2, 3, 4, 5]], BLOCK, 2).batch([(0, 5)]))
+    assert caught.value.span.file == __file__
+
+
 def test_a_config_that_cannot_be_built_names_the_field():
     with pytest.raises(DecoderConfigError, match="num_kv_heads=3 does not divide num_q_heads=4") as caught:
         DecoderConfig(**{**SMALL, "num_kv_heads": 3})
