@@ -121,9 +121,11 @@ def test_the_op_library_loads_without_the_replay_layer():
 SHARED_NAMES = {
     "distributed.py": "the pld surface (language) and the semantics of its ops (ops), as pl stubs and pl ops",
     "torch_backend.py": "each layer's torch backend: kernels as torch code, communicators on torch.distributed",
-    "config.py": "the runtime's knobs, pypto-launch's validated flags and an MoE layer's validated shape (kernels/moe)",
+    "config.py": "the runtime's knobs, pypto-launch's validated flags and a model's validated shape (kernels/moe, "
+                 "serving/model)",
     "files.py": "kernel-library files as modules (golden) and the launcher's log folder (launch)",
-    "golden.py": "each kernel library's torch goldens (kernels/moe, kernels/attention), as the kernel library names them",
+    "golden.py": "each kernel library's torch goldens (kernels/moe, kernels/attention, kernels/layers) and the "
+                 "decoder's (serving/model), as the kernel library names them",
     "Refused": "a run replay refuses and a peer the launch gateway refuses",
     "RunResult": "the golden harness's result (the kernel library's own name for it) and Runtime.run's result",
 }

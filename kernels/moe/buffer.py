@@ -33,6 +33,7 @@ from pypto_rt.collective.torch_backend import TORCH_BACKENDS
 from pypto_rt.kernels.moe.config import MoEConfig
 from pypto_rt.kernels.moe.dispatch import Layout, WindowTransport
 from pypto_rt.kernels.moe.dispatch_collective import CollectiveTransport
+from pypto_rt.kernels.moe.dispatch_local import LocalTransport
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
 
 
@@ -54,6 +55,8 @@ class DispatchResult:
 def _transport(layout: Layout, rank: int):
     """COLLECTIVE (the job's communicator starts here): collectives on a torch.distributed communicator (gloo /
     nccl / hccl, which has no windows), else symmetric windows (shm)."""
+    if not process.launched() and layout.world == 1:
+        return LocalTransport(layout, rank)       # a plain process: no windows, no communicator
     if process.launched() and process.communicator("MoEBuffer").backend in TORCH_BACKENDS:
         return CollectiveTransport(layout, rank)
     return WindowTransport(layout, rank)

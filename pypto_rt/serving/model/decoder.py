@@ -1,0 +1,129 @@
+"""`MoEDecoder`: the small MoE decoder of issue 15 on this rank, built only from pypto-rt kernels, implementing the
+serving model protocol (`allocate_kv_cache`, `forward`).
+
+    model = MoEDecoder(cfg, random_state_dict(cfg, seed=0))    # COLLECTIVE in a launched job (MoE windows)
+    model.allocate_kv_cache(num_blocks)                        # per-layer pools [num_blocks, block_size, KVH, D]
+    next_tokens = model.forward(batch)                         # ForwardBatch -> [B] int64 greedy tokens
+
+A step: embedding -> per layer [RMSNorm (fused residual add) -> QKV GEMM -> neox RoPE -> write_kv_cache ->
+paged decode / chunked-prefill attention -> O proj -> RMSNorm (+ residual) -> MoELayer (+ shared expert)] ->
+the last token of each request -> final RMSNorm (+ residual) -> LM head (FP32 logits) -> greedy.
+
+Attention is data-parallel: each rank serves its own requests over its own KV pools. The experts are
+expert-parallel: MoELayer's dispatch is collective, so every rank steps together, and a rank with no live
+request steps with T = 0 (its attention does nothing, its MoE sends nothing). Outside a launched job the model
+runs in the one process (MoEBuffer's local transport). Every layer's MoE shares one MoEBuffer (their calls never
+interleave). The maths is `golden.GoldenDecoder`'s.
+"""
+from __future__ import annotations
+
+import torch
+
+from pypto_rt.kernels import attention as attention_kernels
+from pypto_rt.kernels.layers import embedding, greedy, linear, rms_norm, rope_cache, rotary_embedding
+from pypto_rt.kernels.moe import MoEBuffer, MoELayer
+from pypto_rt.serving.batch import ForwardBatch
+from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
+from pypto_rt.serving.model.decoder_errors import DecoderError
+from pypto_rt.serving.model.dense_weights import load_dense_weights
+
+
+class MoEDecoder:
+    def __init__(self, cfg: DecoderConfig, state_dict, *, attention=None):
+        """COLLECTIVE in a launched job: every rank builds the model (its MoE buffer allocates windows) and loads
+        only its own experts. `attention`: where write_kv_cache, paged_decode_attention and
+        chunked_prefill_attention come from (default `pypto_rt.kernels.attention`)."""
+        if not isinstance(cfg, DecoderConfig):
+            raise DecoderError.at_caller(f"MoEDecoder takes a DecoderConfig, got {type(cfg).__name__}")
+        self.cfg, self.block_size = cfg, cfg.block_size
+        self.attention = attention or attention_kernels
+        self.weights = load_dense_weights(cfg, state_dict)
+        moe_cfg = cfg.moe_config()
+        buffer = MoEBuffer(moe_cfg)
+        self.moe = [MoELayer.from_state_dict(moe_cfg, state_dict, prefix=layer_prefix(layer) + "mlp.",
+                                             quantize=cfg.quantize, buffer=buffer) for layer in range(cfg.num_layers)]
+        self.cos_sin = rope_cache(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
+        self.num_blocks = 0
+        self.key_pool = self.value_pool = None
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the KV pools: every layer's [num_blocks, block_size, KVH, D] keys and values, stacked in one
+        [L * num_blocks, ...] tensor each (zeros; block ids are per layer)."""
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
+            raise DecoderError.at_caller(f"MoEDecoder.allocate_kv_cache: num_blocks={num_blocks!r} must be a "
+                                         "positive integer")
+        cfg = self.cfg
+        shape = (cfg.num_layers * num_blocks, cfg.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.key_pool = torch.zeros(shape, dtype=cfg.dtype)
+        self.value_pool = torch.zeros(shape, dtype=cfg.dtype)
+        self.num_blocks = num_blocks
+
+    def kv_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s key and value pools, [num_blocks, block_size, KVH, D] views of the stacked ones."""
+        rows = slice(layer * self.num_blocks, (layer + 1) * self.num_blocks)
+        return self.key_pool[rows], self.value_pool[rows]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """[B] int64: the greedy next token of each request (padding rows: unspecified)."""
+        return greedy(self.forward_logits(batch))
+
+    def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """[B, V] FP32: the logits of each request's last token of this step (row qsl[b + 1] - 1)."""
+        self._check(batch)
+        cfg, w = self.cfg, self.weights
+        tokens, requests = batch.num_tokens, batch.num_requests
+        hidden = embedding(batch.input_ids, w.embed)
+        residual = None
+        for layer, lw in enumerate(w.layers):
+            if residual is None:
+                normed, residual = rms_norm(hidden, lw.input_norm, cfg.rms_eps), hidden
+            else:
+                normed = rms_norm(hidden, lw.input_norm, cfg.rms_eps, residual=residual)
+            hidden = linear(self._attend(layer, linear(normed, lw.w_qkv), batch), lw.w_o)
+            normed = rms_norm(hidden, lw.post_norm, cfg.rms_eps, residual=residual)
+            hidden = self.moe[layer](normed)
+        if tokens == 0 or requests == 0:
+            return torch.zeros(requests, cfg.vocab_size, dtype=torch.float32)
+        last = (batch.query_start_loc[1:].to(torch.int64) - 1).clamp_min(0)
+        normed = rms_norm(embedding(last, hidden), w.final_norm, cfg.rms_eps, residual=embedding(last, residual))
+        return linear(normed, w.lm_head, out_dtype=torch.float32)
+
+    def _attend(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """qkv [T, (QH + 2 KVH) * D] -> the attention output [T, QH * D]; writes the step's K/V into the cache."""
+        cfg, tokens = self.cfg, batch.num_tokens
+        qh, kvh, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        if tokens == 0:
+            return qkv.new_zeros(0, qh * d)
+        rotated = rotary_embedding(qkv[:, :(qh + kvh) * d], batch.positions, self.cos_sin)
+        query = rotated[:, :qh * d].reshape(tokens, qh, d)
+        key = rotated[:, qh * d:].reshape(tokens, kvh, d)
+        value = qkv[:, (qh + kvh) * d:].reshape(tokens, kvh, d)
+        key_cache, value_cache = self.kv_cache(layer)
+        ops = self.attention
+        ops.write_kv_cache(key, value, key_cache, value_cache, batch.slot_mapping)
+        if batch.is_decode:
+            out = ops.paged_decode_attention(query, key_cache, value_cache, batch.block_tables, batch.seq_lens)
+        else:
+            out = ops.chunked_prefill_attention(query, key_cache, value_cache, batch.block_tables, batch.seq_lens,
+                                                batch.query_start_loc)
+        return out.reshape(tokens, qh * d)
+
+    def _check(self, batch: ForwardBatch) -> None:
+        fail = DecoderError.at_caller
+        if not isinstance(batch, ForwardBatch):
+            raise fail(f"MoEDecoder.forward takes a ForwardBatch, got {type(batch).__name__}")
+        if self.key_pool is None:
+            raise fail("MoEDecoder.forward: no KV cache",
+                       "call model.allocate_kv_cache(num_blocks) once before the first step")
+        limit = self.cfg.max_tokens_per_rank
+        if batch.num_tokens > limit:
+            raise fail(f"MoEDecoder.forward: the batch has {batch.num_tokens} tokens, over max_tokens_per_rank="
+                       f"{limit}", "schedule fewer tokens per step (a smaller prefill chunk) or raise "
+                       "DecoderConfig.max_tokens_per_rank")
+        longest = int(batch.seq_lens.max()) if batch.num_requests else 0
+        if longest > self.cfg.max_positions:
+            raise fail(f"MoEDecoder.forward: a request reaches {longest} tokens, over max_positions="
+                       f"{self.cfg.max_positions} (the rotary table's rows)", "raise DecoderConfig.max_positions")
+        if batch.query_start_loc.shape[0] != batch.num_requests + 1:
+            raise fail(f"MoEDecoder.forward: query_start_loc has {batch.query_start_loc.shape[0]} entries for "
+                       f"{batch.num_requests} requests (block_tables' rows); it needs B + 1")
