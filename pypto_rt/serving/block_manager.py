@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pypto_rt.serving.block_pool import BlockPool, KVBlock
 from pypto_rt.serving.block_table import BlockTable
-from pypto_rt.serving.errors import RequestTooLargeError
 from pypto_rt.serving.request import Request
+from pypto_rt.serving.serving_errors import RequestTooLargeError
 
 
 def cdiv(a: int, b: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable, NamedTuple, Sequence
 
-from pypto_rt.serving.errors import PoolExhaustedError
+from pypto_rt.serving.serving_errors import PoolExhaustedError
 
 
 class BlockHash(NamedTuple):

@@ -36,7 +36,7 @@ class ServingMetrics:
     step_seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)     # live rows of each non-empty step
     tokens_per_step: list[int] = field(default_factory=list)
-    prompt_tokens: int = 0          # tokens fed to the model (prefill chunks, recomputation included)
+    fed_tokens: int = 0             # tokens fed to the model (prompts, decodes, recomputation after preemption)
     output_tokens: int = 0
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
@@ -57,7 +57,7 @@ class ServingMetrics:
             return
         self.batch_sizes.append(live_rows)
         self.tokens_per_step.append(fed_tokens)
-        self.prompt_tokens += fed_tokens - new_tokens
+        self.fed_tokens += fed_tokens
         self.output_tokens += new_tokens
 
     def on_finish(self, req: Request) -> None:
@@ -82,9 +82,9 @@ class ServingMetrics:
         elapsed = self.elapsed()
         out = {
             "requests": self.finished, "steps": self.steps, "empty_steps": self.empty_steps,
-            "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens, "elapsed_s": elapsed,
+            "output_tokens": self.output_tokens, "fed_tokens": self.fed_tokens, "elapsed_s": elapsed,
             "output_tokens_per_s": self.output_tokens / elapsed if elapsed > 0 else 0.0,
-            "total_tokens_per_s": (self.output_tokens + self.prompt_tokens) / elapsed if elapsed > 0 else 0.0,
+            "fed_tokens_per_s": self.fed_tokens / elapsed if elapsed > 0 else 0.0,
             "ttft_p50_s": percentile(self.ttft, 50), "ttft_p99_s": percentile(self.ttft, 99),
             "tpot_p50_s": percentile(self.tpot, 50), "tpot_p99_s": percentile(self.tpot, 99),
             "batch_mean": statistics.fmean(self.batch_sizes) if self.batch_sizes else 0.0,
@@ -110,8 +110,8 @@ class ServingMetrics:
         ms = 1e3
         lines = [
             f"requests {s['requests']}, steps {s['steps']} ({s['empty_steps']} empty), {s['elapsed_s']:.2f} s",
-            f"throughput: {s['output_tokens_per_s']:.1f} output tok/s, {s['total_tokens_per_s']:.1f} total tok/s "
-            f"({s['output_tokens']} output, {s['prompt_tokens']} prompt tokens)",
+            f"throughput: {s['output_tokens_per_s']:.1f} output tok/s, {s['fed_tokens_per_s']:.1f} fed tok/s "
+            f"({s['output_tokens']} tokens out, {s['fed_tokens']} fed to the model)",
             f"TTFT p50 {s['ttft_p50_s'] * ms:.1f} ms, p99 {s['ttft_p99_s'] * ms:.1f} ms; "
             f"TPOT p50 {s['tpot_p50_s'] * ms:.1f} ms, p99 {s['tpot_p99_s'] * ms:.1f} ms",
             f"batch size mean {s['batch_mean']:.1f}, max {s['batch_max']}; preemptions {s['preemptions']}; "

@@ -18,8 +18,8 @@ import collections
 from dataclasses import dataclass, field
 
 from pypto_rt.serving.block_manager import KVCacheManager
-from pypto_rt.serving.errors import ServingConfigError
 from pypto_rt.serving.request import Request, RequestStatus
+from pypto_rt.serving.serving_errors import ServingConfigError
 
 
 @dataclass

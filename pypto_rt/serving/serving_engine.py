@@ -1,4 +1,5 @@
-"""`Engine(model, config)`: greedy serving of a stream of requests on one rank.
+"""`ServingEngine(model, config)` (exported as `pypto_rt.serving.Engine`): greedy serving of a stream of requests
+on one rank.
 
 A step schedules (`scheduler`), runs the model once over the padded batch (`runner`), appends each finished
 prefill's or decode's token, records newly full blocks in the prefix cache and retires the requests that reached
@@ -15,11 +16,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence, TextIO
 
 from pypto_rt.serving.block_manager import KVCacheManager, cdiv
-from pypto_rt.serving.errors import ServingConfigError, ServingError
 from pypto_rt.serving.metrics import ServingMetrics
+from pypto_rt.serving.model_runner import ModelRunner, ServingModel
 from pypto_rt.serving.request import Request, RequestStatus
-from pypto_rt.serving.runner import ModelRunner, ServingModel
 from pypto_rt.serving.scheduler import ScheduledStep, Scheduler
+from pypto_rt.serving.serving_errors import ServingConfigError, ServingError
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class EngineConfig:
                 raise ServingConfigError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
-class Engine:
+class ServingEngine:
     def __init__(self, model: ServingModel, config: EngineConfig = EngineConfig(), *,
                  clock: Callable[[], float] = time.perf_counter, progress_stream: TextIO | None = None):
         config.check()

@@ -22,8 +22,8 @@ import torch
 
 from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.block_table import BlockTable
-from pypto_rt.serving.errors import ServingConfigError
 from pypto_rt.serving.scheduler import ScheduledStep
+from pypto_rt.serving.serving_errors import ServingConfigError
 
 
 @runtime_checkable
