@@ -13,6 +13,8 @@ It joins the pool (`block_pool`: reference counts, LRU free queue, prefix cache)
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pypto_rt.serving.block_pool import BlockPool, KVBlock
 from pypto_rt.serving.block_table import BlockTable
 from pypto_rt.serving.request import Request
@@ -31,6 +33,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.table = BlockTable(max_batch, max_blocks_per_seq, block_size, max_num_tokens)
         self.rows: list[Request] = []
+        self._capacity = np.zeros(max_batch, dtype=np.int64)    # token slots held by each row (a decode's check)
         self.prefix_queried_tokens = 0     # prompt tokens of admitted requests
         self.prefix_hit_tokens = 0         # of which found in the prefix cache
 
@@ -71,6 +74,8 @@ class KVCacheManager:
         """Blocks for req's prefix hits plus num_new_tokens more tokens, and a row if req has none. Returns False,
         changing nothing, when the pool (or the batch) has too little room."""
         bs = self.block_size
+        if not prefix and req.row >= 0 and req.num_computed_tokens + num_new_tokens <= len(req.blocks) * bs:
+            return True                       # the common decode step: the last block has room
         computed = req.num_computed_tokens + len(prefix) * bs
         need = cdiv(computed + num_new_tokens, bs) - len(req.blocks) - len(prefix)
         revived = sum(1 for block in prefix if block.ref_cnt == 0)    # leave the free queue when touched
@@ -88,9 +93,26 @@ class KVCacheManager:
             req.blocks.extend(prefix)
             req.blocks.extend(new)
             self.table.append(req.row, [block.block_id for block in prefix] + [block.block_id for block in new])
+            self._capacity[req.row] = len(req.blocks) * bs
         req.num_computed_tokens = computed
         req.num_cached_blocks += len(prefix)
         return True
+
+    def decode_positions(self) -> np.ndarray:
+        """Each row's next token position (its computed tokens), as the decode path's vector."""
+        return np.fromiter([req.num_computed_tokens for req in self.rows], np.int64, len(self.rows))
+
+    def rows_needing_blocks(self, positions: np.ndarray) -> np.ndarray:
+        """Rows (ascending) whose next token, at positions[r], falls past their last block: in a decode step
+        only these need `allocate` (about one row in block_size), found without a call per row."""
+        return np.flatnonzero(positions >= self._capacity[:len(positions)])
+
+    def cache_computed_all(self, reqs: list[Request]) -> None:
+        """`cache_computed` for every request that has a newly full block (a cheap check per request)."""
+        bs = self.block_size
+        for req in reqs:
+            if req.num_computed_tokens // bs > req.num_cached_blocks:
+                self.cache_computed(req)
 
     def cache_computed(self, req: Request) -> None:
         """Record req's newly full, computed blocks in the prefix cache (after a step wrote their K/V)."""
@@ -110,9 +132,12 @@ class KVCacheManager:
         if last is not req:
             self.rows[req.row] = last
             self.table.move(last.row, req.row)
+            self._capacity[req.row] = self._capacity[last.row]
+            self._capacity[last.row] = 0
             last.row = req.row
         else:
             self.table.clear(req.row)
+            self._capacity[req.row] = 0
         req.row = -1
 
     def prefix_hit_rate(self) -> float:

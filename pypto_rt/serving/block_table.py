@@ -25,6 +25,8 @@ class BlockTable:
         self._table = self.block_tables.numpy()
         self._slots = self.slot_mapping.numpy()
         self._lengths = [0] * max_batch      # entries written in each row
+        self._flat = self._table.reshape(-1)                               # a view: row r starts at r * max_blocks
+        self._row_base = np.arange(max_batch, dtype=np.int64) * max_blocks_per_seq
         self._live_tokens = 0                # slots written by the last fill (the rest are already -1)
         self.entries_written = 0             # table entries written so far (tests: only changes are written)
 
@@ -55,6 +57,19 @@ class BlockTable:
         """Zero a row that no request holds any more (stale ids must not outlive their owner)."""
         self._table[row, :self._lengths[row]] = 0
         self._lengths[row] = 0
+
+    def fill_decode_slots(self, positions: np.ndarray) -> int:
+        """A decode step's slots: row r feeds one token at positions[r] (int64), rows 0..B-1 in order."""
+        n, bs = len(positions), self.block_size
+        index = positions // bs
+        index += self._row_base[:n]
+        out = self._slots[:n]
+        np.multiply(self._flat.take(index), bs, out=out, casting="unsafe")
+        out += positions % bs
+        if n < self._live_tokens:
+            self._slots[n:self._live_tokens] = -1
+        self._live_tokens = n
+        return n
 
     def fill_slots(self, spans: Sequence[tuple[int, int, int]]) -> int:
         """Write the slots of a step's tokens, packed in order: (row, first position, count) per request. Tokens

@@ -75,6 +75,7 @@ class ModelRunner:
         self.query_start_loc = torch.zeros(b_cap + 1, dtype=torch.int32)
         self._ids, self._pos = self.input_ids.numpy(), self.positions.numpy()
         self._lens, self._qsl = self.seq_lens.numpy(), self.query_start_loc.numpy()
+        self._row_ids = np.arange(b_cap + 1, dtype=np.int32)
         self.bound: dict[tuple[int, int, bool], ForwardBatch] = {}
         self.shapes_run: collections.Counter[tuple[int, int, bool]] = collections.Counter()
 
@@ -96,30 +97,41 @@ class ModelRunner:
 
     def prepare(self, step: ScheduledStep, is_decode: bool) -> ForwardBatch:
         """Write the step's tokens, positions, slots, seq_lens and offsets into the buffers; pad; bind."""
+        live_rows = len(step.rows)
+        t = self._write_decode(step) if is_decode else self._write_prefill(step)
+        rows, tokens = self.padded_shape(live_rows, t, is_decode)
+        self._lens[live_rows:rows] = 0
+        self._ids[t:tokens] = 0
+        self._pos[t:tokens] = 0
+        if is_decode:
+            self._qsl[live_rows:rows + 1] = np.arange(live_rows, rows + 1)
+        else:
+            self._qsl[live_rows:rows + 1] = t
+        return self.batch_view(rows, tokens, is_decode)
+
+    def _write_decode(self, step: ScheduledStep) -> int:
+        """Row r feeds one token, at position num_computed_tokens (vectorised: the hot path)."""
+        b = len(step.rows)
+        self._ids[:b] = [req.token_ids[req.num_computed_tokens] for req, _ in step.rows]
+        positions = self._pos[:b]
+        positions[:] = [req.num_computed_tokens for req, _ in step.rows]
+        self._lens[:b] = positions + 1
+        self._qsl[:b] = self._row_ids[:b]
+        return self.table.fill_decode_slots(positions)
+
+    def _write_prefill(self, step: ScheduledStep) -> int:
         ids, pos, lens, qsl = self._ids, self._pos, self._lens, self._qsl
         spans, t = [], 0
         for r, (req, n) in enumerate(step.rows):
             c = req.num_computed_tokens
             qsl[r] = t
-            if n == 1:
-                ids[t], pos[t] = req.token_ids[c], c
-            elif n:
+            if n:
                 ids[t:t + n] = req.token_ids[c:c + n]
                 pos[t:t + n] = np.arange(c, c + n)
             lens[r] = c + n if n else 0
             spans.append((r, c, n))
             t += n
-        self.table.fill_slots(spans)
-        live_rows = len(step.rows)
-        rows, tokens = self.padded_shape(live_rows, t, is_decode)
-        lens[live_rows:rows] = 0
-        ids[t:tokens] = 0
-        pos[t:tokens] = 0
-        if is_decode:
-            qsl[live_rows:rows + 1] = np.arange(live_rows, rows + 1)
-        else:
-            qsl[live_rows:rows + 1] = t
-        return self.batch_view(rows, tokens, is_decode)
+        return self.table.fill_slots(spans)
 
     def _run(self, step: ScheduledStep, is_decode: bool) -> torch.Tensor:
         batch = self.prepare(step, is_decode)

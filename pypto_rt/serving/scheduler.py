@@ -72,9 +72,11 @@ class Scheduler:
         return step
 
     def _schedule_running(self, step: ScheduledStep) -> dict[Request, int]:
+        decodes_after = sum(1 for req in self.kv.rows if req.num_pending == 1)
+        if decodes_after == len(self.kv.rows):
+            return self._schedule_decodes(step)
         tokens: dict[Request, int] = {}
         budget = self.max_num_batched_tokens
-        decodes_after = sum(1 for req in self.kv.rows if req.num_pending == 1)
         i = 0
         while i < len(self.kv.rows):
             req = self.kv.rows[i]
@@ -97,6 +99,21 @@ class Scheduler:
                 tokens[req] = n
                 budget -= n
         return tokens
+
+    def _schedule_decodes(self, step: ScheduledStep) -> dict[Request, int]:
+        """Every running request decodes (the steady state): only rows whose token falls past their last block
+        allocate; preemption takes the last rows, so the rows still to visit keep their indices."""
+        rows = self.kv.rows
+        for r in self.kv.rows_needing_blocks(self.kv.decode_positions()):
+            if r >= len(rows):
+                break
+            req = rows[r]
+            while not self.kv.allocate(req, 1):
+                victim = rows[-1]
+                self._preempt(victim, step)
+                if victim is req:
+                    break
+        return dict.fromkeys(rows, 1)
 
     def _schedule_waiting(self, step: ScheduledStep, budget: int, tokens: dict[Request, int]) -> None:
         while self.waiting and budget > 0 and len(self.kv.rows) < self.kv.max_batch:

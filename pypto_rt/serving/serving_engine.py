@@ -109,7 +109,8 @@ class ServingEngine:
                 new += 1
                 if req.first_token_time is None:
                     req.first_token_time = now
-            self.kv.cache_computed(req)
+            if req.num_computed_tokens // self.kv.block_size > req.num_cached_blocks:
+                self.kv.cache_computed(req)       # a block became full
             if req.is_done():
                 req.finish_time = now
                 self.scheduler.finish(req)
