@@ -74,8 +74,14 @@ class KVCacheManager:
         """Blocks for req's prefix hits plus num_new_tokens more tokens, and a row if req has none. Returns False,
         changing nothing, when the pool (or the batch) has too little room."""
         bs = self.block_size
-        if not prefix and req.row >= 0 and req.num_computed_tokens + num_new_tokens <= len(req.blocks) * bs:
-            return True                       # the common decode step: the last block has room
+        if not prefix and req.row >= 0:       # a running request (a decode, a further chunk)
+            need = cdiv(req.num_computed_tokens + num_new_tokens, bs) - len(req.blocks)
+            if need <= 0:
+                return True                   # its last block has room
+            if need > self.pool.num_free:
+                return False
+            self._grow(req, self.pool.get_new_blocks(need))
+            return True
         computed = req.num_computed_tokens + len(prefix) * bs
         need = cdiv(computed + num_new_tokens, bs) - len(req.blocks) - len(prefix)
         revived = sum(1 for block in prefix if block.ref_cnt == 0)    # leave the free queue when touched
@@ -88,15 +94,17 @@ class KVCacheManager:
             self.prefix_hit_tokens += len(prefix) * bs
             req.num_prefix_hit_tokens = len(prefix) * bs
         self.pool.touch(prefix)
-        new = self.pool.get_new_blocks(need) if need > 0 else []
-        if prefix or new:
-            req.blocks.extend(prefix)
-            req.blocks.extend(new)
-            self.table.append(req.row, [block.block_id for block in prefix] + [block.block_id for block in new])
-            self._capacity[req.row] = len(req.blocks) * bs
+        self._grow(req, list(prefix) + (self.pool.get_new_blocks(need) if need > 0 else []))
         req.num_computed_tokens = computed
         req.num_cached_blocks += len(prefix)
         return True
+
+    def _grow(self, req: Request, blocks: list[KVBlock]) -> None:
+        """Append blocks to req's block list and table row."""
+        if blocks:
+            req.blocks.extend(blocks)
+            self.table.append(req.row, [block.block_id for block in blocks])
+            self._capacity[req.row] = len(req.blocks) * self.block_size
 
     def decode_positions(self) -> np.ndarray:
         """Each row's next token position (its computed tokens), as the decode path's vector."""
