@@ -1,7 +1,7 @@
 """`ServingEngine(model, config)` (exported as `pypto_rt.serving.Engine`): greedy serving of a stream of requests
 on one rank.
 
-A step schedules (`scheduler`), runs the model once over the padded batch (`runner`), appends each finished
+A step schedules (`scheduler`), runs the model once over the padded batch (`model_runner`), appends each finished
 prefill's or decode's token, records newly full blocks in the prefix cache and retires the requests that reached
 max_new_tokens or their eos id. The engine calls the model exactly once per step, an empty step included: with
 attention data-parallel and experts expert-parallel, every rank must step until every rank is done, so
