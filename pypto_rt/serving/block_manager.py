@@ -33,7 +33,6 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.table = BlockTable(max_batch, max_blocks_per_seq, block_size, max_num_tokens)
         self.rows: list[Request] = []
-        self._capacity = np.zeros(max_batch, dtype=np.int64)    # token slots held by each row (a decode's check)
         self.prefix_queried_tokens = 0     # prompt tokens of admitted requests
         self.prefix_hit_tokens = 0         # of which found in the prefix cache
 
@@ -104,7 +103,6 @@ class KVCacheManager:
         if blocks:
             req.blocks.extend(blocks)
             self.table.append(req.row, [block.block_id for block in blocks])
-            self._capacity[req.row] = len(req.blocks) * self.block_size
 
     def decode_positions(self) -> np.ndarray:
         """Each row's next token position (its computed tokens), as the decode path's vector."""
@@ -113,7 +111,7 @@ class KVCacheManager:
     def rows_needing_blocks(self, positions: np.ndarray) -> np.ndarray:
         """Rows (ascending) whose next token, at positions[r], falls past their last block: in a decode step
         only these need `allocate` (about one row in block_size), found without a call per row."""
-        return np.flatnonzero(positions >= self._capacity[:len(positions)])
+        return self.table.rows_needing_blocks(positions)
 
     def cache_computed_all(self, reqs: list[Request]) -> None:
         """`cache_computed` for every request that has a newly full block (a cheap check per request)."""
@@ -140,12 +138,9 @@ class KVCacheManager:
         if last is not req:
             self.rows[req.row] = last
             self.table.move(last.row, req.row)
-            self._capacity[req.row] = self._capacity[last.row]
-            self._capacity[last.row] = 0
             last.row = req.row
         else:
             self.table.clear(req.row)
-            self._capacity[req.row] = 0
         req.row = -1
 
     def prefix_hit_rate(self) -> float:

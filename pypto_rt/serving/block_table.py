@@ -25,8 +25,10 @@ class BlockTable:
         self._table = self.block_tables.numpy()
         self._slots = self.slot_mapping.numpy()
         self._lengths = [0] * max_batch      # entries written in each row
-        self._flat = self._table.reshape(-1)                               # a view: row r starts at r * max_blocks
-        self._row_base = np.arange(max_batch, dtype=np.int64) * max_blocks_per_seq
+        # the decode path's vectors: token slots each row holds, and its last block's first slot
+        self._capacity = np.zeros(max_batch, dtype=np.int64)
+        self._last_base = np.zeros(max_batch, dtype=np.int64)
+        self._offset = np.zeros(max_batch, dtype=np.int64)                # scratch: position % block_size
         self._live_tokens = 0                # slots written by the last fill (the rest are already -1)
         self.entries_written = 0             # table entries written so far (tests: only changes are written)
 
@@ -42,6 +44,8 @@ class BlockTable:
         else:
             self._table[row, start:end] = block_ids
         self._lengths[row] = end
+        self._capacity[row] = end * self.block_size
+        self._last_base[row] = int(block_ids[-1]) * self.block_size
         self.entries_written += len(block_ids)
 
     def move(self, src: int, dst: int) -> None:
@@ -50,6 +54,7 @@ class BlockTable:
         self._table[dst, :n] = self._table[src, :n]
         self._table[dst, n:self._lengths[dst]] = 0
         self._lengths[dst] = n
+        self._capacity[dst], self._last_base[dst] = self._capacity[src], self._last_base[src]
         self.entries_written += n
         self.clear(src)
 
@@ -57,15 +62,20 @@ class BlockTable:
         """Zero a row that no request holds any more (stale ids must not outlive their owner)."""
         self._table[row, :self._lengths[row]] = 0
         self._lengths[row] = 0
+        self._capacity[row] = self._last_base[row] = 0
+
+    def rows_needing_blocks(self, positions: np.ndarray) -> np.ndarray:
+        """Rows (ascending) whose next token, at positions[r], falls past their last block."""
+        return np.flatnonzero(positions >= self._capacity[:len(positions)])
 
     def fill_decode_slots(self, positions: np.ndarray) -> int:
-        """A decode step's slots: row r feeds one token at positions[r] (int64), rows 0..B-1 in order."""
-        n, bs = len(positions), self.block_size
-        index = positions // bs
-        index += self._row_base[:n]
-        out = self._slots[:n]
-        np.multiply(self._flat.take(index), bs, out=out, casting="unsafe")
-        out += positions % bs
+        """A decode step's slots: row r feeds one token at positions[r] (int64), rows 0..B-1 in order. The token
+        lies in the row's last block: blocks are allocated exactly (ceil(tokens / block_size) for the tokens
+        computed and scheduled), so position p of a decode has p // block_size == its last block's index."""
+        n = len(positions)
+        offset = self._offset[:n]
+        np.remainder(positions, self.block_size, out=offset)
+        np.add(self._last_base[:n], offset, out=self._slots[:n])
         if n < self._live_tokens:
             self._slots[n:self._live_tokens] = -1
         self._live_tokens = n
