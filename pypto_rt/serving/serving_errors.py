@@ -4,11 +4,15 @@ Imports only pypto_rt.errors.
 """
 from __future__ import annotations
 
-from pypto_rt.errors import PyptoError
+from pypto_rt.errors import PyptoError, Span, user_span
 
 
 class ServingError(PyptoError):
-    """Base of the serving errors: says what is wrong, for which request, and what to change."""
+    """Base of the serving errors: says what is wrong, for which request, and what to change; it points at the
+    user's line that led to it (the innermost frame outside pypto_rt, e.g. the `add_request` call)."""
+
+    def __init__(self, message: str, span: Span | None = None, hint: str | None = None):
+        super().__init__(message, span if span is not None else user_span(2), hint)
 
 
 class ServingConfigError(ServingError):

@@ -76,6 +76,7 @@ def test_bad_requests_and_configs_say_what_to_change():
     with pytest.raises(RequestTooLargeError, match="needs 6 KV blocks of 4 tokens; the pool has 4") as err:
         eng.add_request(list(range(20)), 4)
     assert "raise EngineConfig.num_blocks" in str(err.value)
+    assert err.value.span.file == __file__ and "eng.add_request(list(range(20)), 4)" in str(err.value)
     with pytest.raises(ServingError, match="non-empty prompt"):
         eng.add_request([], 4)
     with pytest.raises(ServingConfigError, match="EngineConfig.num_blocks must be >= 1"):
