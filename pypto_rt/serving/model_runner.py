@@ -9,7 +9,9 @@ pads CUDA-graph batches), prefill rows to the same and prefill tokens to `prefil
 Padding (spec §3.5 pitfalls 1, 3, 4): a padded row has seq_len 0 (it reads no block); a padded token has slot
 -1 (it writes nothing), id 0 and position 0. In a decode batch padded row r owns padded token r; in a prefill
 batch the padded tokens follow the last live request's and belong to no row (query_start_loc stops at the live
-token count). Stale values from a longer previous step are overwritten on every step.
+token count). Stale values from a longer previous step are overwritten on every step. A live row that feeds no
+token this step (the budget went to earlier rows) has seq_len 0 too; the first row always feeds a token, so
+qsl[b + 1] - 1 is a token row (>= 0) for every row whenever T > 0.
 """
 from __future__ import annotations
 
