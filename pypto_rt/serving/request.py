@@ -42,6 +42,7 @@ class Request:
     def __post_init__(self):
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
+        self.max_total_tokens = len(self.prompt_ids) + self.max_new_tokens    # token_ids' length when done
 
     @property
     def output_ids(self) -> list[int]:
@@ -55,11 +56,6 @@ class Request:
     def num_pending(self) -> int:
         """Tokens not yet in the cache (1 for a request in decode)."""
         return len(self.token_ids) - self.num_computed_tokens
-
-    def is_done(self) -> bool:
-        out = len(self.token_ids) - len(self.prompt_ids)
-        return out >= self.max_new_tokens or (self.eos_id is not None and out > 0 and
-                                              self.token_ids[-1] == self.eos_id)
 
     def full_block_hashes(self, block_size: int) -> list[BlockHash]:
         """The chained hashes of every full block of token_ids, extended incrementally."""

@@ -27,15 +27,9 @@ class ScheduledStep:
     """One step's work: `rows[r]` = (request in batch row r, tokens it feeds; 0 = idle row this step)."""
     rows: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.rows)
-
-    @property
-    def is_decode(self) -> bool:
-        """Every row feeds exactly one token (T == B), the shape paged decode attention takes."""
-        return bool(self.rows) and all(n == 1 for _, n in self.rows)
+    num_tokens: int = 0              # tokens fed in all (T before padding)
+    num_live_rows: int = 0           # rows feeding at least one token
+    is_decode: bool = False          # every row feeds exactly one token (T == B): paged decode attention's shape
 
     @property
     def is_empty(self) -> bool:
@@ -69,12 +63,14 @@ class Scheduler:
         if not step.preempted:
             self._schedule_waiting(step, self.max_num_batched_tokens - sum(tokens.values()), tokens)
         step.rows = [(req, tokens.get(req, 0)) for req in self.kv.rows]
+        step.num_tokens, step.num_live_rows = sum(tokens.values()), len(tokens)     # every value is >= 1
+        step.is_decode = bool(step.rows) and len(tokens) == len(step.rows) == step.num_tokens
         return step
 
     def _schedule_running(self, step: ScheduledStep) -> dict[Request, int]:
-        decodes_after = sum(1 for req in self.kv.rows if req.num_pending == 1)
-        if decodes_after == len(self.kv.rows):
+        if all(len(req.token_ids) == req.num_computed_tokens + 1 for req in self.kv.rows):
             return self._schedule_decodes(step)
+        decodes_after = sum(1 for req in self.kv.rows if req.num_pending == 1)
         tokens: dict[Request, int] = {}
         budget = self.max_num_batched_tokens
         i = 0

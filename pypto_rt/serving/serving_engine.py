@@ -92,26 +92,30 @@ class ServingEngine:
         m = self.metrics
         m.preemptions += len(sched.preempted)
         m.prefix_hit_tokens, m.prefix_queried_tokens = self.kv.prefix_hit_tokens, self.kv.prefix_queried_tokens
-        m.on_step(sum(1 for _, n in sched.rows if n), sched.num_tokens, new, now - start)
+        m.on_step(sched.num_live_rows, sched.num_tokens, new, now - start)
         for req in finished:
             m.on_finish(req)
         self._maybe_progress(now)
         return finished
 
     def _update(self, sched: ScheduledStep, tokens: list[int], now: float) -> tuple[list[Request], int]:
-        finished, new = [], 0
+        """Advance each row by its fed tokens; a row that reached its end outputs the model's token."""
+        finished, new, bs = [], 0, self.kv.block_size
         for (req, n), token in zip(sched.rows, tokens):
-            if n == 0:
+            if not n:
                 continue
-            req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens:     # the step reached the end: its token is output
-                req.token_ids.append(int(token))
+            computed = req.num_computed_tokens = req.num_computed_tokens + n
+            ids = req.token_ids
+            done = False
+            if computed == len(ids):
+                ids.append(token)
                 new += 1
                 if req.first_token_time is None:
                     req.first_token_time = now
-            if req.num_computed_tokens // self.kv.block_size > req.num_cached_blocks:
+                done = len(ids) >= req.max_total_tokens or token == req.eos_id
+            if computed // bs > req.num_cached_blocks:
                 self.kv.cache_computed(req)       # a block became full
-            if req.is_done():
+            if done:
                 req.finish_time = now
                 self.scheduler.finish(req)
                 finished.append(req)
