@@ -4,11 +4,10 @@ persistent buffer, newly full blocks recorded in the prefix cache) against rebui
 allocation, then the [B, max_blocks] table and the slot mapping built afresh from the block lists every step,
 as an engine without persistent buffers does). Block size 16, contexts of 100-400 tokens, max_model_len 2048.
 
-Both are first checked to produce the same table and slots. The last column is a whole `Engine.step` in decode
-around a model that returns at once: the engine's host work per step. A sample is WINDOW consecutive decode steps from a
-fresh state (setup and the engine's own token bookkeeping untimed); the two contenders alternate, median of the
-samples. Target: incremental <= 50 µs
-per step at batch 64.
+Both are first checked to produce the same table and slots. A sample is WINDOW consecutive decode steps from a
+fresh state (setup and the engine's own token bookkeeping untimed); the two contenders alternate; median and best
+of the samples. Target: incremental <= 50 µs per step at batch 64. The last column is a whole `Engine.step` in
+decode around a model that returns at once: the engine's host work per step.
 """
 from __future__ import annotations
 
