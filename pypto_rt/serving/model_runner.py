@@ -67,7 +67,8 @@ class ModelRunner:
         self.prefill_buckets = _check_buckets(
             "prefill_buckets", prefill_buckets or powers_of_two(min(16, max_num_tokens), max_num_tokens),
             max_num_tokens)
-        t_cap, b_cap = self.prefill_buckets[-1], self.decode_buckets[-1]
+        b_cap = self.decode_buckets[-1]
+        t_cap = max(self.prefill_buckets[-1], b_cap)            # a decode batch has T == B tokens
         if t_cap > table.slot_mapping.shape[0] or b_cap > table.block_tables.shape[0]:
             raise ServingConfigError(f"buckets reach {b_cap} rows / {t_cap} tokens; the block table holds "
                                      f"{table.block_tables.shape[0]} rows / {table.slot_mapping.shape[0]} tokens")

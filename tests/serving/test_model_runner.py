@@ -85,6 +85,10 @@ def test_buckets_must_reach_the_maximum():
     table = BlockTable(8, 4, 4, 32)
     with pytest.raises(ServingConfigError, match="decode_buckets \\[1, 2, 4\\] must be positive and reach 8"):
         ModelRunner(ToyModel(), table, max_batch=8, max_num_tokens=32, decode_buckets=[4, 2, 1])
+    with pytest.raises(ServingConfigError, match="buckets reach 16 rows / 32 tokens; the block table holds 8 rows"):
+        ModelRunner(ToyModel(), table, max_batch=8, max_num_tokens=32, decode_buckets=[1, 16])
+    with pytest.raises(ServingConfigError, match="buckets reach 8 rows / 64 tokens"):
+        ModelRunner(ToyModel(), table, max_batch=8, max_num_tokens=64)
     assert powers_of_two(1, 6) == [1, 2, 4, 6] and powers_of_two(16, 16) == [16]
 
 
