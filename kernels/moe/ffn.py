@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import torch
 
 import pypto.language as pl
+from pypto_rt.kernels.tile_casts import PL_DTYPES, cast_to, identity
 
 ROW_TILE = 16                # token rows per tile
 K_TILE_MAX = 512             # the longest contraction step; a dimension is walked in its largest divisor up to this
 AMAX_EPS = 1e-6              # the smallest row amax an int8 scale is taken from (a zero row quantises to zeros)
 INT8_MAX = 127.0
 INV_INT8_MAX = 1.0 / INT8_MAX
-PL_DTYPES = {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}
 
 
 def k_tile(extent: int, most: int) -> int:
@@ -69,15 +69,10 @@ def _swiglu(limit: float | None):
     return clamped_silu_mul
 
 
-@pl.jit.inline
-def _identity(tile):
-    return tile
-
-
 def projection(contracted: int, step: int, acc_dtype, convert_a=None, convert_b=None):
     """An inline `(a [R, K], w [N, K]) -> a @ w.T` in `acc_dtype`, walking K (= `contracted`) in `step`s; each
     K slice of a and of w passes through `convert_a` / `convert_b` (inlines, e.g. `cast_to`) when given."""
-    lhs, rhs = convert_a or _identity, convert_b or _identity
+    lhs, rhs = convert_a or identity, convert_b or identity
 
     @pl.jit.inline
     def project(a, w):
@@ -87,19 +82,6 @@ def projection(contracted: int, step: int, acc_dtype, convert_a=None, convert_b=
         return acc
 
     return project
-
-
-def cast_to(source, target):
-    """An inline `tile of source dtype -> target dtype`, rounding to nearest even (the identity when they are the
-    same: a same-dtype cast is an error on the device)."""
-    if source == target:
-        return _identity
-
-    @pl.jit.inline
-    def converted(tile):
-        return pl.cast(tile, target_type=target, mode="rint")
-
-    return converted
 
 
 # the per-row symmetric int8 scale [R, 1] of FP32 rows: max(amax, AMAX_EPS) / 127

@@ -4,15 +4,12 @@
 outside this library (whose kernels count as user code to the frontend, so `user_span` would stop here; a
 dataclass's generated `__init__` counts as the library's).
 """
-import os
-import sys
+from pypto_rt.kernels.library_errors import LibraryError, describe
 
-from pypto_rt.errors import PyptoError, Span, is_internal_file
-
-_LIBRARY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+__all__ = ["MoEError", "MoEConfigError", "MoEArgumentError", "describe"]
 
 
-class MoEError(PyptoError):
+class MoEError(LibraryError):
     """Base of the MoE library's user errors."""
 
 
@@ -22,26 +19,3 @@ class MoEConfigError(MoEError):
 
 class MoEArgumentError(MoEError):
     """A call's tensor (shape, dtype, token count) that does not match its MoEConfig."""
-
-    @classmethod
-    def at_caller(cls, message: str, hint: str | None = None) -> "MoEArgumentError":
-        return cls(message, caller_span(), hint)
-
-
-def caller_span() -> Span | None:
-    """Span of the innermost frame on the stack that is neither pypto-rt's nor this library's."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        generated = name == "<string>" and frame.f_code.co_name == "__init__"   # a dataclass's __init__
-        if not (generated or is_internal_file(name) or os.path.abspath(name).startswith(_LIBRARY_DIR)):
-            return Span(name, frame.f_lineno)
-        frame = frame.f_back
-    return None
-
-
-def describe(value) -> str:
-    """A value as an error message shows it: `torch.bfloat16 [4, 32]` for a tensor, else its type's name."""
-    if hasattr(value, "dtype") and hasattr(value, "shape"):
-        return f"{value.dtype} {list(value.shape)}"
-    return type(value).__name__
