@@ -196,14 +196,15 @@ def expand_all(recv_rows, tokens, meta, arrived, lanes, layout_rows, top_k):
     """The fixed-shape form of `expand_arrived`, over every arrival slot (`arrived` [1, 1] FP32 tokens arrived: a
     tensor, never read into the program): each receive row's token (an index pass over the route slots; dead
     slots land on row `layout_rows`, one past the layout), then every receive row gathered at once (rows no route
-    fills get zeros). Returns recv_rows."""
+    fills get token 0's row: they are past their expert's count). Returns recv_rows."""
     rows, _ = arrived_routes(meta, arrived, lanes, top_k)
     target = pl.sel(pl.cmps(rows, 0, cmp_type=5), rows, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
     token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
                           pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
-    source = pl.scatter_update(pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=-1), 0,
+    source = pl.scatter_update(pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), 0,
                                k_major(target, lanes, top_k), k_major(token, lanes, top_k))
-    recv_rows[0:layout_rows, :] = pl.mgather(tokens, source[0:layout_rows, :], coalesce="row", gather_oob="zero")
+    recv_rows[0:layout_rows, :] = pl.mgather(tokens, source[0:layout_rows, :], coalesce="row")   # (rows past the
+    # counts are unspecified: they copy token 0, with no zeroing pass)
     return recv_rows
 
 
