@@ -11,33 +11,42 @@ everywhere:
                                   expert * LANES + offset; -1 when that route is on another rank), then the
                                   slot's combine weight (0 there)
     back_in    [LANES, H]         rows d * T_MAX + slot: rank d's weighted sums for this rank's tokens (combine)
-    signals    [W, 3] INT32       column 0 counts, 1 payload, 2 combine; row s counts rank s's notifications
+    signals    [W, 3] INT32       column 0 counts, 1 payload, 2 combine; row s: rank s's latest call
 
-Every signal only grows: call i of a buffer waits until each cell reaches i (its *epoch*, kept in the `epoch`
-tensor and raised by the dispatch kernel itself), so the windows are never cleared and a late signal of an old
-call cannot satisfy a newer wait. Dispatch and combine alternate on a buffer (MoEBuffer checks): a rank writes
-a peer's windows for call i + 1 only after its combine of call i saw that peer's combine rows, which the peer
-sends after it read its windows of call i.
+Every signal only grows: call i of a buffer sets its cells to i (its *epoch*, kept in the `epoch` tensor and raised
+by the dispatch kernel itself; a `NotifyOp.Set`, since a cell has one writer, the rank of its row) and waits until
+each cell reaches i, so the windows are never cleared and a late signal of an old call cannot satisfy a newer
+wait. Dispatch and combine alternate on a buffer (MoEBuffer checks): a rank writes a peer's windows for call i + 1
+only after its combine of call i saw that peer's combine rows, which the peer sends after it read its windows of
+call i.
 
-Dispatch (six regions, in program order; the computing ones touch no window, so a replay runs them as recorded
-torch calls and calls only the communicating ones as they are):
+Regions, in program order. Computing regions touch no window; window regions only read or write windows with plain
+ops (a replay runs both as recorded torch calls: replay.capture); only the signalling regions (they call `pld`
+ops) are called as they are by a replay, so they do only what needs the signals or the data's row counts.
+Dispatch:
 1. `moe_route` (computes): routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each
    route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
    (exclusive prefix counts: a matmul with a strictly lower triangular matrix);
-2. `moe_counts`: the count row to every rank, then signal 0;
-3. `moe_counts_wait`: once every rank's counts arrived, a copy of them;
-4. `moe_stage` (computes): the sum of lower ranks' counts gives, per expert, where this rank's rows start in
+2. `moe_counts` (signals): the count row to every rank, signal 0, the wait for every rank's counts, a copy;
+3. `moe_stage` (computes): the sum of lower ranks' counts gives, per expert, where this rank's rows start in
    the receiver's layout and, per destination, where its tokens start in that rank's tokens_in; the (token,
    destination) pairs are staged by destination in one scatter each for the rows and their meta rows;
-5. `moe_send`: each destination gets its live rows in one store (tokens and meta), then signal 1;
-6. `moe_receive`: once every payload arrived, the route slots that live here are compacted (the compare form of
-   `pl.gather`) and their tokens copied to their rows in one gather and one scatter; the counts per local expert
-   are summed.
-Combine (two regions): `moe_return` sums, per arrived token, its routes' expert rows times their weights (the
-weights are applied on the expert's rank, so one row per token and rank travels back; only the live slots'
-rows are gathered and weighted, placed in route-slot-major order so the sum over slots is one column sum) and stores each source's rows to it, then signal 2;
-`moe_reduce` gathers, per token, the row each of its ranks sent back and sums them with the token's row of
-`addend` (e.g. the shared expert's output; zeros when there is none), rounding once.
+4. `moe_exchange` (signals): each destination gets its live rows in one store (tokens and meta), signal 1, the
+   wait for every payload; in the *live* form it then expands the arrived tokens: the route slots that live
+   here are compacted (the compare form of `pl.gather`) and their tokens copied to their rows in one gather and
+   one scatter, and the counts per local expert are summed;
+5. `moe_expand` (windows, the *fixed* form): the same over every arrival slot, with shapes fixed by the layout
+   (slots past the arrived count are masked by a tensor compare, never read into the program): an index pass
+   gives each receive row its token, then one gather fills the receive rows.
+The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes), where
+a pass over every slot costs less than calling the live form as it is; live beyond, where only live rows are
+touched.
+Combine: `moe_sums` (windows, fixed form) sums, per arrival slot, its routes' expert rows times their weights
+(the weights are applied on the expert's rank, so one row per token and rank travels back; placed in
+route-slot-major order so the sum over slots is one column sum); `moe_return` (signals; the live form sums the
+live slots first, as above) stores each source's rows to it, signal 2, and waits for every rank's; `moe_reduce`
+(windows) gathers, per token, the row each of its ranks sent back and sums them with the token's row of `addend`
+(e.g. the shared expert's output; zeros when there is none), rounding once.
 
 Only live rows cross: a store carries exactly the rows a destination needs (the row counts are read inside the
 regions, never by the host program). The host program reads no data, so repeated calls with the same shapes
@@ -51,12 +60,14 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
-from pypto_rt.kernels.moe.dispatch_parts import (expand_arrived, lower_ranks_take, prefix_matrix, route_layout,
-                                                 route_rows, stage_by_destination, sum_returned, weighted_sums)
+from pypto_rt.kernels.moe.dispatch_parts import (expand_all, expand_arrived, lower_ranks_take, prefix_matrix,
+                                                 route_layout, route_rows, stage_by_destination, sum_returned,
+                                                 weighted_all, weighted_sums)
 
 T_DYN = pl.dynamic("T_DYN")
 COUNTS_SIGNAL, PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1, 2
 SIGNALS = 3
+FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,14 @@ class Layout:
         return self.world * self.max_tokens
 
     @property
+    def fixed_shape(self) -> bool:
+        """Whether the receive side works on every arrival slot (shapes fixed by the layout, so a replay runs it as
+        recorded torch calls) rather than on the arrived rows only (fewer bytes, but called as it is each call):
+        the fixed form when all route slots' rows are small (decode sizes), as DeepEP's low-latency kernels use
+        fixed-size buffers and its normal kernels sized ones."""
+        return self.lanes * self.top_k * self.hidden * self.dtype.itemsize <= FIXED_SHAPE_BYTES
+
+    @property
     def pl_dtype(self):
         return {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}[self.dtype]
 
@@ -90,6 +109,7 @@ def dispatch_kernel(layout: Layout):
                                               layout.hidden)
     e_local, lanes, dtype = layout.local_experts, layout.lanes, layout.pl_dtype
     n_counts = n_experts + world
+    fixed = layout.fixed_shape
 
     @pl.jit
     def moe_dispatch(
@@ -132,11 +152,7 @@ def dispatch_kernel(layout: Layout):
             row = pl.load(count_row, [0, 0], [1, n_counts])
             for peer in pl.range(world):
                 pld.tile.remote_store(row, target=counts_in, peer=peer, offsets=[me, 0])
-                pld.system.notify(signals, peer=peer, offsets=[me, COUNTS_SIGNAL], value=1,
-                                  op=pld.NotifyOp.AtomicAdd)
-
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_counts_wait"):
-            now = pl.read(epoch, [0, 0])
+                pld.system.notify(signals, peer=peer, offsets=[me, COUNTS_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COUNTS_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
             all_counts[:, :] = pl.load(counts_in, [0, 0], [world, n_counts])
@@ -149,7 +165,8 @@ def dispatch_kernel(layout: Layout):
                                                      send_x, send_meta, t_dim, world, e_local, top_k, lanes)
             send_at[:, :] = pl.cast(taken, pl.INT32, mode="trunc")   # [:, E + d]: after lower ranks' tokens on d
 
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_send"):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
+            now = pl.read(epoch, [0, 0])
             for d in pl.range(world):
                 n = pl.read(all_counts, [me, n_experts + d])
                 if n > 0:
@@ -159,20 +176,26 @@ def dispatch_kernel(layout: Layout):
                     pld.tile.remote_store(send_meta[d * t_max : d * t_max + n, :], target=meta_in, peer=d,
                                           offsets=[row, 0])
             for peer in pl.range(world):
-                pld.system.notify(signals, peer=peer, offsets=[me, PAYLOAD_SIGNAL], value=1,
-                                  op=pld.NotifyOp.AtomicAdd)
-
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_receive"):
-            now = pl.read(epoch, [0, 0])
+                pld.system.notify(signals, peer=peer, offsets=[me, PAYLOAD_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, PAYLOAD_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
-            recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
-                                        mode="trunc")
-            n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32, mode="trunc"),
-                        [0, 0])
-            if n > 0:
-                recv_rows = expand_arrived(recv_rows, tokens_in, meta_in, n, top_k)
+            if not fixed:
+                arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
+                recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
+                                            mode="trunc")
+                n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32,
+                                    mode="trunc"), [0, 0])
+                if n > 0:
+                    recv_rows = expand_arrived(recv_rows, tokens_in, meta_in, n, top_k)
+
+        if fixed:
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only: replayed as torch calls
+                arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
+                recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
+                                            mode="trunc")
+                recv_rows = expand_all(recv_rows, tokens_in, meta_in,
+                                       pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), lanes,
+                                       e_local * lanes, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -185,15 +208,19 @@ def combine_kernel(layout: Layout):
                                               layout.hidden)
     e_local, lanes, dtype = layout.local_experts, layout.lanes, layout.pl_dtype
     n_counts = n_experts + world
+    fixed = layout.fixed_shape
 
     @pl.jit
     def moe_combine(
         y: pl.Tensor[[e_local * lanes, hidden], dtype],
+        me: pl.Scalar[pl.INT32],
         epoch: pl.Tensor[[1, 1], pl.INT32],
         slots: pl.Tensor[[T_DYN, world], pl.FP32],
         members: pl.Tensor[[T_DYN, world], pl.FP32],
         addend: pl.Tensor[[T_DYN, hidden], dtype],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
+        sums: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
+        starts: pl.InOut[pl.Tensor[[world, 1], pl.INT32]],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
         back_in: pld.DistributedTensor[[lanes, hidden], dtype],
@@ -204,27 +231,33 @@ def combine_kernel(layout: Layout):
         addend.bind_dynamic(0, T_DYN)
         out.bind_dynamic(0, T_DYN)
         t_dim = pl.tensor.dim(out, 0)
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
-            me = pld.rank(pld.get_comm_ctx(signals))
-            arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32)
-            n = pl.read(pl.cast(pl.col_sum(arrived), pl.INT32), [0, 0])
-            if n > 0:
-                sums = pl.cast(weighted_sums(y, meta_in, n, top_k, hidden), dtype, mode="rint")
-                starts = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32)   # [W, 1] first row per source
-                for src in pl.range(world):
-                    count = pl.read(counts_in, [src, n_experts + me])
-                    if count > 0:
-                        first = pl.read(starts, [src, 0])
-                        pld.tile.remote_store(sums[first : first + count, :], target=back_in, peer=src,
-                                              offsets=[me * t_max, 0])
-            for peer in pl.range(world):
-                pld.system.notify(signals, peer=peer, offsets=[me, COMBINE_SIGNAL], value=1,
-                                  op=pld.NotifyOp.AtomicAdd)
+        if fixed:
+            with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
+                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32)
+                sums[:, :] = pl.cast(weighted_all(y, meta_in, pl.col_sum(arrived), lanes, top_k, hidden), dtype,
+                                     mode="rint")
+                starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32)   # first row per source
 
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_reduce"):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             now = pl.read(epoch, [0, 0])
+            if not fixed:
+                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32)
+                n = pl.read(pl.cast(pl.col_sum(arrived), pl.INT32), [0, 0])
+                if n > 0:
+                    sums[0:n, :] = pl.cast(weighted_sums(y, meta_in, n, top_k, hidden), dtype, mode="rint")
+                    starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32)
+            for src in pl.range(world):
+                count = pl.read(counts_in, [src, n_experts + me])
+                if count > 0:
+                    first = pl.read(starts, [src, 0])
+                    pld.tile.remote_store(sums[first : first + count, :], target=back_in, peer=src,
+                                          offsets=[me * t_max, 0])
+            for peer in pl.range(world):
+                pld.system.notify(signals, peer=peer, offsets=[me, COMBINE_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COMBINE_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
+
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_reduce"):   # windows only: replayed as torch calls
             by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)
             total = sum_returned(back_in, slots, members, by_rank, t_dim, hidden, world)
             out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
@@ -256,6 +289,8 @@ class WindowTransport:
         self._count_row = torch.zeros(1, n_counts, dtype=torch.int32)     # this rank's, then every rank's counts
         self._all_counts = torch.zeros(world, n_counts, dtype=torch.int32)
         self._send_at = torch.zeros(1, n_counts, dtype=torch.int32)
+        self._sums = torch.zeros(lanes, hidden, dtype=layout.dtype)      # combine: per arrived token, its rows' sum
+        self._starts = torch.zeros(world, 1, dtype=torch.int32)         # ... and where each source's tokens start
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
         dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, self._epoch, route_pos, slots, members,
@@ -264,8 +299,8 @@ class WindowTransport:
                                      self._signals)
 
     def combine(self, y, slots, members, addend, out) -> None:
-        combine_kernel(self.layout)(y, self._epoch, slots, members, addend, out, self._counts_in, self._meta_in,
-                                    self._back_in, self._signals)
+        combine_kernel(self.layout)(y, self.rank, self._epoch, slots, members, addend, out, self._sums, self._starts,
+                                    self._counts_in, self._meta_in, self._back_in, self._signals)
 
     def sent_rows(self, rank: int) -> list[int]:
         """Token rows `rank`'s latest dispatch sent to each rank."""

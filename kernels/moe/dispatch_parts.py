@@ -170,3 +170,50 @@ def sum_returned(back, slots, members, first_row, t_dim, hidden, world):
     rows = pl.sel(pl.cmps(members, 0.5, cmp_type=4), rows, pl.full([t_dim, world], dtype=pl.INT32, value=-1))
     back_rows = pl.cast(pl.mgather(back, k_major(rows, t_dim, world), coalesce="row", gather_oob="zero"), pl.FP32)
     return pl.reshape(pl.col_sum(pl.reshape(back_rows, [world, t_dim * hidden])), [t_dim, hidden])
+
+
+# ------------------------------------------------------------------ fixed-shape forms (small layouts, replayed)
+@pl.jit.inline
+def arrived_routes(meta, arrived, lanes, top_k):
+    """[LANES, K] INT32: per arrival slot and route slot its row in this rank's receive layout, -1 where the route
+    lives elsewhere or no token arrived in that slot this call (slots past `arrived`, [1, 1] FP32, hold an older
+    call's rows: windows are never cleared). Then the [LANES, K] 0/1 FP32 of the live ones."""
+    token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
+                          pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
+    count = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
+                          pl.col_expand(pl.full([lanes, 1], dtype=pl.INT32, value=0),
+                                        pl.cast(arrived, pl.INT32, mode="trunc")))
+    rows = pl.cast(meta[:, 0:top_k], pl.INT32, mode="trunc")
+    live = pl.and_(pl.cmp(token, count, cmp_type=2),
+                   pl.cmp(rows, pl.full([lanes, top_k], dtype=pl.INT32, value=0), cmp_type=5))
+    return (pl.sel(live, rows, pl.full([lanes, top_k], dtype=pl.INT32, value=-1)),
+            pl.sel(live, pl.full([lanes, top_k], dtype=pl.FP32, value=1.0),
+                   pl.full([lanes, top_k], dtype=pl.FP32, value=0.0)))
+
+
+@pl.jit.inline
+def expand_all(recv_rows, tokens, meta, arrived, lanes, layout_rows, top_k):
+    """The fixed-shape form of `expand_arrived`, over every arrival slot (`arrived` [1, 1] FP32 tokens arrived: a
+    tensor, never read into the program): each receive row's token (an index pass over the route slots; dead
+    slots land on row `layout_rows`, one past the layout), then every receive row gathered at once (rows no route
+    fills get token 0's row: they are past their expert's count). Returns recv_rows."""
+    rows, _ = arrived_routes(meta, arrived, lanes, top_k)
+    target = pl.sel(pl.cmps(rows, 0, cmp_type=5), rows, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
+    token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
+                          pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
+    source = pl.scatter_update(pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), 0,
+                               k_major(target, lanes, top_k), k_major(token, lanes, top_k))
+    recv_rows[0:layout_rows, :] = pl.mgather(tokens, source[0:layout_rows, :], coalesce="row")   # (rows past the
+    # counts are unspecified: they copy token 0, with no zeroing pass)
+    return recv_rows
+
+
+@pl.jit.inline
+def weighted_all(y, meta, arrived, lanes, top_k, hidden):
+    """The fixed-shape form of `weighted_sums`, over every arrival slot: [LANES, H] FP32, zeros past `arrived`."""
+    rows, live = arrived_routes(meta, arrived, lanes, top_k)
+    picked = pl.mgather(y, k_major(rows, lanes, top_k), coalesce="row", gather_oob="zero")
+    weights = k_major(pl.sel(pl.cmps(live, 0.5, cmp_type=4), meta[:, top_k : 2 * top_k],
+                             pl.full([lanes, top_k], dtype=pl.FP32, value=0.0)), lanes, top_k)   # (stale: any bits)
+    weighted = pl.row_expand_mul(pl.cast(picked, pl.FP32), weights)
+    return pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, lanes * hidden])), [lanes, hidden])

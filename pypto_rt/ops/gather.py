@@ -90,11 +90,18 @@ def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str) -> None
         raise OpError(f"pl.{name}: index {int(bad)} is outside {what} (valid range 0..{bound - 1})")
 
 
+def _distinct(targets: torch.Tensor) -> bool:
+    """Whether no two writes share a target (a sort of the index, not a pass over the written rows)."""
+    return targets.numel() < 2 or bool((targets.sort().values.diff() != 0).all())
+
+
 def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """Per write i (flat `targets`, `values` one row each), the value the last write to its target
     writes: assigning these, duplicate targets all write the same value, so the last write wins whatever order
     the assignment takes. Shapes do not depend on the data (a recorded run replays it), and the cost follows the
     writes, not the destination's size (a scatter of a few rows into a large cache stays cheap)."""
+    if not recording.recording() and _distinct(targets):   # (a recording reads no index into Python)
+        return values
     ordered, order = torch.sort(targets, stable=True)
     return values[order[torch.searchsorted(ordered, targets, right=True) - 1]]
 
@@ -400,6 +407,12 @@ def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, 
     return torch.where(keep, idx, 0), keep
 
 
+def _keeps_all(mode) -> bool:
+    """Whether gather_oob `mode` keeps every entry (it checks, clamps or wraps instead of zeroing)."""
+    mode = _OOB_MODES[mode] if isinstance(mode, int) and 0 <= mode < 4 else mode
+    return mode in ("undefined", "clamp", "wrap")
+
+
 @op("mgather", "tile.mgather")
 def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=None, scratch=None,
             valid_shape=None):
@@ -412,16 +425,17 @@ def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=N
         raise OpError(f"pl.mgather: needs a 2-D index ([1, n] or [n, 1] for row mode) and, for row mode, a 2-D mem; "
                       f"got mem {_shape(mem)}, idx {_shape(idx)}")
     boxed = valid_mask(idx)
-    live = torch.ones(idx.shape, dtype=torch.bool) if boxed is None else boxed.expand(idx.shape)
+    every = boxed is None    # every index entry is valid: no pass over the gathered rows for them
+    live = torch.ones(idx.shape, dtype=torch.bool) if every else boxed.expand(idx.shape)
     raw = idx.data.to(torch.int64) & 0xFFFFFFFF
     if mode == "row":
         table, raw, live = mem.data, raw.reshape(-1), live.reshape(-1)
-        valid = (int(live.sum()), mem.shape[1])
+        valid = (raw.numel() if every else int(live.sum()), mem.shape[1])
     else:
         table, valid = mem.data.reshape(-1), idx.valid
-    pos, keep = _oob("mgather", raw if boxed is None else torch.where(live, raw, 0), table.shape[0], gather_oob)
+    pos, keep = _oob("mgather", raw if every else torch.where(live, raw, 0), table.shape[0], gather_oob)
     out = table.index_select(0, pos) if mode == "row" else table[pos]
-    if boxed is not None or gather_oob in ("zero", 3):   # entries may be dropped: zero them (else a full-tile pass)
+    if not (every and _keeps_all(gather_oob)):   # zero the rows of invalid or dropped entries
         keep = keep & live
         out = torch.where(keep.reshape(keep.shape + (1,) * (out.ndim - keep.ndim)), out,
                           torch.zeros((), dtype=out.dtype))

@@ -109,7 +109,8 @@ class HostExecutor(ExecutorBase):
                 deps.append(self.last_comm)
             else:   # the run's first communication task
                 self._comm_waits_report_first()
-        run = self.runner.runner(artifact, inputs, blocks, accesses, label=name if comm else None)
+        run = self.runner.runner(artifact, inputs, blocks, accesses, label=name if comm else None,
+                                 signals=communicates(artifact))
         adds = self._atomic_adds(artifact, inputs) if self.atomic_order is not None and artifact.atomic_entries else ()
         task = self.engine.submit(name, run, [a for a, _, _ in accesses], deps=deps, blocks=run.blocks, span=span,
                                   manual=self.manual_depth > 0, order=self.atomic_order.follow(adds) if adds else ())

@@ -22,9 +22,12 @@ always runs on a worker (never inline on the host, which must keep submitting in
 nothing for this.
 
 In a run recorded for replay (on the host thread, under a replay.capture.Recorder), each block of a
-communication task, and of a kernel whose course an earlier recording found to depend on data, is run by the
-recorder as one `BlockCall` (the kernel's own run function) that the replay calls again (replay.opaque); other
-blocks run their kernel with the recorder told which kernel runs (`recorder.block`).
+communication task that calls `pld` ops, and of a kernel whose course an earlier recording found to depend on data,
+is run by the recorder as one `BlockCall` (the kernel's own run function) that the replay calls again
+(replay.opaque); other blocks run their kernel with the recorder told which kernel runs (`recorder.block`). A
+task that only takes windows (reads or writes them with plain ops, after the signal waits of earlier tasks) is
+recorded as torch calls too: a window keeps its memory, so its recorded calls read the peers' latest rows where
+the replay's straight line runs them, after those waits (numbers read from a window stay volatile: replay.capture).
 """
 from __future__ import annotations
 
@@ -74,17 +77,21 @@ class TaskRunner:
         return _AtOnce(self.binding, self._body(artifact), artifact.__dict__.setdefault("history", RunHistory()),
                        self.inline_ns)
 
-    def runner(self, artifact, inputs: tuple, blocks: int, accesses, label: str | None = None) -> "_Run":
-        """What the engine runs per block; `label`: a communication task's region name (for wait reports)."""
+    def runner(self, artifact, inputs: tuple, blocks: int, accesses, label: str | None = None,
+               signals: bool = True) -> "_Run":
+        """What the engine runs per block; `label`: a communication task's region name (for wait reports);
+        `signals`: its kernel calls `pld` ops (False: it only takes windows, and a recording records its torch
+        calls, which read and write the windows' memory where the replay runs them, in program order)."""
         if self.check:
             run = _CheckedRun(self, artifact, inputs, blocks, accesses)
             run.label = label
             return run
         history = artifact.__dict__.setdefault("history", RunHistory())
-        if label is not None and self.recorder is not None:   # (the recorder runs it: replay.opaque)
+        if label is not None and signals and self.recorder is not None:   # (the recorder runs it: replay.opaque)
             return _Run(self.binding, _opaque_body(self.recorder, artifact, label), inputs, blocks, history, False)
-        if label is not None:
-            run = _CommRun(self.binding, _kernel_body(artifact.kernel.run), inputs, blocks, history, False, label)
+        if label is not None:   # (recorded: its kernel watched by the recorder, or called as it is)
+            body = _kernel_body(artifact.kernel.run) if self.recorder is None else self._body(artifact)
+            run = _CommRun(self.binding, body, inputs, blocks, history, False, label)
         else:
             run = _Run(self.binding, self._body(artifact), inputs, blocks, history, history.short(self.inline_ns))
         return _OrderedRun(run) if self.ordered_adds and blocks > 1 else run   # (a helper it calls may add, too)

@@ -31,8 +31,9 @@ they are kept, since the block's torch calls replay fastest while its data keeps
 dropped for misses, the specialisation is recorded again with the blocks that made guards called as they are
 (their course then follows the data with no guard). Up to `max_recordings` recordings per specialisation.
 
-Communicating runs: each block of a communication task (a region calling a `pld` op or taking a window) is
-recorded as one opaque call of its kernel, which the replay calls again with its inputs as code:
+Communicating runs: each block of a communication task that calls a `pld` op is recorded as one opaque call of
+its kernel (a task that only takes windows is recorded as torch calls on the windows' memory, after the waits
+before it in the straight line), which the replay calls again with its inputs as code:
 an epoch or a row count read with `pl.read` changes per replay, and what the block writes is data the run
 computed. Windows are volatile (peers write them at any time): numbers read from them are read where the run read
 them, never in the prologue. Each rank decides alone: one rank may replay a call while another runs it on the

@@ -14,7 +14,7 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
 
     Two clean-ups: a call repeating an earlier one (same function, same arguments, their memory unchanged
     since) reuses its result, unless either result is later written; a call whose result nothing needs and
-    that changes nothing is left out."""
+    that changes nothing is left out. Each tensor the replay makes is released after its last use."""
     calls = _fold(rec, _dedupe(rec.recorded, rec.storage_of, rec.volatile), set(results))
     needed = set(results)
     keep = []
@@ -23,8 +23,8 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
             keep.append(call)
             needed.update(call.reads)
     keep = _assign_windows(keep[::-1], set(results))
-    body = [call.statement() for call in keep]
-    rec.calls = len(body)   # (the recorder reports how many calls its replay makes)
+    rec.calls = len(keep)   # (the recorder reports how many calls its replay makes)
+    body = _with_releases(keep, {call.out for call in keep if call.out in rec.made} - set(results))
     folded = [f"{n} {list(rec.made[n].shape)} {rec.made[n].dtype}" for n in sorted(needed & rec.made.keys())
               if n in rec.constants]
     if folded:
@@ -35,6 +35,27 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     body.append(f"return ({', '.join(results)}{',' if results else ''})")
     return _hoist_common(f"def {fn_name}({', '.join(rec.params)}):\n" + "\n".join("    " + line for line in body)
                          + "\n", rec.policy.hoist_lines)
+
+
+def _with_releases(calls: list[Call], tensors: set[str]) -> list[str]:
+    """The calls' statements, each followed by `del` of the `tensors` (names the replay assigns) no later call
+    reads: their memory goes back to the allocator while the replay runs, so later calls reuse it warm instead of
+    touching fresh pages (a replay holding every temporary to its end makes a peak of all of them)."""
+    last = {}
+    for index, call in enumerate(calls):
+        for name in call.reads:
+            last[name] = index
+        if call.out in tensors:
+            last.setdefault(call.out, index)
+    ends: dict[int, list[str]] = {}
+    for name in tensors:
+        ends.setdefault(last[name], []).append(name)
+    body = []
+    for index, call in enumerate(calls):
+        body.append(call.statement())
+        if index in ends:
+            body.append("del " + ", ".join(sorted(ends[index], key=lambda n: int(n[1:]))))
+    return body
 
 
 def _fold(rec, calls: list[Call], results: set[str]) -> list[Call]:

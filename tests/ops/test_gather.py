@@ -201,6 +201,40 @@ def test_scatter_update_2d_and_paged_4d_in_place():
         G.scatter_update(cache, -2, tv(torch.tensor([[8]], dtype=torch.int32)), tv(torch.zeros(1, 4)))
 
 
+class _Calls(torch.overrides.TorchFunctionMode):
+    """Names of the torch functions called under it (the passes an op makes over its data)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_scatter_update_with_distinct_targets_writes_the_rows_without_resolving_duplicates():
+    cache, src = torch.zeros(8, 4), torch.randn(3, 4, generator=GEN)
+    with _Calls() as calls:
+        G.scatter_update(tv(cache), 0, tv(torch.tensor([[5], [1], [6]], dtype=torch.int32)), tv(src))
+    assert torch.equal(cache[[5, 1, 6]], src) and not cache[[0, 2, 3, 4, 7]].any()
+    assert "scatter_reduce" not in calls.names, calls.names   # (no last-write pass: no two rows share a target)
+    with _Calls() as calls:   # a repeated target still takes the last write
+        G.scatter_update(tv(cache), 0, tv(torch.tensor([[2], [2]], dtype=torch.int32)), tv(src[:2]))
+    assert torch.equal(cache[2], src[1]) and "scatter_reduce" in calls.names
+
+
+def test_mgather_of_a_fully_valid_index_makes_no_masking_pass_over_the_rows():
+    mem, idx = torch.randn(6, 4, generator=GEN), torch.tensor([[4, 0, 5]], dtype=torch.int32)
+    with _Calls() as calls:
+        out = G.mgather(tv(mem), tv(idx, valid=(1, 3)), coalesce="row")   # a box covering the index
+    assert torch.equal(out.data, mem[[4, 0, 5]]) and out.valid_shape == (3, 4)
+    assert calls.names.count("where") == 1, calls.names   # only the index's own (3 entries), none over the rows
+    oob = torch.tensor([[1], [9]], dtype=torch.int32)
+    zero = G.mgather(tv(mem), tv(oob), coalesce="row", gather_oob="zero")   # dropped rows are still zeroed
+    assert torch.equal(zero.data, torch.stack([mem[1], torch.zeros(4)]))
+
+
 # ------------------------------------------------------------------------ gatherb / mgather / paged
 def test_gatherb_copies_32_byte_blocks():
     src = torch.arange(64, dtype=torch.float32).reshape(1, 64)  # 8 blocks of 8 floats

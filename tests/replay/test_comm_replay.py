@@ -331,3 +331,125 @@ def _scaled(rank):
 def test_a_number_a_communication_block_returns_is_code_of_the_replay():
     kinds = run_ranks(_scaled, 1, deadline_s=40).ok()[0]
     assert kinds == [ENGINE] * POLICY.normal_runs + [RECORDED] + [REPLAYED] * REPLAYS, kinds
+
+
+@pl.jit
+def ring_sum(
+    rows: pl.Tensor[[R, D], pl.FP32],
+    meta: pl.Tensor[[1], pl.INT32],              # [epoch]
+    out: pl.Out[pl.Tensor[[R, D], pl.FP32]],
+    inbox: pld.DistributedTensor[[R, D], pl.FP32],
+    signal: pld.DistributedTensor[[NR, 2], pl.INT32],
+):
+    signal.bind_dynamic(0, NR)
+    epoch = pl.read(meta, [0])
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="ring_send"):
+        ctx = pld.get_comm_ctx(inbox)
+        me = pld.rank(ctx)
+        world = pld.nranks(ctx)
+        nxt = (me + 1) % world
+        prv = (me + world - 1) % world
+        pld.tensor.put(dst=inbox, peer=nxt, src=rows, dst_offsets=[0, 0], src_offsets=[0, 0], shape=[R, D])
+        pld.system.notify(signal, peer=nxt, offsets=[me, 0], value=epoch, op=pld.NotifyOp.Set)
+        pld.system.wait(signal=signal, offsets=[prv, 0], expected=epoch, cmp=pld.WaitCmp.Ge)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="ring_take"):   # takes a window, calls no pld op
+        out[:, :] = pl.add(pl.load(inbox, [0, 0], [R, D]), pl.load(rows, [0, 0], [R, D]))
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="ring_done"):   # the inbox may be written again
+        pld.system.notify(signal, peer=prv, offsets=[me, 1], value=epoch, op=pld.NotifyOp.Set)
+        pld.system.wait(signal=signal, offsets=[nxt, 1], expected=epoch, cmp=pld.WaitCmp.Ge)
+    return out
+
+
+def _ring_sums(rank):
+    from pypto_rt.collective import process
+
+    process.install(rank.comm())
+    try:
+        inbox = pld.window(pld.alloc_window_buffer([R, D], dtype=pl.FP32), [R, D], dtype=pl.FP32)
+        world = pld.world_size()
+        signal = pld.window(pld.alloc_window_buffer([world, 2], dtype=pl.INT32), [world, 2], dtype=pl.INT32)
+        runs = []
+        for call in range(CALLS):
+            rows, _ = _data(rank.rank, call)
+            out = torch.zeros(R, D)
+            with run_stats.collect() as stats:
+                ring_sum(rows, torch.tensor([call + 1], dtype=torch.int32), out, inbox, signal)
+            prev_rows, _ = _data((rank.rank - 1) % world, call)
+            assert torch.equal(out, prev_rows + rows), f"rank {rank.rank}, call {call}: the sum differs from torch"
+            runs.append((stats.replay.kind, stats.replay.reason))
+        return runs
+    finally:
+        process.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_block_that_only_takes_windows_replays_as_torch_calls_reading_the_peers_latest_rows():
+    results = run_ranks(_ring_sums, 2, deadline_s=60).ok()
+    for rank, runs in results.items():
+        assert [kind for kind, _ in runs] == [ENGINE] * POLICY.normal_runs + [RECORDED] + [REPLAYED] * REPLAYS, runs
+        reason = next(reason for kind, reason in runs if kind == REPLAYED)
+        # the two signalling blocks are called as they are; ring_take's add is a recorded torch call
+        assert "2 kernel blocks called as they are" in reason, reason
+
+
+@pl.jit
+def ring_live(
+    rows: pl.Tensor[[R, D], pl.FP32],
+    meta: pl.Tensor[[2], pl.INT32],              # [epoch, live rows this rank sends]
+    out: pl.Out[pl.Tensor[[R, D], pl.FP32]],
+    inbox: pld.DistributedTensor[[R, D], pl.FP32],
+    count: pld.DistributedTensor[[1, 1], pl.INT32],
+    signal: pld.DistributedTensor[[NR, 2], pl.INT32],
+):
+    signal.bind_dynamic(0, NR)
+    epoch = pl.read(meta, [0])
+    n = pl.read(meta, [1])
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="live_send"):
+        ctx = pld.get_comm_ctx(inbox)
+        me = pld.rank(ctx)
+        world = pld.nranks(ctx)
+        nxt = (me + 1) % world
+        prv = (me + world - 1) % world
+        pld.tensor.put(dst=inbox, peer=nxt, src=rows, dst_offsets=[0, 0], src_offsets=[0, 0], shape=[R, D])
+        pld.tile.remote_store(pl.full([1, 1], dtype=pl.INT32, value=n), target=count, peer=nxt, offsets=[0, 0])
+        pld.system.notify(signal, peer=nxt, offsets=[me, 0], value=epoch, op=pld.NotifyOp.Set)
+        pld.system.wait(signal=signal, offsets=[prv, 0], expected=epoch, cmp=pld.WaitCmp.Ge)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="live_take"):   # its course follows a number in a window
+        for i in pl.range(pl.read(count, [0, 0])):
+            out = pl.store(pl.load(inbox, [i, 0], [1, D]), [i, 0], out)
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="live_done"):
+        pld.system.notify(signal, peer=prv, offsets=[me, 1], value=epoch, op=pld.NotifyOp.Set)
+        pld.system.wait(signal=signal, offsets=[nxt, 1], expected=epoch, cmp=pld.WaitCmp.Ge)
+    return out
+
+
+def _ring_lives(rank):
+    from pypto_rt.collective import process
+
+    process.install(rank.comm())
+    try:
+        inbox, count, signal = _windows()
+        runs = []
+        for call in range(CALLS):
+            rows, live = _data(rank.rank, call)
+            out = torch.full((R, D), -1.0)
+            with run_stats.collect() as stats:
+                ring_live(rows, torch.tensor([call + 1, live], dtype=torch.int32), out, inbox, count, signal)
+            prev_rows, prev_live = _data((rank.rank - 1) % pld.world_size(), call)
+            want = torch.full((R, D), -1.0)
+            want[:prev_live] = prev_rows[:prev_live]
+            assert torch.equal(out, want), f"rank {rank.rank}, call {call}: received rows differ from torch"
+            runs.append((stats.replay.kind, stats.replay.reason))
+        return runs
+    finally:
+        process.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_window_block_whose_course_follows_a_window_is_recorded_again_as_called_as_it_is():
+    results = run_ranks(_ring_lives, 2, deadline_s=60).ok()
+    for rank, runs in results.items():
+        kinds = [kind for kind, _ in runs]
+        assert REPLAYED in kinds and kinds[-1] == REPLAYED, runs
+        reason = runs[-1][1]
+        assert "3 kernel blocks called as they are" in reason, reason   # live_take too: its loop bound is data

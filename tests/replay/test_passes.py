@@ -20,3 +20,12 @@ def test_a_repeated_call_is_shared_and_its_users_renamed_by_token():
     kept = _dedupe(calls, storage)
     assert [c.out for c in kept] == ["v1", "v3"]
     assert text(kept[1].code) == "pad_1(v1, 'v2')" and kept[1].reads == ["v1"]
+
+
+def test_each_temporary_is_released_after_its_last_use_but_never_a_result():
+    from pypto_rt.replay.passes import _with_releases
+    calls = [call("v1", "exp_0", Ref("a0")), call("v2", "mul_1", Ref("v1"), Ref("a0")),
+             call("v3", "add_2", Ref("v2"), Ref("v1")), call("v4", "neg_3", Ref("v3"))]
+    body = _with_releases(calls, {"v1", "v2", "v3"})   # v4 is returned: not among the tensors to release
+    assert body == ["v1 = exp_0(a0)", "v2 = mul_1(v1, a0)", "v3 = add_2(v2, v1)", "del v1, v2",
+                    "v4 = neg_3(v3)", "del v3"], body

@@ -39,6 +39,17 @@ def test_dispatch_combine_is_exact_on_every_rank(nproc, args):
     _all_pass(job, nproc, checks=12)
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("nproc, form", [(2, "fixed"), (2, "live"), (4, "fixed")])
+def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(nproc, form):
+    """Steady token counts, new routing every call: from the fourth call both calls replay (the fixed form's
+    receive side as recorded torch calls reading the windows, the live form's called as it is) and every call
+    still matches the golden."""
+    job = launch(nproc, DISPATCH_COMBINE, "--timeout-s", "90",
+                 args=("--form", form, "--steady", "--calls", "6", "--routing", "uniform"), limit_s=170)
+    _all_pass(job, nproc, checks=6 * 4 + 3)
+
+
 @pytest.mark.timeout(120)
 def test_mistakes_raise_before_communicating_and_the_buffer_keeps_working():
     job = launch(2, ERRORS, "--timeout-s", "60", args=("recover",))
@@ -74,7 +85,7 @@ def test_a_peer_that_never_dispatches_ends_in_the_wait_report():
     assert job.rc != 0
     summary = job.err.split("pypto-launch: job", 1)[-1]
     assert "rank 0 failed first" in summary, job.err[-3000:]
-    assert re.search(r"rank 0 waits in `wait` \(label moe_counts_wait\) for cell \[1, 0\] of window '\w+' \(seen 0, "
+    assert re.search(r"rank 0 waits in `wait` \(label moe_counts\) for cell \[1, 0\] of window '\w+' \(seen 0, "
                      r"expected >= 1\), which rank 1 would set", summary), summary
 
 

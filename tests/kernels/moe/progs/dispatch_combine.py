@@ -2,13 +2,16 @@
 
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed] [--dtype bf16|fp32]
+                                               [--form auto|fixed|live] [--steady]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
 rows by (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1) (+ x[t] on
 the second call, which passes it as `add`), and
 recv.counts must equal the job's route counts per local expert; neither call may read data on the host. Exit 0
-when every check passes.
+when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
+--steady keeps each rank's token count from call to call (the routing still changes), so calls from the fourth
+on replay, and checks that they do.
 """
 import argparse
 
@@ -16,7 +19,9 @@ import torch
 
 import pypto.language.distributed as pld
 from pypto_rt import run_stats
-from pypto_rt.kernels.moe import MoEBuffer, MoEConfig
+from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch
+from pypto_rt.replay.policy import ReplayPolicy
+from pypto_rt.run_stats import REPLAYED
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -37,7 +42,11 @@ def main():
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--routing", choices=["uniform", "skewed"], default="uniform")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
+    ap.add_argument("--steady", action="store_true")
     args = ap.parse_args()
+    if args.form != "auto":
+        dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
     me, world = pld.rank(), pld.world_size()
     experts, dtype = args.experts_per_rank * world, DTYPES[args.dtype]
     cfg = MoEConfig(hidden=args.hidden, num_experts=experts, top_k=args.top_k,
@@ -47,8 +56,8 @@ def main():
     e_local = experts // world
     checks = {}
     for call in range(args.calls):
-        counts = [(call + 2 * r) % (args.max_tokens + 1) for r in range(world)]
-        if call == 0 and world > 1:
+        counts = [((2 * r + 1) if args.steady else (call + 2 * r)) % (args.max_tokens + 1) for r in range(world)]
+        if call == 0 and world > 1 and not args.steady:
             counts[1] = 0
         xs = [torch.randn(n, args.hidden, generator=gen).to(dtype) for n in counts]
         idxs = [routing(world, experts, args.top_k, n, args.routing == "skewed", gen) for n in counts]
@@ -69,6 +78,11 @@ def main():
         with run_stats.collect() as combined:
             out = buf.combine(y, recv.handle, add=xs[me] if call == 1 else None)
         checks[f"call {call}: no host reads"] = dispatched.host_reads == combined.host_reads == 0
+        if args.steady and call > ReplayPolicy().normal_runs:   # (after the engine runs and the recorded one)
+            # only the blocks that signal are called as they are (dispatch: counts, exchange; combine: return)
+            checks[f"call {call}: replayed"] = dispatched.replay.kind == combined.replay.kind == REPLAYED and \
+                "and 2 kernel blocks called" in dispatched.replay.reason and \
+                "and 1 kernel blocks called" in combined.replay.reason
         mult = (idxs[me].float() + 1) * ws[me]
         want = xs[me].float() * (mult.sum(dim=1, keepdim=True) + (1 if call == 1 else 0))   # call 1 adds x
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-5

@@ -51,6 +51,8 @@ def moe_round_trip(
     recv_rows: pl.Tensor[[N, ROWS + 1, H], pl.FP32],
     recv_counts: pl.Tensor[[N, 1, E_LOCAL], pl.INT32],
     y: pl.Tensor[[N, ROWS, H], pl.FP32],
+    sums: pl.Tensor[[N, LANES, H], pl.FP32],
+    starts: pl.Tensor[[N, N, 1], pl.INT32],
 ):
     counts_buf = pld.alloc_window_buffer([N, E + N], dtype=pl.INT32)
     tokens_buf = pld.alloc_window_buffer([LANES, H], dtype=pl.FP32)
@@ -67,8 +69,8 @@ def moe_round_trip(
                      count_row[r], all_counts[r], send_at[r], send_x[r], send_meta[r], recv_rows[r], recv_counts[r], counts_in, tokens_in, meta_in, signals,
                      device=r)
         scale_experts(recv_rows[r], y[r], r, device=r)
-        moe_combine(y[r], epoch[r], slots[r], members[r], x[r], out[r], counts_in, meta_in, back_in, signals,
-                    device=r)
+        moe_combine(y[r], r, epoch[r], slots[r], members[r], x[r], out[r], sums[r], starts[r], counts_in, meta_in,
+                    back_in, signals, device=r)
 
 
 def routing():
@@ -96,6 +98,7 @@ specs = [
     scratch("send_x", [N, LANES + 1, H], torch.float32), scratch("send_meta", [N, LANES + 1, 2 * K], torch.float32),
     scratch("recv_rows", [N, ROWS + 1, H], torch.float32), scratch("recv_counts", [N, 1, E_LOCAL], torch.int32),
     scratch("y", [N, ROWS, H], torch.float32),
+    scratch("sums", [N, LANES, H], torch.float32), scratch("starts", [N, N, 1], torch.int32),
 ]
 
 if __name__ == "__main__":
