@@ -50,7 +50,7 @@ TOLERANCE = {"fp32": 0.0, "bf16": 0.05, "bf16+int8": 0.15}   # logits tolerance 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="examples/serve/serve.py")
     p.add_argument("--size", choices=sorted(SIZES), default="default", help="model and workload size")
-    p.add_argument("--requests", type=int, default=32, help="requests in the stream (default 32)")
+    p.add_argument("--requests", type=int, default=48, help="requests in the stream (default 48)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the workload (default 0)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="fp32 (default): tokens must equal the golden's; bf16: within a logits tolerance")
