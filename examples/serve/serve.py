@@ -57,6 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--int8-experts", action="store_true", help="W8A8 routed and shared experts (with a tolerance)")
     p.add_argument("--mean-gap-steps", type=float, default=1.5, help="mean steps between arrivals (0: all at once)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between plain progress lines")
+    p.add_argument("--json", metavar="PATH", help="rank 0 also writes the figures and the verdict to PATH")
     p.add_argument("--corrupt-request", type=int, default=None, metavar="ID",
                    help="self-test: change one served token of request ID before the check (the run must FAIL)")
     args = p.parse_args(argv)
@@ -78,25 +79,27 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[DecoderConfig, d
     return cfg, size, TOLERANCE.get(kind, TOLERANCE["bf16+int8"])
 
 
-def serve(engine: Engine, mine: list, group: HostGroup, progress: Progress, total: int) -> tuple[float, dict]:
-    """Step until every rank is done, adding each request at its arrival step; returns the loop's seconds and
-    this rank's requests by id."""
+def serve(engine: Engine, mine: list, group: HostGroup, progress: Progress, total: int
+          ) -> tuple[float, float, dict]:
+    """Step until every rank is done, adding each request at its arrival step; returns the loop's seconds, the
+    seconds of its all-reduces and this rank's requests by id."""
     pending, step, start = list(mine), 0, time.perf_counter()
-    reqs = {}
+    reqs, agree = {}, 0.0
     while True:
         while pending and pending[0].arrival_step <= step:
             w = pending.pop(0)
             reqs[w.request_id] = engine.add_request(list(w.prompt), w.max_new_tokens, request_id=w.request_id)
-        m = engine.metrics
+        m, before = engine.metrics, time.perf_counter()
         busy, finished, tokens = group.allreduce_sum([int(engine.has_unfinished() or bool(pending)),
                                                       m.finished, m.output_tokens])
+        agree += time.perf_counter() - before
         progress.update(step, finished, total, tokens, time.perf_counter() - start)
         if busy == 0:
             break
         engine.step()
         step += 1
     progress.close()
-    return time.perf_counter() - start, reqs
+    return time.perf_counter() - start, agree, reqs
 
 
 def main(argv=None) -> int:
@@ -117,13 +120,13 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"serving {len(workload)} requests on {world} rank(s): {describe(cfg)}", flush=True)
     group.barrier()
-    seconds, reqs = serve(engine, mine, group, Progress(rank == 0, args.progress_s), len(workload))
+    seconds, agree, reqs = serve(engine, mine, group, Progress(rank == 0, args.progress_s), len(workload))
     served = {rid: (req.prompt_ids, list(req.output_ids), req.max_new_tokens) for rid, req in reqs.items()}
     if args.corrupt_request in served:
         corrupt(served, args.corrupt_request, cfg.vocab_size)
     verdicts = check_all(GoldenDecoder(cfg, state), served, tolerance)
-    reports = group.gather(RankReport.of(rank, engine.metrics, seconds, verdicts))
-    ok = print_report(reports, cfg, tolerance) if rank == 0 else True
+    reports = group.gather(RankReport.of(rank, engine.metrics, seconds, agree, verdicts))
+    ok = print_report(reports, tolerance, args.json) if rank == 0 else True
     passed = group.allreduce_sum([int(ok)])[0] == world
     group.close()
     return 0 if passed else 1
