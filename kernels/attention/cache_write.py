@@ -15,7 +15,7 @@ NB_DYN = pl.dynamic("NB_DYN")
 
 
 def _targets():
-    """An inline `(slots [1, n] INT32, n) -> (src [1, n], target [1, n], any_live [n, 1])`: row i writes row src[i]
+    """An inline `(slots [1, n], n) -> (src [1, n] INT32, target [1, n], any_live [1, 1])`: row i writes row src[i]
     of the new rows to slot target[i]; a row whose slot is < 0 takes the last live row's (src, target), and with
     no live row every row targets slot 0 (any_live false: it rewrites slot 0's own value)."""
 
@@ -24,11 +24,9 @@ def _targets():
         live = pl.cmps(slots, 0, cmp_type=5)
         iota = pl.arange(0, [1, n], dtype=pl.INT32)
         last_live = pl.row_max(pl.sels(live, iota, scalar=-1))
-        src = pl.maxs(pl.sel(live, iota, pl.row_expand(pl.full([1, n], dtype=pl.INT32, value=0), last_live)), 0)
+        src = pl.maxs(pl.sel(live, iota, last_live), 0)
         target = pl.maxs(pl.gather(slots, dim=-1, index=src), 0)
-        any_live = pl.cmps(pl.row_expand(pl.full([n, 1], dtype=pl.INT32, value=0), pl.reshape(last_live, [1, 1])),
-                           0, cmp_type=5)
-        return src, target, any_live
+        return src, target, pl.cmps(last_live, 0, cmp_type=5)
 
     return targets
 
@@ -39,7 +37,7 @@ def _scatter_rows():
     @pl.jit.inline
     def scatter_rows(cache, rows_in, src, target, any_live):
         fresh = pl.mgather(rows_in, src, coalesce="row")
-        cache = pl.scatter_update(cache, 0, target, pl.sel(any_live, fresh, pl.col_expand(fresh, cache[0:1, :])))
+        cache = pl.scatter_update(cache, 0, target, pl.sel(any_live, fresh, cache[0:1, :]))
         return cache
 
     return scatter_rows
@@ -68,7 +66,7 @@ def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slo
         k_flat = pl.reshape(key_cache, [cache_rows, width])
         v_flat = pl.reshape(value_cache, [cache_rows, width])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="kv_cache_write"):
-            slots = pl.cast(pl.reshape(slot_mapping, [1, n]), target_type=pl.INT32)
+            slots = pl.reshape(slot_mapping, [1, n])
             src, target, any_live = targets(slots, n)
             k_flat = scatter_rows(k_flat, pl.reshape(key, [n, width]), src, target, any_live)
             v_flat = scatter_rows(v_flat, pl.reshape(value, [n, width]), src, target, any_live)

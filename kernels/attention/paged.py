@@ -1,16 +1,24 @@
 """Paged decode and chunked-prefill attention as `@pl.jit` kernels built per shape.
 
-Caches are [num_blocks, block_size, KVH, D] (num_blocks dynamic: a layer's pool or a slice of a stacked one);
-block_tables [B, max_blocks] INT32, seq_lens [B] INT32 (context length after this step's tokens). One spmd block
-per request reads its own length, offsets and table row (pl.read inside the region: the host program reads no
-data). Per tile of KV_TILE context positions it builds the cache rows of every KV head through the block table
-and gathers them in one op per cache, then runs one batched matmul for all heads (GQA: query head h reads KV
-head h // (QH // KVH)) and an FP32 online-softmax step. Positions past the length, or after a query's own
-position, are capped to the lowest float; gathered rows are clamped into the context, so no unwritten slot is
-ever read. A request with length 0 gets zeros (the running sum is floored above 0: no NaN, pitfall 3).
+Caches are [num_blocks, block_size, KVH, D] (num_blocks dynamic: a layer's pool or a slice of a stacked one),
+viewed as [slots * KVH, D] rows; block_tables [B, max_blocks] INT32, seq_lens [B] INT32 (context length after
+this step's tokens). Lengths, offsets and table entries are read inside the regions: the host programs read no
+data. Per tile of KV_TILE context positions the kernels build the cache row of every KV head through the block
+table, gather them in one op per cache, and run one batched matmul for all heads' scores (GQA: query head h
+reads KV head h // (QH // KVH)), an FP32 online-softmax step and one batched matmul for the values.
 
-Loop trip counts come from the lengths, so a call replays while every request's length stays within its
-KV_TILE (and, for prefill, its query count within its Q_TILE); data inside a tile never pins the course.
+- Decode: one region for the whole batch; the tile loop runs to the longest length.
+- Prefill: one spmd block per request, Q_TILE queries by KV_TILE positions a tile, causal. A query tile's rows
+  are gathered and scattered by row id; rows past the chunk repeat its last query (the same visible context),
+  so they rewrite that query's output and no other request's rows, with no valid box taken from data.
+
+Positions past a length, or after a query's own position, are masked to NEG_CAP; their rows are gathered from
+the request's last position (clamped), so no unwritten slot is read for a request with context. A request of
+length 0 (a padded row) gets zeros and no NaN (pitfall 3): its table entries are ignored (block 0 stands in,
+whatever the row holds: 0, -1 or stale ids) and its result is replaced by zeros.
+
+Loop trip counts come from the lengths, so a call replays while every length stays within its KV_TILE (and,
+for prefill, every query count within its Q_TILE); data inside a tile never pins the course.
 """
 import functools
 from dataclasses import dataclass
@@ -18,7 +26,7 @@ from dataclasses import dataclass
 import pypto.language as pl
 
 KV_TILE = 256
-Q_TILE = 32
+Q_TILE = 64
 NEG_CAP = -1.0e30
 NB_DYN = pl.dynamic("NB_DYN")
 T_DYN = pl.dynamic("T_DYN")
@@ -126,13 +134,14 @@ def _decode_batch(shape: AttnShape):
         gathered = heads * KV_TILE
         q_t = pl.transpose(pl.reshape(query, [heads, group, d]), 1, 2)
         head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT32), [1, kvh, 1])
+        has_context = pl.cmps(lens, 0, cmp_type=4)
         m0 = pl.full([q_rows, 1], dtype=pl.FP32, value=NEG_CAP)
         l0 = pl.full([q_rows, 1], dtype=pl.FP32, value=0.0)
         acc0 = pl.full([heads, group, d], dtype=pl.FP32, value=0.0)
         for kt, (m, l, acc) in pl.range((longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
             pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
             inside = pl.maxs(pl.minimum(pos, pl.subs(lens, 1)), 0)
-            blocks = pl.gather(table, dim=-1, index=pl.divs(inside, bs))
+            blocks = pl.sels(has_context, pl.gather(table, dim=-1, index=pl.divs(inside, bs)), scalar=0)
             slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
             live_heads = pl.reshape(pl.cmp(pos, lens, cmp_type=2), [batch, 1, KV_TILE])
             idx = pl.reshape(pl.add(pl.reshape(pl.muls(slots, kvh), [batch, 1, KV_TILE]), head_ids), [1, gathered])
@@ -149,7 +158,7 @@ def _decode_batch(shape: AttnShape):
             acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [heads, group, 1])), pv)
             m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
         o = pl.row_expand_div(pl.reshape(acc_out, [q_rows, d]), pl.maxs(l_out, 1.0e-30))
-        o = pl.sels(pl.cmps(lens, 0, cmp_type=4), pl.reshape(o, [batch, qh * d]), scalar=0.0)
+        o = pl.sels(has_context, pl.reshape(o, [batch, qh * d]), scalar=0.0)
         out_flat[:, :] = pl.cast(o, target_type=dt)
         return out_flat
 
@@ -194,7 +203,8 @@ def decode_kernel(shape: AttnShape):
 def prefill_kernel(shape: AttnShape):
     qh, kvh, d, bs, mb, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size, shape.max_blocks,
                               shape.dtype)
-    attend = _attend(shape, Q_TILE)
+    q_tile = Q_TILE
+    attend = _attend(shape, q_tile)
 
     @pl.jit
     def chunked_prefill_attention(
@@ -224,12 +234,12 @@ def prefill_kernel(shape: AttnShape):
             length = pl.read(seq_lens, [b])
             first = pl.read(query_start_loc, [b])
             q_len = pl.read(query_start_loc, [b + 1]) - first
-            for qt in pl.range((q_len + Q_TILE - 1) // Q_TILE):
-                r0 = first + qt * Q_TILE
-                valid = pl.min(Q_TILE, q_len - qt * Q_TILE)
-                q_rows = pl.fillpad(pl.set_validshape(q_flat[r0 : r0 + Q_TILE, :], valid, qh * d))
-                o = attend(q_rows, length - q_len + qt * Q_TILE, length, block_tables[b : b + 1, :], k_rows, v_rows)
-                out_flat[r0 : r0 + Q_TILE, :] = pl.set_validshape(o, valid, qh * d)
+            for qt in pl.range((q_len + q_tile - 1) // q_tile):
+                rows = pl.mins(pl.adds(pl.arange(0, [1, q_tile], dtype=pl.INT32), first + qt * q_tile),
+                               first + q_len - 1)
+                q_rows = pl.mgather(q_flat, rows, coalesce="row")
+                o = attend(q_rows, length - q_len + qt * q_tile, length, block_tables[b : b + 1, :], k_rows, v_rows)
+                out_flat = pl.scatter_update(out_flat, 0, rows, o)
         return out
 
     return chunked_prefill_attention

@@ -54,6 +54,11 @@ def test_minus_one_slots_write_nothing_and_the_last_slot_survives():
     assert torch.equal(kc[-1, -1], last_k) and torch.equal(vc[-1, -1], last_v)
 
 
+def test_a_slot_written_twice_takes_the_later_row_around_padding():
+    check_write([-1, 3, -1, 3, -1])
+    check_write([9, -1, 9, 2, -1])
+
+
 def test_all_padding_slots_leave_the_caches_unchanged():
     kc, vc = caches()
     before_k, before_v = kc.clone(), vc.clone()

@@ -54,6 +54,7 @@ def queries(tokens, dtype, seed=5):
 def test_decode_at_block_boundaries_and_padded_rows(dtype):
     lengths = [1, BS, BS + 1, MAX_LEN, 0, KV_TILE + 1]
     kc, vc, tables = pool(lengths, dtype)
+    tables[4] = -1                                  # a padded row's table may hold anything
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     q = queries(len(lengths), dtype)
     out = paged_decode_attention(q, kc, vc, tables, seq_lens)

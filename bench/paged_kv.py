@@ -1,0 +1,126 @@
+"""Benchmark 11 - the paged KV cache (`pypto_rt.kernels.attention`, compiled executor, repeated calls: replayed)
+against a contiguous cache of the same tokens: the cache write of one decode step (B rows, none or 25% of them
+padding slots -1) against a contiguous append of the live rows, and paged decode attention against torch's SDPA on
+the contiguous cache, at B = 16, context 1K and 4K, block 16 and 128. A third column times what a torch user
+writes for the paged read (gather the context through the block table, then SDPA): the cost of the indirection
+itself. Every contender is checked against the golden first; the write checks that padding slots and the pool's
+last slot are untouched (pitfall 1). Target (issue 15): paged / contiguous <= 1.3x."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from bench.timing import interleaved, ms, ratio, table, us
+
+TITLE = "11. Paged KV cache: write and decode read against a contiguous cache"
+B, QH, KVH, D = 16, 8, 2, 128
+DTYPE = torch.bfloat16
+TARGET = 1.3
+WARMUP_CALLS = 12        # past recording and the replay trial (ReplayPolicy), so the timed calls replay
+
+
+class _Pool:
+    """A pool holding B requests of `ctx` tokens in shuffled blocks, and the same tokens as a contiguous cache."""
+
+    def __init__(self, ctx: int, block: int, dtype=DTYPE, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.ctx, self.block = ctx, block
+        blocks = B * ctx // block + 1
+        self.k = torch.randn(blocks, block, KVH, D, generator=gen).to(dtype)
+        self.v = torch.randn(blocks, block, KVH, D, generator=gen).to(dtype)
+        self.tables = (torch.randperm(blocks - 1, generator=gen) + 1)[: B * ctx // block].int().view(B, -1)
+        self.lens = torch.full((B,), ctx, dtype=torch.int32)
+        pos = torch.arange(ctx)
+        where = (self.tables[:, pos // block].long(), pos % block)
+        self.k_contig = self.k[where].transpose(1, 2).contiguous()          # [B, KVH, ctx, D]
+        self.v_contig = self.v[where].transpose(1, 2).contiguous()
+        self.q = torch.randn(B, QH, D, generator=gen).to(dtype)
+        self.gen = gen
+
+    def last_slots(self) -> torch.Tensor:
+        """Each request's last position as a slot (where this step's token goes)."""
+        return (self.tables[:, -1].long() * self.block + self.block - 1)
+
+
+def _read(pool: _Pool) -> dict:
+    from pypto_rt import config
+    from pypto_rt.kernels.attention import golden, paged_decode_attention
+
+    def paged():
+        with config.scope(EXECUTOR="compiled"):
+            return paged_decode_attention(pool.q, pool.k, pool.v, pool.tables, pool.lens)
+
+    def contiguous():
+        return F.scaled_dot_product_attention(pool.q.unsqueeze(2), pool.k_contig, pool.v_contig,
+                                              enable_gqa=True).squeeze(2)
+
+    def torch_paged():
+        pos = torch.arange(pool.ctx)
+        where = (pool.tables[:, pos // pool.block].long(), pos % pool.block)
+        k, v = pool.k[where].transpose(1, 2), pool.v[where].transpose(1, 2)
+        return F.scaled_dot_product_attention(pool.q.unsqueeze(2), k, v, enable_gqa=True).squeeze(2)
+
+    want = golden.paged_decode_attention(pool.q, pool.k, pool.v, pool.tables, pool.lens)
+    for _ in range(WARMUP_CALLS):
+        got = paged()
+    for fn in (got, contiguous(), torch_paged()):
+        torch.testing.assert_close(fn.float(), want.float(), rtol=2e-2, atol=2e-2)
+    return {"paged": paged, "contiguous": contiguous, "torch_paged": torch_paged}
+
+
+def _write(pool: _Pool, padded: bool) -> dict:
+    from pypto_rt import config
+    from pypto_rt.kernels.attention import write_kv_cache
+
+    key = torch.randn(B, KVH, D, generator=pool.gen).to(pool.k.dtype)
+    value = torch.randn(B, KVH, D, generator=pool.gen).to(pool.k.dtype)
+    slots = pool.last_slots()
+    live = torch.ones(B, dtype=torch.bool)
+    if padded:
+        live[torch.randperm(B, generator=pool.gen)[: B // 4]] = False
+        slots = torch.where(live, slots, -1)
+    rows, at = live.nonzero().flatten(), torch.full((int(live.sum()),), pool.ctx - 1)
+    last_k, before_k = pool.k[-1, -1].clone(), pool.k.clone()
+
+    def paged():
+        with config.scope(EXECUTOR="compiled"):
+            write_kv_cache(key, value, pool.k, pool.v, slots)
+
+    def contiguous():
+        pool.k_contig[rows, :, at] = key[rows]
+        pool.v_contig[rows, :, at] = value[rows]
+
+    for _ in range(WARMUP_CALLS):
+        paged()
+    changed = (pool.k != before_k).flatten(1).any(1).nonzero().flatten()
+    assert set(changed.tolist()) <= set(pool.tables[live, -1].tolist()), "a write touched a block outside the mapping"
+    if padded:
+        assert torch.equal(pool.k[-1, -1], last_k), "a -1 slot reached the pool's last slot"
+    return {"paged": paged, "contiguous": contiguous}
+
+
+def run(repeats: int = 5, contexts=(1024, 4096), blocks=(16, 128)) -> str:
+    read_rows, write_rows = [], []
+    for ctx in contexts:
+        for block in blocks:
+            for dtype in (torch.float32, DTYPE):      # the write below uses the last pool (bf16)
+                pool = _Pool(ctx, block, dtype)
+                t = interleaved(_read(pool), repeats)
+                r = t["paged"] / t["contiguous"]
+                read_rows.append([str(ctx), str(block), str(dtype).replace("torch.", ""), ratio(r),
+                                  ratio(t["torch_paged"] / t["contiguous"]), ms(t["contiguous"]),
+                                  "meets" if r <= TARGET else "misses"])
+            for padded in (False, True):
+                t = interleaved(_write(pool, padded), repeats)
+                r = t["paged"] / t["contiguous"]
+                write_rows.append([str(ctx), str(block), "25%" if padded else "none", ratio(r),
+                                   us(t["paged"]), us(t["contiguous"]), "meets" if r <= TARGET else "misses"])
+    return "\n".join([
+        table(["context", "block", "dtype", "paged kernel / contiguous SDPA", "torch gather+SDPA / contiguous",
+               "contiguous SDPA", f"target <= {TARGET}x"], read_rows), "",
+        table(["context", "block", "-1 slots", "paged write / contiguous append", "paged write",
+               "contiguous append", f"target <= {TARGET}x"], write_rows), "",
+        f"Shapes: B={B}, {QH} query heads over {KVH} KV heads, head_dim {D}; writes in "
+        f"{str(DTYPE).replace('torch.', '')}; "
+        "one decode step (B new tokens, each request's last position). The kernels replay; the contiguous "
+        "contenders are single torch calls. The machine is shared: read ratios, not times."])

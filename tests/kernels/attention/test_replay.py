@@ -1,0 +1,52 @@
+"""A serving loop's calls replay: the same shapes with changing lengths, slot mappings and block tables are
+recorded once and replayed as torch calls (the lengths, slots and table entries read again by every replay),
+with every call's results equal to the golden's (a prefill's too while its chunks keep their number of query
+tiles)."""
+import torch
+
+from pypto_rt import config, run_stats
+from pypto_rt.kernels.attention import (chunked_prefill_attention, golden, paged_decode_attention,
+                                        write_kv_cache)
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import REPLAYED
+
+B, NB, BS, MB, KVH, QH, D = 3, 24, 4, 6, 2, 4, 8
+CALLS = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 2
+
+
+def test_decode_steps_with_changing_lengths_slots_and_tables_replay():
+    gen = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for step in range(CALLS):
+            tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
+            lens = torch.tensor([1 + step, 0, MB * BS - step], dtype=torch.int32)
+            slots = torch.tensor([int(tables[b, (n - 1) // BS]) * BS + (n - 1) % BS if n else -1
+                                  for b, n in enumerate(lens.tolist())])
+            key, value, q = (torch.randn(B, h, D, generator=gen) for h in (KVH, KVH, QH))
+            want_k, want_v = kc.clone(), vc.clone()
+            golden.write_kv_cache(key, value, want_k, want_v, slots)
+            with run_stats.collect() as wrote:
+                write_kv_cache(key, value, kc, vc, slots)
+            assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+            with run_stats.collect() as attended:
+                out = paged_decode_attention(q, kc, vc, tables, lens)
+            torch.testing.assert_close(out, golden.paged_decode_attention(q, kc, vc, tables, lens))
+    assert wrote.replay.kind == REPLAYED, wrote.replay
+    assert attended.replay.kind == REPLAYED, attended.replay
+
+
+def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
+    gen = torch.Generator().manual_seed(1)
+    kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
+    tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for step in range(CALLS):
+            chunks = [3, 2 + step % 2, 3 - step % 2]
+            lens = torch.tensor([c + s for c, s in zip(chunks, (step, 5 + step, 0))], dtype=torch.int32)
+            qsl = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
+            q = torch.randn(8, QH, D, generator=gen)
+            with run_stats.collect() as stats:
+                out = chunked_prefill_attention(q, kc, vc, tables, lens, qsl)
+            torch.testing.assert_close(out, golden.chunked_prefill_attention(q, kc, vc, tables, lens, qsl))
+    assert stats.replay.kind == REPLAYED, stats.replay
