@@ -158,7 +158,7 @@ def measure(batch: int, repeats: int) -> dict[str, tuple[float, float]]:
     return {name: (statistics.median(ts), min(ts)) for name, ts in times.items()}
 
 
-def run(repeats: int = 15) -> str:
+def run(repeats: int = 25) -> str:
     rows = []
     for batch in BATCHES:
         t = measure(batch, repeats)

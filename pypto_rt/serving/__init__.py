@@ -2,6 +2,9 @@
 chunked prefill), the model runner and metrics. `ForwardBatch` (batch.py) is the one step's input that the
 runner builds and the model consumes.
 
+The host side (every module here but `model/`) imports only `pypto_rt.errors` and its own modules: the model
+is handed to the engine, never imported (tests/serving/test_package.py checks it).
+
 `Engine` is the issue's name for `ServingEngine` (the class is named apart from the task engine,
 `pypto_rt.aicpu.engine.Engine`, so that the two never read as one)."""
 from pypto_rt.serving.batch import ForwardBatch

@@ -5,8 +5,10 @@ It joins the pool (`block_pool`: reference counts, LRU free queue, prefix cache)
 - `rows` lists the running requests densely: request `rows[r]` has `row == r` and its block ids in table row r;
   a request that leaves is replaced by the last row (one row moved), so rows stay dense and only the rows
   whose blocks changed are written;
-- a request's blocks cover its computed tokens plus the tokens of the step being scheduled; allocation is all
-  or nothing (a failed `allocate` changes nothing: the scheduler then preempts and retries);
+- a request's blocks cover exactly its computed tokens plus the tokens of the step being scheduled
+  (ceil(tokens / block_size) blocks, never more: a decode's token lies in its last block, which the table's
+  decode path relies on); allocation is all or nothing (a failed `allocate` changes nothing: the scheduler
+  then preempts and retries);
 - prefix hits are full blocks only, and at least one token of a request is always left to compute (its logits
   give the next token);
 - `free` releases a request's blocks last first, so its tail is evicted before the prefix others may share.

@@ -46,6 +46,10 @@ class ServingEngine:
     def __init__(self, model: ServingModel, config: EngineConfig = EngineConfig(), *,
                  clock: Callable[[], float] = time.perf_counter, progress_stream: TextIO | None = None):
         config.check()
+        if not isinstance(model, ServingModel):
+            raise ServingConfigError(
+                f"{type(model).__name__} is not a ServingModel: it lacks one of block_size, "
+                f"allocate_kv_cache(num_blocks), forward(batch)", hint="see pypto_rt.serving.ServingModel")
         self.model, self.config, self.clock = model, config, clock
         self.kv = KVCacheManager(config.num_blocks, model.block_size, config.max_batch,
                                  cdiv(config.max_model_len, model.block_size), config.max_num_batched_tokens,

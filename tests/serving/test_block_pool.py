@@ -70,3 +70,12 @@ def test_exhaustion_raises_and_takes_nothing():
     with pytest.raises(PoolExhaustedError, match="asked for 2 KV blocks, 1 are free"):
         pool.get_new_blocks(2)
     assert pool.num_free == 1
+
+
+def test_reset_forgets_every_cached_hash():
+    pool = BlockPool(2)
+    a, b = pool.get_new_blocks(2)
+    h = hash_block_tokens(None, [1])
+    pool.cache_block(a, h)
+    pool.reset()
+    assert pool.lookup(h) is None and a.block_hash is None and a.ref_cnt == 1

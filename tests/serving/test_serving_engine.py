@@ -81,6 +81,8 @@ def test_bad_requests_and_configs_say_what_to_change():
         eng.add_request([], 4)
     with pytest.raises(ServingConfigError, match="EngineConfig.num_blocks must be >= 1"):
         Engine(ToyModel(), EngineConfig(num_blocks=0))
+    with pytest.raises(ServingConfigError, match="object is not a ServingModel: it lacks one of block_size"):
+        Engine(object(), EngineConfig())
 
 
 def test_progress_lines_and_summary():
