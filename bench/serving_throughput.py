@@ -1,5 +1,5 @@
 """Benchmark 13 - the serving flagship (examples/serve/serve.py) at 1, 2 and 4 ranks: output tokens/s and where a
-step's time goes (the model's forward: kernels and MoE dispatch/combine; the all-reduce before each step,
+step's time goes (the model's forward, and of it the MoE layers: router, dispatch, experts, combine; the all-reduce before each step,
 including the wait for the slowest rank; the host engine: scheduling and bookkeeping). The same seeded stream of
 REQUESTS requests each time, spread over the ranks; FP32, every run's golden check must pass.
 
@@ -39,10 +39,11 @@ def run(full: bool = False) -> str:
         host = 1 - s["model_share"] - s["agree_share"]
         rows.append([n, f"{s['output_tokens_per_s']:.1f}", ratio(s["output_tokens_per_s"] / base), s["steps"],
                      f"{s['batch_mean']:.1f}", ms(s["tpot_p50_s"]), ms(s["ttft_p50_s"]),
-                     f"{100 * s['model_share']:.0f}%", f"{100 * s['agree_share']:.0f}%", f"{100 * host:.0f}%",
+                     f"{100 * s['model_share']:.0f}%", f"{100 * s['moe_share']:.0f}%",
+                     f"{100 * s['agree_share']:.0f}%", f"{100 * host:.0f}%",
                      "PASS" if s["passed"] else "FAIL"])
     return table(["ranks", "output tok/s", "vs 1 rank", "steps", "batch/rank", "TPOT p50", "TTFT p50",
-                  "model forward", "step all-reduce", "host", "golden"], rows) + (
+                  "model forward", "of which MoE layers", "step all-reduce", "host", "golden"], rows) + (
         f"\n\n{REQUESTS * (2 if full else 1)} requests (`--size default`, FP32, seed 0), each run a fresh "
         f"`pypto-launch` job; the loop's time only (start-up, warm-up and the golden check excluded). With more "
         f"ranks than cores the ranks share the cores.")

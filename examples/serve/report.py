@@ -20,6 +20,7 @@ class RankReport:
     seconds: float                  # the serving loop, first step to last
     model_seconds: float            # of which in the model's forward (kernels, MoE communication)
     agree_seconds: float            # of which in the all-reduce before each step
+    moe_seconds: float              # of model_seconds, in the MoE layers (dispatch/combine and their waits too)
     steps: int
     empty_steps: int
     output_tokens: int
@@ -34,10 +35,10 @@ class RankReport:
     verdicts: list[RequestVerdict]
 
     @classmethod
-    def of(cls, rank: int, m: ServingMetrics, seconds: float, agree_seconds: float,
+    def of(cls, rank: int, m: ServingMetrics, seconds: float, agree_seconds: float, moe_seconds: float,
            verdicts: list[RequestVerdict]) -> "RankReport":
         experts = [m.expert_tokens[layer].tolist() for layer in sorted(m.expert_tokens)]
-        return cls(rank, seconds, m.step_seconds, agree_seconds, m.steps, m.empty_steps, m.output_tokens, m.fed_tokens,
+        return cls(rank, seconds, m.step_seconds, agree_seconds, moe_seconds, m.steps, m.empty_steps, m.output_tokens, m.fed_tokens,
                    list(m.ttft), list(m.tpot), list(m.batch_sizes), m.prefix_hit_tokens, m.prefix_queried_tokens,
                    m.preemptions, experts, verdicts)
 
@@ -66,7 +67,8 @@ def summary(reports: list[RankReport]) -> dict:
             "empty_steps": [r.empty_steps for r in reports], "preemptions": sum(r.preemptions for r in reports),
             "prefix_hit_tokens": hit, "prefix_queried_tokens": queried,
             "prefix_hit_rate": hit / queried if queried else 0.0, "expert_tokens": expert_totals(reports),
-            "model_share": share(lambda r: r.model_seconds), "agree_share": share(lambda r: r.agree_seconds)}
+            "model_share": share(lambda r: r.model_seconds), "agree_share": share(lambda r: r.agree_seconds),
+            "moe_share": share(lambda r: r.moe_seconds)}
 
 
 def summary_lines(s: dict) -> list[str]:
@@ -82,7 +84,8 @@ def summary_lines(s: dict) -> list[str]:
         f"prefix cache {100 * s['prefix_hit_rate']:.1f}% of prompt tokens hit "
         f"({s['prefix_hit_tokens']}/{s['prefix_queried_tokens']})",
         f"experts      rows per expert (all layers, padded rows included): {s['expert_tokens']}",
-        f"time         model forward {100 * s['model_share']:.0f}% (kernels, MoE dispatch/combine), step all-reduce "
+        f"time         model forward {100 * s['model_share']:.0f}% (MoE layers {100 * s['moe_share']:.0f}%: router, "
+        f"dispatch, experts, combine; attention and dense layers the rest), step all-reduce "
         f"{100 * s['agree_share']:.0f}% (with the wait for the slowest rank), host {100 * host:.0f}% (scheduling, "
         "bookkeeping, the golden check excluded)"]
 

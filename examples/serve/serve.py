@@ -28,6 +28,7 @@ if __package__ in (None, ""):          # run as a file (pypto-launch): the repo 
 import pypto.language.distributed as pld  # noqa: E402
 from examples.serve.golden_check import check_all  # noqa: E402
 from examples.serve.host_group import HostGroup  # noqa: E402
+from examples.serve.moe_timing import time_moe_layers  # noqa: E402
 from examples.serve.progress import Progress  # noqa: E402
 from examples.serve.report import RankReport, print_report  # noqa: E402
 from examples.serve.workload import WorkloadShape, assign_rank, longest_request, make_workload  # noqa: E402
@@ -120,13 +121,14 @@ def main(argv=None) -> int:
                                         max_model_len=blocks_per_request * cfg.block_size))
     if rank == 0:
         print(f"serving {len(workload)} requests on {world} rank(s): {describe(cfg)}", flush=True)
+    moe_timer = time_moe_layers(model)      # after the engine's warm-up: the loop's MoE time only
     group.barrier()
     seconds, agree, reqs = serve(engine, mine, group, Progress(rank == 0, args.progress_s), len(workload))
     served = {rid: (req.prompt_ids, list(req.output_ids), req.max_new_tokens) for rid, req in reqs.items()}
     if args.corrupt_request in served:
         corrupt(served, args.corrupt_request, cfg.vocab_size)
     verdicts = check_all(GoldenDecoder(cfg, state), served, tolerance)
-    reports = group.gather(RankReport.of(rank, engine.metrics, seconds, agree, verdicts))
+    reports = group.gather(RankReport.of(rank, engine.metrics, seconds, agree, moe_timer.seconds, verdicts))
     ok = print_report(reports, tolerance, args.json) if rank == 0 else True
     passed = group.allreduce_sum([int(ok)])[0] == world
     group.close()
