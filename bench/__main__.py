@@ -21,7 +21,8 @@ from bench.timing import load_average
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time", "collectives", "determinism",
-              "coalesce_memory", "moe_experts", "moe_dispatch", "paged_kv", "serving_step", "serving_host")
+              "coalesce_memory", "moe_experts", "moe_dispatch", "serving_host", "serving_step",
+              "serving_throughput", "paged_kv")
 
 
 def header(argv) -> str:

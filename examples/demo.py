@@ -1,10 +1,14 @@
-"""`make demo`: run the bundled example kernels through `pypto-run` on the CPU, checked against goldens.
+"""`make demo`: run the bundled example kernels through `pypto-run` on the CPU, checked against goldens, then the
+serving flagship (examples/serve/serve.py) under `pypto-launch --nproc 4`.
 
 Prints one line per kernel (PASS/FAIL, kernel time, wall time including interpreter start, and the
-compiled runtime's task/edge counts from PYPTO_STATS) and exits non-zero if any kernel fails.
+compiled runtime's task/edge counts from PYPTO_STATS), then the flagship's progress, metrics and golden check,
+and exits non-zero if any kernel or the flagship fails. `python -m examples.demo --kernels-only` skips the
+flagship; `--serve-nproc N` and any arguments after `--` go to it.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -19,7 +23,8 @@ def _runner() -> list[str]:
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "pypto_rt.pypto_run"]
 
 
-def main() -> int:
+def run_kernels() -> int:
+    """The example kernels; returns how many failed."""
     from pypto_rt import config
     executor = config.EXECUTOR.get()
     print(f"pypto-rt demo: {len(KERNELS)} example kernels on the CPU (executor: {executor})\n")
@@ -42,7 +47,33 @@ def main() -> int:
         if not ok:
             print(proc.stdout[-2000:] + proc.stderr[-2000:])
     print(f"\n{len(KERNELS) - failed}/{len(KERNELS)} example kernels match their torch goldens")
-    return 1 if failed else 0
+    return failed
+
+
+def run_flagship(nproc: int, args: list[str]) -> bool:
+    """examples/serve/serve.py on `nproc` ranks through pypto-launch, its output printed as it comes."""
+    launcher = os.path.join(os.path.dirname(sys.executable), "pypto-launch")
+    cmd = [launcher] if os.path.exists(launcher) else [sys.executable, "-m", "pypto_rt.launch.cli"]
+    cmd += ["--nproc", str(nproc), os.path.join(HERE, "serve", "serve.py"), *args]
+    shown = " ".join(["pypto-launch --nproc", str(nproc), "examples/serve/serve.py", *args])
+    print(f"\nserving flagship: {shown}\n", flush=True)
+    start = time.perf_counter()
+    code = subprocess.run(cmd, timeout=1800).returncode
+    print(f"\nserving flagship {'PASS' if code == 0 else f'FAIL (exit {code})'} in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+    return code == 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    serve_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    parser = argparse.ArgumentParser(description="the example kernels, then the serving flagship")
+    parser.add_argument("--kernels-only", action="store_true", help="skip the serving flagship")
+    parser.add_argument("--serve-nproc", type=int, default=4, help="ranks of the serving flagship (default 4)")
+    opts = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    failed = run_kernels()
+    served = opts.kernels_only or run_flagship(opts.serve_nproc, serve_args)
+    return 1 if failed or not served else 0
 
 
 if __name__ == "__main__":

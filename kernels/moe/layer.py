@@ -42,6 +42,8 @@ class MoELayer:
         self.cfg, self.weights = cfg, weights
         layout = self.buffer.layout
         self._expert_rows = torch.zeros(layout.local_experts, layout.lanes, cfg.hidden, dtype=cfg.dtype)
+        self.recv_counts: torch.Tensor | None = None   # [E_local] INT32 rows the last call's dispatch brought to
+        # each local expert (the buffer's tensor: valid until the buffer's next dispatch, any layer's)
 
     @classmethod
     def from_state_dict(cls, cfg: MoEConfig, state_dict, *, prefix: str = "", quantize: bool = False,
@@ -58,6 +60,7 @@ class MoELayer:
         logits = router_logits(weights.router.weight, x)
         topk_idx, topk_weights = gate(cfg, logits, weights.router.bias)
         recv = buf.dispatch(x, topk_idx, topk_weights)
+        self.recv_counts = recv.counts
         y = run_experts(cfg, weights.experts, recv.x, recv.counts, out=self._expert_rows)
         shared = shared_expert(cfg, weights.shared, x) if weights.shared is not None else None
         return buf.combine(y, recv.handle, add=shared)

@@ -45,6 +45,9 @@ class MoEDecoder:
         self.cos_sin = rope_cache(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
         self.num_blocks = 0
         self.key_pool = self.value_pool = None
+        # called after each layer's MoE with ([E_local] rows each local expert received, layer=); the serving
+        # engine puts its metrics' record_expert_tokens here (experts rank * E_local .. are this rank's)
+        self.on_expert_counts = None
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV pools: every layer's [num_blocks, block_size, KVH, D] keys and values, stacked in one
@@ -82,6 +85,8 @@ class MoEDecoder:
             hidden = linear(self._attend(layer, linear(normed, lw.w_qkv), batch), lw.w_o)
             normed = rms_norm(hidden, lw.post_norm, cfg.rms_eps, residual=residual)
             hidden = self.moe[layer](normed)
+            if self.on_expert_counts is not None:
+                self.on_expert_counts(self.moe[layer].recv_counts, layer=layer)
         if tokens == 0 or requests == 0:
             return torch.zeros(requests, cfg.vocab_size, dtype=torch.float32)
         last = (batch.query_start_loc[1:].to(torch.int64) - 1).clamp_min(0)

@@ -99,3 +99,19 @@ def test_a_config_that_cannot_be_built_names_the_field():
     with pytest.raises(DecoderConfigError, match="num_kv_heads=3 does not divide num_q_heads=4") as caught:
         DecoderConfig(**{**SMALL, "num_kv_heads": 3})
     assert caught.value.span.file == __file__
+
+
+def test_each_layers_rows_per_expert_reach_on_expert_counts(fp32_model):
+    model, _ = fp32_model
+    seen = []
+    model.on_expert_counts = lambda counts, layer: seen.append((layer, counts.clone()))
+    try:
+        prompts = [[3, 1, 4], [1, 5, 9, 2, 6]]
+        hand = HandBatches(prompts, BLOCK, blocks_per_request=4, first_block=8)
+        hand.step(model, [(0, 3), (1, 5)])
+    finally:
+        model.on_expert_counts = None
+    cfg = model.cfg
+    assert [layer for layer, _ in seen] == list(range(cfg.num_layers))
+    for _, counts in seen:      # one rank holds every expert: each of the 8 tokens' top_k routes is a row
+        assert counts.shape == (cfg.num_experts,) and int(counts.sum()) == 8 * cfg.top_k
