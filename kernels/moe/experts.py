@@ -7,6 +7,12 @@ program never reads device data). A tile's rows past the count are zeroed on loa
 y's rows past counts[e] are zeros in the last live tile and keep what `out` held after it (all zeros when the
 wrapper allocates `out`). The last tile of an expert may overhang R: only its rows below R are stored.
 
+Decode form (RoutedShape.fixed_rows > 0, when the caller bounds every count by at most DECODE_ROWS_MAX rows): one
+block per expert runs the FFN on its first fixed_rows rows whatever the count (rows past it zeroed by the same
+compare and select), so the block's course does not follow the counts and a call with new routing still replays.
+Rows past the bound, should a count exceed it, are served by the tile loop above (a loop that a replay guards
+on, so such a call runs on the engine).
+
 Shared: the same FFN on the local tokens x [T, H], one block per ROW_TILE rows, the last one partial.
 """
 
@@ -23,19 +29,20 @@ from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
 from pypto_rt.kernels.moe.weights import ExpertWeights, QuantizedExpertWeights
 
 EXPERT_SPLIT = 4            # spmd blocks per local expert: a skewed expert's tiles still spread over workers
+DECODE_ROWS_MAX = 32        # the largest row bound served by the decode form (its one tile per expert)
 T_DYN = pl.dynamic("T_DYN")
 
 
-def _live_rows(hidden: int, dt):
-    """An inline `(tile [ROW_TILE, hidden], n) -> the tile with its rows from n on zeroed` (whatever they held:
+def _live_rows(hidden: int, dt, tile_rows: int = ROW_TILE):
+    """An inline `(tile [tile_rows, hidden], n) -> the tile with its rows from n on zeroed` (whatever they held:
     NaN too). An integer compare and a select rather than a valid box, so the count stays data: a replay reads
     it again instead of pinning it."""
 
     @pl.jit.inline
     def live_rows(tile, n):
-        row = pl.row_expand(pl.full([ROW_TILE, hidden], dtype=pl.INT32, value=0),
-                            pl.reshape(pl.arange(0, [1, ROW_TILE], dtype=pl.INT32), [ROW_TILE, 1]))
-        return pl.sel(pl.cmps(row, n, cmp_type=2), tile, pl.full([ROW_TILE, hidden], dtype=dt, value=0.0))
+        row = pl.row_expand(pl.full([tile_rows, hidden], dtype=pl.INT32, value=0),
+                            pl.reshape(pl.arange(0, [1, tile_rows], dtype=pl.INT32), [tile_rows, 1]))
+        return pl.sel(pl.cmps(row, n, cmp_type=2), tile, pl.full([tile_rows, hidden], dtype=dt, value=0.0))
 
     return live_rows
 
@@ -46,11 +53,14 @@ class RoutedShape:
     n_local: int
     rows: int
     split: int                  # spmd blocks per local expert (EXPERT_SPLIT)
+    fixed_rows: int = 0         # > 0: the decode form, one block per expert over this many rows (see the top)
 
 
 def routed_bf16(shape: RoutedShape):
     """The inline `(recv_x, counts, w_gate, w_up, w_down, y) -> y` of the bf16 routed experts (for kernels that
     compose it, e.g. with dispatch and combine); `routed_bf16_kernel` is its `@pl.jit` entry."""
+    if shape.fixed_rows:
+        return _routed_bf16_decode(shape)
     n_local, rows, hidden, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.split
     dt = PL_DTYPES[shape.ffn.dtype]
     ffn, to_out, live_rows = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
@@ -70,9 +80,36 @@ def routed_bf16(shape: RoutedShape):
     return routed_experts
 
 
+def _routed_bf16_decode(shape: RoutedShape):
+    """routed_bf16's decode form: one block per expert, its first fixed_rows rows at a fixed shape, then the tile
+    loop over any rows past them (none while the counts keep within the bound). The loop's end is at least its
+    start, so a replay's guard is `count <= bound` (any routing within it), not the count's tile count."""
+    n_local, rows, hidden, fixed = shape.n_local, shape.rows, shape.ffn.hidden, shape.fixed_rows
+    dt = PL_DTYPES[shape.ffn.dtype]
+    ffn, to_out = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt)
+    live_rows, live_fixed = _live_rows(hidden, dt), _live_rows(hidden, dt, fixed)
+
+    @pl.jit.inline
+    def routed_experts_decode(recv_x, counts, w_gate, w_up, w_down, y):
+        for e in pl.spmd(n_local, name_hint="moe_experts_decode"):
+            live = pl.min(pl.read(counts, [e]), rows)
+            x = live_fixed(recv_x[e, 0:fixed, :], live)
+            y[e, 0:fixed, :] = to_out(ffn(x, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
+            for tb in pl.range(fixed // ROW_TILE, pl.max(fixed // ROW_TILE, (live + ROW_TILE - 1) // ROW_TILE)):
+                t0 = tb * ROW_TILE
+                x_tile = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
+                y_tile = to_out(ffn(x_tile, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
+                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(y_tile, pl.min(ROW_TILE, rows - t0), hidden)
+        return y
+
+    return routed_experts_decode
+
+
 def routed_int8(shape: RoutedShape):
     """The inline `(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y) -> y` of the W8A8
     routed experts; `routed_int8_kernel` is its `@pl.jit` entry."""
+    if shape.fixed_rows:
+        return _routed_int8_decode(shape)
     n_local, rows, hidden, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.split
     dt = PL_DTYPES[shape.ffn.dtype]
     ffn, to_out, live_rows = int8_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
@@ -91,6 +128,32 @@ def routed_int8(shape: RoutedShape):
         return y
 
     return routed_experts_int8
+
+
+def _routed_int8_decode(shape: RoutedShape):
+    """routed_int8's decode form (see _routed_bf16_decode)."""
+    n_local, rows, hidden, fixed = shape.n_local, shape.rows, shape.ffn.hidden, shape.fixed_rows
+    dt = PL_DTYPES[shape.ffn.dtype]
+    ffn, to_out = int8_ffn(shape.ffn), cast_to(pl.FP32, dt)
+    live_rows, live_fixed = _live_rows(hidden, dt), _live_rows(hidden, dt, fixed)
+
+    @pl.jit.inline
+    def routed_experts_int8_decode(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y):
+        for e in pl.spmd(n_local, name_hint="moe_experts_int8_decode"):
+            live = pl.min(pl.read(counts, [e]), rows)
+            x = live_fixed(recv_x[e, 0:fixed, :], live)
+            y_fixed = ffn(x, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :], up_scale[e : e + 1, :],
+                          w_down[e, :, :], down_scale[e : e + 1, :])
+            y[e, 0:fixed, :] = to_out(y_fixed)
+            for tb in pl.range(fixed // ROW_TILE, pl.max(fixed // ROW_TILE, (live + ROW_TILE - 1) // ROW_TILE)):
+                t0 = tb * ROW_TILE
+                x_tile = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
+                y_tile = ffn(x_tile, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :],
+                             up_scale[e : e + 1, :], w_down[e, :, :], down_scale[e : e + 1, :])
+                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(to_out(y_tile), pl.min(ROW_TILE, rows - t0), hidden)
+        return y
+
+    return routed_experts_int8_decode
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,18 +270,28 @@ def _ffn_shape(cfg: MoEConfig, weights) -> FfnShape:
 
 
 def run_experts(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, *, rows_hint: int | None = None) -> torch.Tensor:
     """The routed experts of this rank on the dispatch layout: recv_x [E_local, R, H] in cfg.dtype
     (R = world * max_tokens_per_rank, world = num_experts // E_local), counts [E_local] int32 (read by the kernel,
     never by the host). Returns y like recv_x, written in `out` when given: y[e, :counts[e]] is expert e's FFN of
-    those rows; rows past counts[e] are zeros, or keep out's contents past the last live row tile."""
+    those rows; rows past counts[e] are zeros, or keep out's contents past the last live row tile.
+    `rows_hint`: the rows an expert is expected to get at most (e.g. world * T at decode); up to DECODE_ROWS_MAX it
+    selects the decode form, whose replays hold for any counts within the hint (counts past it stay correct)."""
     _check_weights("run_experts", cfg, weights)
     recv_x, counts = _checked_dispatch_layout(cfg, weights, recv_x, counts)
     y = _checked_out("run_experts", recv_x, out)
-    shape = RoutedShape(_ffn_shape(cfg, weights), recv_x.shape[0], recv_x.shape[1], EXPERT_SPLIT)
+    shape = RoutedShape(_ffn_shape(cfg, weights), recv_x.shape[0], recv_x.shape[1], EXPERT_SPLIT,
+                        decode_rows(rows_hint, recv_x.shape[1]))
     kernel = routed_int8_kernel(shape) if weights.quantized else routed_bf16_kernel(shape)
     kernel(recv_x, counts, *_weight_args(weights), y)
     return y
+
+
+def decode_rows(rows_hint: int | None, rows: int) -> int:
+    """The decode form's fixed rows for a hint (a multiple of ROW_TILE, at most rows), or 0: the tile-loop form."""
+    if rows_hint is None or rows_hint > DECODE_ROWS_MAX:
+        return 0
+    return min(rows, max(ROW_TILE, -(-rows_hint // ROW_TILE) * ROW_TILE))
 
 
 def shared_expert(cfg: MoEConfig, weights, x: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,8 @@ class MoELayer:
         topk_idx, topk_weights = gate(cfg, logits, weights.router.bias)
         recv = buf.dispatch(x, topk_idx, topk_weights)
         self.recv_counts = recv.counts
-        y = run_experts(cfg, weights.experts, recv.x, recv.counts, out=self._expert_rows)
+        # at decode sizes, experts hold about world * T rows: the decode form replays whatever the routing
+        y = run_experts(cfg, weights.experts, recv.x, recv.counts, out=self._expert_rows,
+                        rows_hint=buf.layout.world * x.shape[0])
         shared = shared_expert(cfg, weights.shared, x) if weights.shared is not None else None
         return buf.combine(y, recv.handle, add=shared)

@@ -1,0 +1,40 @@
+"""The routed experts' decode form replays on the compiled executor while the routing (the counts) changes within
+its rows: its course does not follow the counts, so no guard misses."""
+import pytest
+import torch
+
+from pypto_rt import config, run_stats
+from pypto_rt.kernels.moe import MoEConfig
+from pypto_rt.kernels.moe.experts import run_experts
+from pypto_rt.kernels.moe.golden import experts_golden
+from pypto_rt.kernels.moe.weights import ExpertWeights
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import REPLAYED
+
+# engine runs, the recording, the trial's replays and engine runs, then replays only
+CALLS = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 2
+HIDDEN, INTER, TOKENS = 32, 48, 6
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_decode_form_replays_while_the_counts_change(quantized):
+    cfg = MoEConfig(hidden=HIDDEN, num_experts=4, top_k=2, max_tokens_per_rank=16, intermediate_size=INTER)
+    gen = torch.Generator().manual_seed(3)
+    weights = ExpertWeights(*((torch.randn(shape, generator=gen) * 0.2).bfloat16()
+                              for shape in ((4, INTER, HIDDEN), (4, INTER, HIDDEN), (4, HIDDEN, INTER))))
+    weights = weights.quantize() if quantized else weights
+    out = torch.zeros(4, 16, HIDDEN, dtype=torch.bfloat16)
+    seen, kinds = set(), []
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for _ in range(CALLS):
+            counts = torch.randint(0, TOKENS + 1, (4,), generator=gen, dtype=torch.int32)
+            recv_x = torch.randn(4, 16, HIDDEN, generator=gen).bfloat16()
+            with run_stats.collect() as stats:
+                y = run_experts(cfg, weights, recv_x, counts, out=out, rows_hint=TOKENS)
+            want = experts_golden(cfg, weights, recv_x, counts)
+            for e, n in enumerate(counts.tolist()):
+                torch.testing.assert_close(y[e, :n], want[e, :n], rtol=1.6e-2, atol=1e-2)
+            seen.add(tuple(counts.tolist()))
+            kinds.append(stats.replay.kind)
+    assert len(seen) > CALLS // 2
+    assert kinds[-3:] == [REPLAYED] * 3, kinds
