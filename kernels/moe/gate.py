@@ -7,8 +7,8 @@
     topk_weights = score[topk_idx] / (sum over k when norm_topk_prob) * routed_scaling_factor
 
 One block per ROW_TILE token rows (the wrapper pads T with zero logits to a multiple of ROW_TILE and drops those
-rows): scores, group scores, masks and weights are row-tile vector ops; only the sorts loop over rows, since
-sort32 + mrgsort take single-row sources. A row is padded with the most negative FP32 to a sortable width (32, 128,
+rows): scores, group scores, masks and weights are row-tile vector ops; rows of up to 32 slots are sorted as one
+tile (sort32 sorts each row), wider ones row by row (mrgsort takes single-row sources). A row is padded with the most negative FP32 to a sortable width (32, 128,
 512 or 2048 slots); masked groups take that same value, so with top_k <= the kept experts (checked by MoEConfig)
 neither a pad slot nor a masked expert is ever picked.
 """
@@ -96,6 +96,31 @@ def _sort_2048(padded):
 SORTS = {32: _sort_32, 128: _sort_128, 512: _sort_512, 2048: _sort_2048}
 
 
+def _row_sorter(width: int, keep: int):
+    """An inline `padded [ROW_TILE, width] -> [ROW_TILE, keep]`: each row's first `keep` sorted pair positions.
+    sort32 takes a whole tile (every row sorted alone), so width 32 sorts the tile in one call; wider rows need
+    mrgsort, which takes one row, so they loop over rows."""
+    if width == 32:
+
+        @pl.jit.inline
+        def sort_tile(padded):
+            ids = pl.col_expand(pl.full([ROW_TILE, 32], dtype=pl.UINT32, value=0),
+                                pl.arange(0, [1, 32], dtype=pl.UINT32))
+            return pl.sort32(padded, ids)[:, 0:keep]
+
+        return sort_tile
+    sort_row = SORTS[width]
+
+    @pl.jit.inline
+    def sort_rows(padded):
+        best = pl.full([ROW_TILE, keep], dtype=pl.FP32, value=0.0)
+        for r in pl.range(ROW_TILE):
+            best[r : r + 1, :] = sort_row(padded[r : r + 1, :])[:, 0:keep]
+        return best
+
+    return sort_rows
+
+
 @pl.jit.inline
 def _renormalised(picked):
     return pl.row_expand_div(picked, pl.row_sum(picked))
@@ -116,6 +141,7 @@ def _group_limiter(shape: GateShape):
     n_group, topk_group = shape.n_group, shape.topk_group
     group_size = shape.num_experts // n_group
     group_pad = _sort_width(n_group)
+    rank_groups = _row_sorter(group_pad, 2 * topk_group)
 
     @pl.jit.inline
     def limit_groups(choice):
@@ -132,10 +158,7 @@ def _group_limiter(shape: GateShape):
             second = pl.row_max(pl.sel(is_first, lowest, member))
             second = pl.sel(pl.cmps(repeats, 1.5, cmp_type=4), first, second)
             group_best[:, g : g + 1] = pl.add(first, second)
-        ranked = pl.full([ROW_TILE, 2 * topk_group], dtype=pl.FP32, value=0.0)
-        for r in pl.range(ROW_TILE):
-            ranked[r : r + 1, :] = _sort_32(group_best[r : r + 1, :])[:, 0 : 2 * topk_group]
-        chosen = pl.gather(ranked, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
+        chosen = pl.gather(rank_groups(group_best), mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
         chosen_ones = pl.full([ROW_TILE, topk_group], dtype=pl.FP32, value=1.0)
         chosen_zeros = pl.full([ROW_TILE, topk_group], dtype=pl.FP32, value=0.0)
         kept = pl.full([ROW_TILE, n_group * group_size], dtype=pl.FP32, value=LOWEST)
@@ -175,7 +198,7 @@ def gate_kernel(shape: GateShape):
     bias [1, E] FP32."""
     n_experts, top_k = shape.num_experts, shape.top_k
     expert_pad = _sort_width(n_experts)
-    score_of, sort_experts = SCORES[shape.score_func], SORTS[expert_pad]
+    score_of, sort_experts = SCORES[shape.score_func], _row_sorter(expert_pad, 2 * top_k)
     limit = _group_limiter(shape) if shape.n_group is not None else _unchanged
     pick_scores = _score_picker(n_experts, top_k)
     finish = _renormalised if shape.norm_topk_prob else _unchanged
@@ -197,10 +220,7 @@ def gate_kernel(shape: GateShape):
             score = score_of(logits[t0 : t0 + ROW_TILE, :])
             choice = limit(pl.col_expand_add(score, bias))
             padded = pl.fillpad_expand(choice, [ROW_TILE, expert_pad], pad_value=pl.PadValue.min)
-            best = pl.full([ROW_TILE, 2 * top_k], dtype=pl.FP32, value=0.0)
-            for r in pl.range(ROW_TILE):
-                best[r : r + 1, :] = sort_experts(padded[r : r + 1, :])[:, 0 : 2 * top_k]
-            chosen = pl.gather(best, mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
+            chosen = pl.gather(sort_experts(padded), mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
             topk_idx[t0 : t0 + ROW_TILE, :] = chosen
             topk_weights[t0 : t0 + ROW_TILE, :] = pl.mul(finish(pick_scores(score, chosen)), scale)
         return topk_idx, topk_weights

@@ -43,6 +43,17 @@ def test_expert_counts_that_need_padding_to_a_sort_width(experts, top_k):
     routed(cfg, torch.randn(3, experts, generator=torch.Generator().manual_seed(2)))
 
 
+@pytest.mark.parametrize("groups, sorts", [({}, 1), (dict(n_group=4, topk_group=2), 2)])
+def test_rows_of_up_to_32_slots_are_sorted_as_one_tile(groups, sorts, monkeypatch):
+    from pypto_rt.ops import registry
+    calls = []
+    for name in ("sort32", "tile.sort32", "tensor.sort32"):
+        monkeypatch.setitem(registry.OPS, name, lambda *a, _op=registry.OPS[name], **k: calls.append(1) or _op(*a, **k))
+    cfg = make(**groups)
+    routed(cfg, torch.randn(gate_module.ROW_TILE, 16, generator=torch.Generator().manual_seed(5)))
+    assert len(calls) == sorts                       # one block: the experts' sort (and the groups'), not per row
+
+
 def test_bias_changes_the_selection_but_not_the_weights():
     cfg = make(score_func="sigmoid", norm_topk_prob=False)
     logits = torch.randn(5, 16, generator=torch.Generator().manual_seed(3))
