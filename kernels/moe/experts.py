@@ -10,8 +10,8 @@ wrapper allocates `out`). The last tile of an expert may overhang R: only its ro
 Decode form (RoutedShape.fixed_rows > 0, when the caller bounds every count by at most DECODE_ROWS_MAX rows): one
 block per expert runs the FFN on its first fixed_rows rows whatever the count (rows past it zeroed by the same
 compare and select), so the block's course does not follow the counts and a call with new routing still replays.
-Rows past the bound, should a count exceed it, are served by the tile loop above (a loop that a replay guards
-on, so such a call runs on the engine).
+Rows past the bound, should a count exceed it, are served by ROW_TILE tiles from row fixed_rows on (a loop that a
+replay guards on, so such a call runs on the engine); y's rows past a count are zeros up to the last computed row.
 
 Shared: the same FFN on the local tokens x [T, H], one block per ROW_TILE rows, the last one partial.
 """
@@ -82,8 +82,8 @@ def routed_bf16(shape: RoutedShape):
 
 def _routed_bf16_decode(shape: RoutedShape):
     """routed_bf16's decode form: one block per expert, its first fixed_rows rows at a fixed shape, then the tile
-    loop over any rows past them (none while the counts keep within the bound). The loop's end is at least its
-    start, so a replay's guard is `count <= bound` (any routing within it), not the count's tile count."""
+    loop over any rows past them (none while the counts keep within the bound). The loop counts the rows past the
+    bound, 0 for any count within it, so a replay's guard is `count <= bound`, not the count's tile count."""
     n_local, rows, hidden, fixed = shape.n_local, shape.rows, shape.ffn.hidden, shape.fixed_rows
     dt = PL_DTYPES[shape.ffn.dtype]
     ffn, to_out = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt)
@@ -95,8 +95,8 @@ def _routed_bf16_decode(shape: RoutedShape):
             live = pl.min(pl.read(counts, [e]), rows)
             x = live_fixed(recv_x[e, 0:fixed, :], live)
             y[e, 0:fixed, :] = to_out(ffn(x, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
-            for tb in pl.range(fixed // ROW_TILE, pl.max(fixed // ROW_TILE, (live + ROW_TILE - 1) // ROW_TILE)):
-                t0 = tb * ROW_TILE
+            for tb in pl.range((pl.max(0, live - fixed) + ROW_TILE - 1) // ROW_TILE):
+                t0 = fixed + tb * ROW_TILE
                 x_tile = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
                 y_tile = to_out(ffn(x_tile, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
                 y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(y_tile, pl.min(ROW_TILE, rows - t0), hidden)
@@ -145,8 +145,8 @@ def _routed_int8_decode(shape: RoutedShape):
             y_fixed = ffn(x, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :], up_scale[e : e + 1, :],
                           w_down[e, :, :], down_scale[e : e + 1, :])
             y[e, 0:fixed, :] = to_out(y_fixed)
-            for tb in pl.range(fixed // ROW_TILE, pl.max(fixed // ROW_TILE, (live + ROW_TILE - 1) // ROW_TILE)):
-                t0 = tb * ROW_TILE
+            for tb in pl.range((pl.max(0, live - fixed) + ROW_TILE - 1) // ROW_TILE):
+                t0 = fixed + tb * ROW_TILE
                 x_tile = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
                 y_tile = ffn(x_tile, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :],
                              up_scale[e : e + 1, :], w_down[e, :, :], down_scale[e : e + 1, :])
@@ -288,10 +288,11 @@ def run_experts(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.Ten
 
 
 def decode_rows(rows_hint: int | None, rows: int) -> int:
-    """The decode form's fixed rows for a hint (a multiple of ROW_TILE, at most rows), or 0: the tile-loop form."""
+    """The decode form's fixed rows for a hint (the hint itself, at least 1, at most rows: the FFN's matmuls cost
+    what their rows do, so no rounding up to a tile), or 0: the tile-loop form."""
     if rows_hint is None or rows_hint > DECODE_ROWS_MAX:
         return 0
-    return min(rows, max(ROW_TILE, -(-rows_hint // ROW_TILE) * ROW_TILE))
+    return min(rows, max(1, rows_hint))
 
 
 def shared_expert(cfg: MoEConfig, weights, x: torch.Tensor) -> torch.Tensor:

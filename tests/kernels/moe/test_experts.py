@@ -72,16 +72,16 @@ def test_rows_past_counts_are_zeros_in_their_tile_and_untouched_after_it(form):
 
 
 @pytest.mark.parametrize("form", ["bf16", "int8"])
-@pytest.mark.parametrize("counts", [[0, 5, 16, 3], [1, 17, 0, 24]])     # within the hint's 16 rows, and past them
+@pytest.mark.parametrize("counts", [[0, 5, 6, 3], [1, 7, 0, 24]])     # within the hint's 6 rows, and past them
 def test_decode_form_matches_the_golden_within_and_past_its_rows(form, counts):
     cfg, weights = make(), forms(expert_weights(4, 5))[form]
     recv_x, live = dispatched(6, counts)
     out = torch.full_like(recv_x, 7.0)
     y = run_experts(cfg, weights, recv_x, live, out=out, rows_hint=6)
-    assert y is out and experts_module.decode_rows(6, WORLD * T_MAX) == 16
+    assert y is out and experts_module.decode_rows(6, WORLD * T_MAX) == 6
     want = experts_golden(cfg, weights, recv_x, live)
     for e, n in enumerate(counts):
-        tile_end = min(max(16, -(-n // 16) * 16), WORLD * T_MAX)
+        tile_end = min(6 + -(-max(n - 6, 0) // 16) * 16, WORLD * T_MAX)      # the fixed rows, then 16-row tiles
         torch.testing.assert_close(y[e, :n], want[e, :n], **(INT8_TOL if form == "int8" else BF16_TOL))
         assert (y[e, n:tile_end] == 0).all() and (y[e, tile_end:] == 7.0).all()
 
@@ -89,7 +89,7 @@ def test_decode_form_matches_the_golden_within_and_past_its_rows(form, counts):
 def test_decode_rows_follow_the_hint_up_to_the_decode_limit():
     rows = experts_module.decode_rows
     assert [rows(None, 64), rows(0, 64), rows(1, 64), rows(17, 64), rows(32, 64), rows(33, 64), rows(8, 8)] == \
-        [0, 16, 16, 32, 32, 0, 8]
+        [0, 1, 1, 17, 32, 0, 8]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
