@@ -1,0 +1,51 @@
+"""A decode step of MoEDecoder replays its MoE kernels on the compiled executor when the next step routes its tokens
+to other experts: the routed experts' decode form follows no count, so no guard misses."""
+import torch
+
+from pypto_rt import config, run_stats
+from pypto_rt.kernels.moe import layer as layer_module
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import REPLAYED
+from pypto_rt.serving.batch import ForwardBatch
+from pypto_rt.serving.model import DecoderConfig, MoEDecoder, random_state_dict
+
+BATCH, CONTEXT, BLOCK = 4, 6, 4
+MOE_KERNELS = ("router_logits", "gate", "run_experts", "shared_expert")
+# engine runs, the recording, the trial's replays and engine runs, then replays only
+STEPS = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 3
+
+
+def _decode_step(cfg, gen) -> ForwardBatch:
+    """BATCH requests at CONTEXT tokens each decoding one new token (fresh ids: new routing)."""
+    per = (CONTEXT + BLOCK) // BLOCK
+    tables = torch.arange(BATCH * per, dtype=torch.int32).view(BATCH, per)
+    slots = tables[:, CONTEXT // BLOCK].long() * BLOCK + CONTEXT % BLOCK
+    return ForwardBatch(torch.randint(0, cfg.vocab_size, (BATCH,), generator=gen),
+                        torch.full((BATCH,), CONTEXT, dtype=torch.int64), slots, tables,
+                        torch.full((BATCH,), CONTEXT + 1, dtype=torch.int32),
+                        torch.arange(BATCH + 1, dtype=torch.int32), True)
+
+
+def test_decode_steps_with_new_routing_replay_the_moe_kernels(monkeypatch):
+    kinds: dict[str, list] = {name: [] for name in MOE_KERNELS}
+    for name in MOE_KERNELS:
+        def noted(*args, _name=name, _kernel=getattr(layer_module, name), **kwargs):
+            with run_stats.collect() as stats:
+                result = _kernel(*args, **kwargs)
+            kinds[_name].append(stats.replay.kind)
+            return result
+        monkeypatch.setattr(layer_module, name, noted)
+    cfg = DecoderConfig(vocab_size=64, hidden=32, num_layers=1, num_q_heads=4, num_kv_heads=2, head_dim=8,
+                        num_experts=4, top_k=2, moe_intermediate=32, shared_intermediate=32, max_tokens_per_rank=32,
+                        block_size=BLOCK)
+    gen = torch.Generator().manual_seed(2)
+    routings = []
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        model = MoEDecoder(cfg, random_state_dict(cfg, seed=0))
+        model.allocate_kv_cache(BATCH * ((CONTEXT + BLOCK) // BLOCK))
+        for _ in range(STEPS):
+            model.forward(_decode_step(cfg, gen))
+            routings.append(tuple(model.moe[0].recv_counts.tolist()))
+    assert len(set(routings[-3:])) > 1, routings          # the last steps route differently ...
+    for name, seen in kinds.items():
+        assert seen[-3:] == [REPLAYED] * 3, (name, seen)  # ... and still replay
