@@ -6,11 +6,11 @@
     topk_idx     = top_k(choice)               (ties: lower expert id first)
     topk_weights = score[topk_idx] / (sum over k when norm_topk_prob) * routed_scaling_factor
 
-One block per ROW_TILE token rows (the wrapper pads T with zero logits to a multiple of ROW_TILE and drops those
-rows): scores, group scores, masks and weights are row-tile vector ops; rows of up to 32 slots are sorted as one
-tile (sort32 sorts each row), wider ones row by row (mrgsort takes single-row sources). A row is padded with the most negative FP32 to a sortable width (32, 128,
-512 or 2048 slots); masked groups take that same value, so with top_k <= the kept experts (checked by MoEConfig)
-neither a pad slot nor a masked expert is ever picked.
+One block per ROW_TILE (32) token rows (the wrapper pads T with zero logits to a multiple of ROW_TILE and drops
+those rows): scores, group scores, masks and weights are row-tile vector ops; rows of up to 32 slots are sorted as
+one tile (sort32 sorts each row), wider ones row by row (mrgsort takes single-row sources). A row is padded with the
+most negative FP32 to a sortable width (32, 128, 512 or 2048 slots); masked groups take that same value, so with
+top_k <= the kept experts (checked by MoEConfig) neither a pad slot nor a masked expert is ever picked.
 """
 
 import functools
@@ -132,7 +132,7 @@ def _unchanged(rows):
 
 
 LOWEST = float(torch.finfo(torch.float32).min)   # pl.PadValue.min for FP32: never chosen over a real score
-ROW_TILE = 8                                      # token rows per block; the wrapper pads T to a multiple
+ROW_TILE = 32                                     # token rows per block (a decode batch in one); T padded to a multiple
 
 
 def _group_limiter(shape: GateShape):

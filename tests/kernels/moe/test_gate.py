@@ -49,9 +49,14 @@ def test_rows_of_up_to_32_slots_are_sorted_as_one_tile(groups, sorts, monkeypatc
     calls = []
     for name in ("sort32", "tile.sort32", "tensor.sort32"):
         monkeypatch.setitem(registry.OPS, name, lambda *a, _op=registry.OPS[name], **k: calls.append(1) or _op(*a, **k))
-    cfg = make(routed_scaling_factor=1.25, **groups)    # a gate shape of its own: its first call runs the ops
-    routed(cfg, torch.randn(gate_module.ROW_TILE, 16, generator=torch.Generator().manual_seed(5)))
-    assert len(calls) == sorts                       # one block: the experts' sort (and the groups'), not per row
+    cfg = make(routed_scaling_factor=1.25, max_tokens_per_rank=32, **groups)    # a gate shape of its own: its
+    routed(cfg, torch.randn(32, 16, generator=torch.Generator().manual_seed(5)))  # first call runs the ops
+    assert len(calls) == sorts     # 32 tokens in one block, the experts' sort (and the groups') once, not per row
+
+
+def test_tokens_over_several_blocks_the_last_one_padded():
+    tokens = gate_module.ROW_TILE + 9
+    routed(make(max_tokens_per_rank=tokens), torch.randn(tokens, 16, generator=torch.Generator().manual_seed(6)))
 
 
 def test_bias_changes_the_selection_but_not_the_weights():
