@@ -10,7 +10,8 @@ reads KV head h // (QH // KVH)), an FP32 online-softmax step and one batched mat
 - Decode: one region for the whole batch; the tile loop runs to the longest length.
 - Prefill: one spmd block per request, Q_TILE queries by KV_TILE positions a tile, causal. A query tile's rows
   are gathered and scattered by row id; rows past the chunk repeat its last query (the same visible context),
-  so they rewrite that query's output and no other request's rows, with no valid box taken from data.
+  so they rewrite that query's output and no other request's rows, with no valid box taken from data. out is
+  zeroed first, so rows of no request (a padded batch's tokens past qsl[B]) hold zeros, never stale data.
 
 Positions past a length, or after a query's own position, are masked to NEG_CAP; their rows are gathered from
 the request's last position (clamped), so no unwritten slot is read for a request with context. A request of
@@ -230,6 +231,8 @@ def prefill_kernel(shape: AttnShape):
         v_rows = pl.reshape(value_cache, [slot_rows, d])
         q_flat = pl.reshape(query, [tokens, qh * d])
         out_flat = pl.reshape(out, [tokens, qh * d])
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="chunked_prefill_clear"):
+            out_flat[:, :] = pl.full([tokens, qh * d], dtype=dt, value=0.0)     # rows of no request stay zero
         for b in pl.spmd(batch, name_hint="chunked_prefill_attention"):
             length = pl.read(seq_lens, [b])
             first = pl.read(query_start_loc, [b])
