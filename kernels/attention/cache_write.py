@@ -14,15 +14,15 @@ N_DYN = pl.dynamic("N_DYN")
 NB_DYN = pl.dynamic("NB_DYN")
 
 
-def _targets():
-    """An inline `(slots [1, n], n) -> (src [1, n] INT32, target [1, n], any_live [1, 1])`: row i writes row src[i]
+def _targets(slot_dtype):
+    """An inline `(slots [1, n], n) -> (src [1, n], target [1, n], any_live [1, 1])`: row i writes row src[i]
     of the new rows to slot target[i]; a row whose slot is < 0 takes the last live row's (src, target), and with
     no live row every row targets slot 0 (any_live false: it rewrites slot 0's own value)."""
 
     @pl.jit.inline
     def targets(slots, n):
         live = pl.cmps(slots, 0, cmp_type=5)
-        iota = pl.arange(0, [1, n], dtype=pl.INT32)
+        iota = pl.arange(0, [1, n], dtype=slot_dtype)     # the slots' dtype: no casts between the two
         last_live = pl.row_max(pl.sels(live, iota, scalar=-1))
         src = pl.maxs(pl.sel(live, iota, last_live), 0)
         target = pl.maxs(pl.gather(slots, dim=-1, index=src), 0)
@@ -46,7 +46,7 @@ def _scatter_rows():
 @functools.lru_cache(maxsize=None)
 def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slot_dtype):
     width = kv_heads * head_dim
-    targets, scatter_rows = _targets(), _scatter_rows()
+    targets, scatter_rows = _targets(slot_dtype), _scatter_rows()
 
     @pl.jit
     def kv_cache_write(
