@@ -27,6 +27,7 @@ class _Pool:
     """A pool holding B requests of `ctx` tokens in shuffled blocks, and the same tokens as a contiguous cache."""
 
     def __init__(self, ctx: int, block: int, dtype=DTYPE, seed: int = 0):
+        from pypto_rt.kernels.attention.paged import KV_TILE
         gen = torch.Generator().manual_seed(seed)
         self.ctx, self.block = ctx, block
         blocks = B * ctx // block + 1
@@ -36,9 +37,11 @@ class _Pool:
         self.lens = torch.full((B,), ctx, dtype=torch.int32)
         pos = torch.arange(ctx)
         where = (self.tables[:, pos // block].long(), pos % block)
-        self.k_rows, self.v_rows = self.k[where].contiguous(), self.v[where].contiguous()   # [B, ctx, KVH, D]
-        self.k_contig = self.k_rows.transpose(1, 2).contiguous()                           # [B, KVH, ctx, D]
-        self.v_contig = self.v_rows.transpose(1, 2).contiguous()
+        self.max_ctx = -(-ctx // KV_TILE) * KV_TILE    # the DSL contiguous cache [B, max_ctx, KVH, D] (zeros past ctx)
+        self.k_rows, self.v_rows = (torch.zeros(B, self.max_ctx, KVH, D, dtype=dtype) for _ in range(2))
+        self.k_rows[:, :ctx], self.v_rows[:, :ctx] = self.k[where], self.v[where]
+        self.k_contig = self.k[where].transpose(1, 2).contiguous()                           # [B, KVH, ctx, D]
+        self.v_contig = self.v[where].transpose(1, 2).contiguous()
         self.q = torch.randn(B, QH, D, generator=gen).to(dtype)
         self.gen = gen
 
@@ -57,7 +60,7 @@ def _read(pool: _Pool) -> dict:
     from pypto_rt.kernels.attention import golden, paged_decode_attention
     from bench.contiguous_kv import decode_kernel
 
-    dsl_decode = decode_kernel(pool.ctx, QH, KVH, D, _pl_dtype(pool.q.dtype), D ** -0.5)
+    dsl_decode = decode_kernel(pool.max_ctx, QH, KVH, D, _pl_dtype(pool.q.dtype), D ** -0.5)
     dsl_out = torch.empty_like(pool.q)
 
     def paged():
@@ -101,7 +104,7 @@ def _write(pool: _Pool, padded: bool) -> dict:
         slots = torch.where(live, slots, -1)
     rows, at = live.nonzero().flatten(), torch.full((int(live.sum()),), pool.ctx - 1)
     last_k, before_k = pool.k[-1, -1].clone(), pool.k.clone()
-    dsl_append = append_kernel(pool.ctx, KVH, D, _pl_dtype(pool.k.dtype))
+    dsl_append = append_kernel(pool.max_ctx, KVH, D, _pl_dtype(pool.k.dtype))
     positions = torch.full((B,), pool.ctx - 1, dtype=torch.int32)     # a contiguous cache has a row per request
 
     def paged():
@@ -119,7 +122,7 @@ def _write(pool: _Pool, padded: bool) -> dict:
     for _ in range(WARMUP_CALLS):
         paged()
         dsl_contiguous()
-    assert torch.equal(pool.k_rows[:, -1], key), "the DSL append missed its rows"
+    assert torch.equal(pool.k_rows[:, pool.ctx - 1], key), "the DSL append missed its rows"
     changed = (pool.k != before_k).flatten(1).any(1).nonzero().flatten()
     assert set(changed.tolist()) <= set(pool.tables[live, -1].tolist()), "a write touched a block outside the mapping"
     if padded:
