@@ -134,17 +134,21 @@ def _decode_batch(shape: AttnShape):
         q_rows = batch * qh
         gathered = heads * KV_TILE
         q_t = pl.transpose(pl.reshape(query, [heads, group, d]), 1, 2)
-        head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT32), [1, kvh, 1])
+        # index math in INT64 throughout (lengths and table cast once): no INT32 round trip after every op
+        lens64 = pl.cast(lens, target_type=pl.INT64)
+        last = pl.subs(lens64, 1)
+        table64 = pl.cast(table, target_type=pl.INT64)
+        head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT64), [1, kvh, 1])
         has_context = pl.cmps(lens, 0, cmp_type=4)
         m0 = pl.full([q_rows, 1], dtype=pl.FP32, value=NEG_CAP)
         l0 = pl.full([q_rows, 1], dtype=pl.FP32, value=0.0)
         acc0 = pl.full([heads, group, d], dtype=pl.FP32, value=0.0)
         for kt, (m, l, acc) in pl.range((longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
-            pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
-            inside = pl.maxs(pl.minimum(pos, pl.subs(lens, 1)), 0)
-            blocks = pl.sels(has_context, pl.gather(table, dim=-1, index=pl.divs(inside, bs)), scalar=0)
+            pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT64), kt * KV_TILE)
+            inside = pl.maxs(pl.minimum(pos, last), 0)
+            blocks = pl.sels(has_context, pl.gather(table64, dim=-1, index=pl.divs(inside, bs)), scalar=0)
             slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
-            live_heads = pl.reshape(pl.cmp(pos, lens, cmp_type=2), [batch, 1, KV_TILE])
+            live_heads = pl.reshape(pl.cmp(pos, lens64, cmp_type=2), [batch, 1, KV_TILE])
             idx = pl.reshape(pl.add(pl.reshape(pl.muls(slots, kvh), [batch, 1, KV_TILE]), head_ids), [1, gathered])
             k = pl.reshape(pl.mgather(k_rows, idx, coalesce="row"), [heads, KV_TILE, d])
             v = pl.reshape(pl.mgather(v_rows, idx, coalesce="row"), [heads, KV_TILE, d])
