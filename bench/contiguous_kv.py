@@ -1,4 +1,4 @@
-"""The contiguous-cache baseline of benchmark 11, written in the same DSL as the paged kernels and run on the same
+"""The contiguous-cache baseline of benchmark 14, written in the same DSL as the paged kernels and run on the same
 runtime: a cache [B, max_ctx, KVH, D] per request row (no block table), an append of one row per request at its
 position (the cache passed as `pl.InOut`) and decode attention over it. Paged / these is the indirection overhead
 alone (spec §5.2 items 7-8): same tiles, same online softmax, only the block-table gather replaced by a slice.

@@ -1,4 +1,4 @@
-"""Benchmark 11 - the paged KV cache (`pypto_rt.kernels.attention`, compiled executor, repeated calls: replayed)
+"""Benchmark 14 - the paged KV cache (`pypto_rt.kernels.attention`, compiled executor, repeated calls: replayed)
 against a contiguous cache of the same tokens, at B = 16, context 1K and 4K, block 16 and 128: the cache write of
 one decode step (B rows, none or 25% of them padding slots -1) and paged decode attention.
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from bench.timing import interleaved, ms, ratio, table, us
 
-TITLE = "11. Paged KV cache: write and decode read against a contiguous cache"
+TITLE = "14. Paged KV cache: write and decode read against a contiguous cache"
 B, QH, KVH, D = 16, 8, 2, 128
 DTYPE = torch.bfloat16
 TARGET = 1.3

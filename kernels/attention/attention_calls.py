@@ -7,8 +7,8 @@ import pypto.language as pl
 from pypto_rt.kernels.attention.attn_errors import AttentionArgumentError, describe
 from pypto_rt.kernels.attention.cache_write import cache_write_kernel
 from pypto_rt.kernels.attention.paged import AttnShape, decode_kernel, prefill_kernel
+from pypto_rt.kernels.tile_casts import PL_DTYPES
 
-PL_DTYPES = {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}
 SLOT_DTYPES = {torch.int32: pl.INT32, torch.int64: pl.INT64}
 
 

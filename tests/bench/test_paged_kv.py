@@ -1,4 +1,4 @@
-"""Benchmark 11 runs end to end at a small context: its contenders (the paged kernels, the contiguous-cache
+"""Benchmark 14 runs end to end at a small context: its contenders (the paged kernels, the contiguous-cache
 kernels in the DSL, eager torch) pass their golden checks (including the write's untouched padding and last
 slots, and the DSL append's rows) and both tables come out."""
 from bench import paged_kv
