@@ -25,14 +25,12 @@ import torch
 if __package__ in (None, ""):          # run as a file (pypto-launch): the repo root holds `examples`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import pypto.language.distributed as pld  # noqa: E402
 from examples.serve.golden_check import check_all  # noqa: E402
-from examples.serve.host_group import HostGroup  # noqa: E402
 from examples.serve.moe_timing import time_moe_layers  # noqa: E402
 from examples.serve.progress import Progress  # noqa: E402
 from examples.serve.report import RankReport, print_report  # noqa: E402
 from examples.serve.workload import WorkloadShape, assign_rank, longest_request, make_workload  # noqa: E402
-from pypto_rt.serving import Engine, EngineConfig  # noqa: E402
+from pypto_rt.serving import Engine, EngineConfig, RankGroup  # noqa: E402
 from pypto_rt.serving.model import DecoderConfig, GoldenDecoder, MoEDecoder, random_state_dict  # noqa: E402
 
 # model sizes: DecoderConfig fields, the per-step token budget and batch rows, and the workload's lengths
@@ -81,7 +79,7 @@ def build_config(args: argparse.Namespace, world: int) -> tuple[DecoderConfig, d
     return cfg, size, TOLERANCE[kind]
 
 
-def serve(engine: Engine, mine: list, group: HostGroup, progress: Progress, total: int
+def serve(engine: Engine, mine: list, group: RankGroup, progress: Progress, total: int
           ) -> tuple[float, float, dict]:
     """Step until every rank is done, adding each request at its arrival step; returns the loop's seconds, the
     seconds of its all-reduces and this rank's requests by id."""
@@ -106,7 +104,7 @@ def serve(engine: Engine, mine: list, group: HostGroup, progress: Progress, tota
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    group = HostGroup.of_this_job()
+    group = RankGroup.of_this_job("examples/serve")
     rank, world = group.rank, group.world_size
     cfg, size, tolerance = build_config(args, world)
     shape = WorkloadShape(num_requests=args.requests, prompt_len=size["prompt_len"], output_len=size["output_len"],
@@ -122,7 +120,7 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"serving {len(workload)} requests on {world} rank(s): {describe(cfg)}", flush=True)
     moe_timer = time_moe_layers(model)      # after the engine's warm-up: the loop's MoE time only
-    group.barrier()
+    group.barrier("serve: start")
     seconds, agree, reqs = serve(engine, mine, group, Progress(rank == 0, args.progress_s), len(workload))
     served = {rid: (req.prompt_ids, list(req.output_ids), req.max_new_tokens) for rid, req in reqs.items()}
     if args.corrupt_request in served:
@@ -131,7 +129,6 @@ def main(argv=None) -> int:
     reports = group.gather(RankReport.of(rank, engine.metrics, seconds, agree, moe_timer.seconds, verdicts))
     ok = print_report(reports, tolerance, args.json) if rank == 0 else True
     passed = group.allreduce_sum([int(ok)])[0] == world
-    group.close()
     return 0 if passed else 1
 
 

@@ -7,8 +7,8 @@ import pypto.language as pl
 from pypto_rt.kernels.attention.attn_errors import AttentionArgumentError, describe
 from pypto_rt.kernels.attention.cache_write import cache_write_kernel
 from pypto_rt.kernels.attention.paged import AttnShape, decode_kernel, prefill_kernel
+from pypto_rt.kernels.tile_casts import PL_DTYPES
 
-PL_DTYPES = {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}
 SLOT_DTYPES = {torch.int32: pl.INT32, torch.int64: pl.INT64}
 
 
@@ -69,7 +69,7 @@ def _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale) ->
 
 def _out(query, out):
     if out is None:
-        return torch.zeros_like(query)
+        return torch.empty_like(query)              # the kernels write every row
     if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
         _fail("out", out, f"shaped like query ({describe(query)})")
     return out
@@ -92,11 +92,13 @@ def chunked_prefill_attention(query, key_cache, value_cache, block_tables, seq_l
                               scale=None, out=None):
     """query [T, QH, D] packed token-major -> out [T, QH, D]: request b's rows qsl[b]:qsl[b+1] sit at positions
     seq_lens[b] - qlen .. seq_lens[b] - 1 and attend causally to the cached context plus the chunk (its K/V
-    already written). Rows outside every request keep out's contents (zeros when out is allocated here)."""
+    already written). Rows outside every request (a padded batch's tokens past qsl[B]) are written zeros."""
     shape = _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale)
     _check_int("query_start_loc", query_start_loc, [block_tables.shape[0] + 1])
     out = _out(query, out)
-    if query.shape[0] == 0 or block_tables.shape[0] == 0:
+    if query.shape[0] == 0:
         return out
+    if block_tables.shape[0] == 0:
+        return out.zero_()                          # every row belongs to no request
     prefill_kernel(shape)(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out)
     return out

@@ -1,10 +1,10 @@
 """The cache write (vLLM's reshape_and_cache) as a `@pl.jit` kernel built per shape: row i of key/value goes to
 slot slot_mapping[i] = block * block_size + offset of caches passed as `pl.InOut`; a slot < 0 writes nothing.
 
-One scatter per cache, whatever the padding: a row whose slot is < 0 is redirected to the last live row (its slot
-and its data), so it rewrites what that row writes; with no live row at all every row rewrites slot 0 with the
-value slot 0 already holds. No other slot is touched (pitfall 1: a -1 never wraps to the last slot), and the
-kernel's course never depends on the slots, so calls with changing slot mappings replay.
+One scatter per cache, whatever the padding: a row whose slot is < 0 is redirected to the largest live slot and
+the data of that slot's last writer, so it rewrites what lands there anyway; with no live row at all every row
+rewrites slot 0 with the value slot 0 already holds. No other slot is touched (pitfall 1: a -1 never wraps to the
+last slot), and the kernel's course never depends on the slots, so calls with changing slot mappings replay.
 """
 import functools
 
@@ -14,19 +14,21 @@ N_DYN = pl.dynamic("N_DYN")
 NB_DYN = pl.dynamic("NB_DYN")
 
 
-def _targets():
-    """An inline `(slots [1, n], n) -> (src [1, n] INT32, target [1, n], any_live [1, 1])`: row i writes row src[i]
-    of the new rows to slot target[i]; a row whose slot is < 0 takes the last live row's (src, target), and with
-    no live row every row targets slot 0 (any_live false: it rewrites slot 0's own value)."""
+def _targets(slot_dtype):
+    """An inline `(slots [1, n], n) -> (src [1, n], target [1, n], any_live [1, 1])`: row i writes row src[i]
+    of the new rows to slot target[i]. A row whose slot is < 0 takes the largest slot and the row that writes it
+    last (the one whose data lands there), with no gather of the slots; with no live row every row targets slot 0
+    (any_live false: it rewrites slot 0's own value)."""
 
     @pl.jit.inline
     def targets(slots, n):
         live = pl.cmps(slots, 0, cmp_type=5)
-        iota = pl.arange(0, [1, n], dtype=pl.INT32)
-        last_live = pl.row_max(pl.sels(live, iota, scalar=-1))
-        src = pl.maxs(pl.sel(live, iota, last_live), 0)
-        target = pl.maxs(pl.gather(slots, dim=-1, index=src), 0)
-        return src, target, pl.cmps(last_live, 0, cmp_type=5)
+        iota = pl.arange(0, [1, n], dtype=slot_dtype)     # the slots' dtype: no casts between the two
+        top = pl.row_max(slots)
+        owner = pl.row_max(pl.sels(pl.cmp(slots, top, cmp_type=0), iota, scalar=-1))
+        src = pl.sel(live, iota, owner)
+        target = pl.maxs(pl.sel(live, slots, top), 0)
+        return src, target, pl.cmps(top, 0, cmp_type=5)
 
     return targets
 
@@ -46,7 +48,7 @@ def _scatter_rows():
 @functools.lru_cache(maxsize=None)
 def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slot_dtype):
     width = kv_heads * head_dim
-    targets, scatter_rows = _targets(), _scatter_rows()
+    targets, scatter_rows = _targets(slot_dtype), _scatter_rows()
 
     @pl.jit
     def kv_cache_write(

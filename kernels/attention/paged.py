@@ -10,7 +10,8 @@ reads KV head h // (QH // KVH)), an FP32 online-softmax step and one batched mat
 - Decode: one region for the whole batch; the tile loop runs to the longest length.
 - Prefill: one spmd block per request, Q_TILE queries by KV_TILE positions a tile, causal. A query tile's rows
   are gathered and scattered by row id; rows past the chunk repeat its last query (the same visible context),
-  so they rewrite that query's output and no other request's rows, with no valid box taken from data.
+  so they rewrite that query's output and no other request's rows, with no valid box taken from data. out is
+  zeroed first, so rows of no request (a padded batch's tokens past qsl[B]) hold zeros, never stale data.
 
 Positions past a length, or after a query's own position, are masked to NEG_CAP; their rows are gathered from
 the request's last position (clamped), so no unwritten slot is read for a request with context. A request of
@@ -133,17 +134,21 @@ def _decode_batch(shape: AttnShape):
         q_rows = batch * qh
         gathered = heads * KV_TILE
         q_t = pl.transpose(pl.reshape(query, [heads, group, d]), 1, 2)
-        head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT32), [1, kvh, 1])
+        # index math in INT64 throughout (lengths and table cast once): no INT32 round trip after every op
+        lens64 = pl.cast(lens, target_type=pl.INT64)
+        last = pl.subs(lens64, 1)
+        table64 = pl.cast(table, target_type=pl.INT64)
+        head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT64), [1, kvh, 1])
         has_context = pl.cmps(lens, 0, cmp_type=4)
         m0 = pl.full([q_rows, 1], dtype=pl.FP32, value=NEG_CAP)
         l0 = pl.full([q_rows, 1], dtype=pl.FP32, value=0.0)
         acc0 = pl.full([heads, group, d], dtype=pl.FP32, value=0.0)
         for kt, (m, l, acc) in pl.range((longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
-            pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT32), kt * KV_TILE)
-            inside = pl.maxs(pl.minimum(pos, pl.subs(lens, 1)), 0)
-            blocks = pl.sels(has_context, pl.gather(table, dim=-1, index=pl.divs(inside, bs)), scalar=0)
+            pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT64), kt * KV_TILE)
+            inside = pl.maxs(pl.minimum(pos, last), 0)
+            blocks = pl.sels(has_context, pl.gather(table64, dim=-1, index=pl.divs(inside, bs)), scalar=0)
             slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
-            live_heads = pl.reshape(pl.cmp(pos, lens, cmp_type=2), [batch, 1, KV_TILE])
+            live_heads = pl.reshape(pl.cmp(pos, lens64, cmp_type=2), [batch, 1, KV_TILE])
             idx = pl.reshape(pl.add(pl.reshape(pl.muls(slots, kvh), [batch, 1, KV_TILE]), head_ids), [1, gathered])
             k = pl.reshape(pl.mgather(k_rows, idx, coalesce="row"), [heads, KV_TILE, d])
             v = pl.reshape(pl.mgather(v_rows, idx, coalesce="row"), [heads, KV_TILE, d])
@@ -230,6 +235,8 @@ def prefill_kernel(shape: AttnShape):
         v_rows = pl.reshape(value_cache, [slot_rows, d])
         q_flat = pl.reshape(query, [tokens, qh * d])
         out_flat = pl.reshape(out, [tokens, qh * d])
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="chunked_prefill_clear"):
+            out_flat[:, :] = pl.full([tokens, qh * d], dtype=dt, value=0.0)     # rows of no request stay zero
         for b in pl.spmd(batch, name_hint="chunked_prefill_attention"):
             length = pl.read(seq_lens, [b])
             first = pl.read(query_start_loc, [b])

@@ -63,6 +63,7 @@ import pypto.language.distributed as pld
 from pypto_rt.kernels.moe.dispatch_parts import (expand_all, expand_arrived, lower_ranks_take, prefix_matrix,
                                                  route_layout, route_rows, stage_by_destination, sum_returned,
                                                  weighted_all, weighted_sums)
+from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
 COUNTS_SIGNAL, PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1, 2
@@ -99,7 +100,7 @@ class Layout:
 
     @property
     def pl_dtype(self):
-        return {torch.bfloat16: pl.BF16, torch.float16: pl.FP16, torch.float32: pl.FP32}[self.dtype]
+        return PL_DTYPES[self.dtype]
 
 
 @functools.lru_cache(maxsize=None)

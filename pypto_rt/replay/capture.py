@@ -358,12 +358,16 @@ class Recorder(TorchFunctionMode):
             line.kind = "window"
         elif func is COPY and len(args) == 2 and not kwargs and len(tensors_in) == 2:
             line.kind = "copy"
+        elif func is torch._assert_async:
+            line.kind = "check"
         return line
 
     def _record_parts(self, line: Call, name: str, out, tensors_in: list, traced: list, args) -> None:
         """A call returning a tuple or list of tensors: one line for the call, one per new tensor in it."""
         if not all(isinstance(o, torch.Tensor) or o is None for o in out):
             raise Refused(f"`{name}` returned a {type(out).__name__} the trace cannot follow")
+        if not line.effect:
+            line.kind = "parts"     # pure (sort, topk, max over a dim): equal calls may share it
         line.out, line.effect = f"t{len(self.recorded)}", True
         self.recorded.append(line)
         for i, o in enumerate(out):

@@ -99,7 +99,8 @@ def _dedupe(calls: list[Call], storage_of: dict[str, int], volatile: set = froze
     """Common subexpressions: a pure call equal to an earlier one, over memory not written in between, reuses
     the earlier result. Results that are written later (by name or, for fresh memory, through any view) keep
     their own call: sharing them would leak one's writes into the other. A call reading `volatile` memory (a
-    window: peers write it unseen) keeps its own call too."""
+    window: peers write it unseen) keeps its own call too. Pure calls returning tuples (a sort) are shared like
+    the others; an assert repeating an earlier one over unchanged memory is dropped (it cannot fail anew)."""
     written_names = {n for call in calls for n in call.written}
     written_storages = {s for call in calls for s in call.written_storages}
     version: dict[int, int] = {}
@@ -112,12 +113,17 @@ def _dedupe(calls: list[Call], storage_of: dict[str, int], volatile: set = froze
         for s in call.written_storages:
             version[s] = version.get(s, 0) + 1
         name = call.out
-        if name is not None and name in storage_of:
-            shareable = (not call.effect and name not in written_names
+        key = (call.code, tuple(version.get(storage_of.get(r), 0) for r in call.reads))
+        if call.kind == "check":
+            if key in seen:
+                continue
+            seen[key] = ""
+        parts = call.kind == "parts"
+        if name is not None and (name in storage_of or parts):
+            shareable = ((parts or not call.effect) and name not in written_names
                          and not (call.fresh and storage_of[name] in written_storages)
                          and not (volatile and any(storage_of.get(r) in volatile for r in call.reads)))
             if shareable:
-                key = (call.code, tuple(version.get(storage_of.get(r), 0) for r in call.reads))
                 earlier = seen.get(key)
                 if earlier is not None:
                     alias[name] = earlier

@@ -53,7 +53,8 @@ class Call:
     written: list[str] = field(default_factory=list)
     written_storages: list[int] = field(default_factory=list)
     out: str | None = None
-    kind: str = ""         # "window": `code` is `t[key]` (a view); "copy": `copy_(dst, src)` (see assign_windows)
+    kind: str = ""         # "window": `code` is `t[key]` (a view); "copy": `copy_(dst, src)` (see assign_windows);
+    #                        "parts": a pure call returning a tuple (its parts are lines `t[i]`); "check": an assert
     fresh: bool = False    # the result has memory of its own (not a view of an argument)
     tainted: bool = True   # the result may depend on an entry tensor, an outside tensor or chance
 

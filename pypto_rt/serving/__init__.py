@@ -11,6 +11,7 @@ from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.block_manager import KVCacheManager
 from pypto_rt.serving.metrics import ServingMetrics
 from pypto_rt.serving.model_runner import ModelRunner, ServingModel
+from pypto_rt.serving.rank_group import RankGroup
 from pypto_rt.serving.request import Request, RequestStatus
 from pypto_rt.serving.scheduler import ScheduledStep, Scheduler
 from pypto_rt.serving.serving_engine import EngineConfig, ServingEngine
@@ -18,6 +19,6 @@ from pypto_rt.serving.serving_errors import PoolExhaustedError, RequestTooLargeE
 
 Engine = ServingEngine
 
-__all__ = ["Engine", "EngineConfig", "ForwardBatch", "KVCacheManager", "ModelRunner", "PoolExhaustedError",
+__all__ = ["Engine", "EngineConfig", "ForwardBatch", "KVCacheManager", "ModelRunner", "PoolExhaustedError", "RankGroup",
            "Request", "RequestStatus", "RequestTooLargeError", "ScheduledStep", "Scheduler", "ServingConfigError",
            "ServingEngine", "ServingError", "ServingMetrics", "ServingModel"]

@@ -114,6 +114,30 @@ def test_fmod_has_sign_of_dividend_rem_of_divisor():
     assert torch.equal(E.rems(tv(a), 2.0, None).data, torch.remainder(a, 2.0))
 
 
+def test_integer_division_by_a_literal_nonzero_int_skips_the_zero_guard():
+    """divs / rems / fmods by a nonzero Python int (a block size) make no divisor-0 guard calls (a replay repeats
+    each call made), with the guarded form's results; by 0 they still give 0."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    a = torch.tensor([7, -7, 16, 0, -16])
+    for op_, want in ((E.divs, torch.div(a, 4, rounding_mode="trunc")), (E.fmods, torch.fmod(a, 4)),
+                      (lambda x, s: E.rems(x, s, None), torch.remainder(a, 4))):
+        x = tv(a)
+        with Count():
+            Count.calls = []
+            out = op_(x, 4)
+        assert torch.equal(out.data, want)
+        assert not {"where", "zeros_like", "ones_like"} & set(Count.calls), Count.calls
+        assert op_(tv(a), 0).data.tolist() == [0] * 5
+
+
 def test_unsigned_results_wrap_to_their_width():
     a = TensorValue(torch.tensor([0, 5], dtype=torch.int64), D.UINT32)
     out = E.subs(a, 1)

@@ -29,3 +29,35 @@ def test_each_temporary_is_released_after_its_last_use_but_never_a_result():
     body = _with_releases(calls, {"v1", "v2", "v3"})   # v4 is returned: not among the tensors to release
     assert body == ["v1 = exp_0(a0)", "v2 = mul_1(v1, a0)", "v3 = add_2(v2, v1)", "del v1, v2",
                     "v4 = neg_3(v3)", "del v3"], body
+def test_a_repeated_pure_tuple_call_is_shared_with_its_parts():
+    """Two scatters over one index sort it twice: the second sort (a tuple) and its parts reuse the first."""
+    def sort(out):
+        line = call(out, "sort_0", Ref("a0"))
+        line.kind, line.effect = "parts", True          # as the recorder marks a pure call returning a tuple
+        return line
+
+    def part(out, whole, i):
+        return Call((Ref(whole), f"[{i}]"), [whole], False, out=out)
+
+    calls = [sort("t1"), part("v2", "t1", 1), sort("t3"), part("v4", "t3", 1), call("v5", "neg_1", Ref("v4"))]
+    kept = _dedupe(calls, {"a0": 1, "v2": 2, "v4": 3, "v5": 4})
+    assert [c.out for c in kept] == ["t1", "v2", "v5"]
+    assert kept[2].reads == ["v2"]
+
+
+def test_a_tuple_call_that_writes_is_not_shared():
+    calls = [call("t1", "sort_0", Ref("a0")), call("t2", "sort_0", Ref("a0"))]
+    for line in calls:
+        line.effect = True                                 # not marked "parts": it may write
+    assert len(_dedupe(calls, {"a0": 1})) == 2
+
+
+def test_a_repeated_check_is_dropped_unless_its_memory_changed_between():
+    def check():
+        line = Call(("assertasync_0", "(", Ref("v1"), ")"), ["v1"], True)
+        line.kind = "check"
+        return line
+
+    write = Call(("v1", ".", "zero_()"), ["v1"], True, written=["v1"], written_storages=[2])
+    assert len(_dedupe([check(), check()], {"v1": 2})) == 1
+    assert len(_dedupe([check(), write, check()], {"v1": 2})) == 3

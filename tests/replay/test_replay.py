@@ -401,6 +401,27 @@ def test_recorded_function_recomputes_from_new_inputs():
     assert torch.equal(replayed(a, b)[0], f(a, b))
 
 
+def test_two_scatters_over_one_index_sort_it_once_and_check_it_once():
+    """The op library's last-write-wins sort and bounds assert, repeated for a second destination over the same
+    index, run once in the replay (a pure tuple-returning call is shared; a repeated assert is dropped)."""
+    def f(idx, k, v):
+        torch._assert_async(((idx >= 0) & (idx < 8)).all(), "index outside")
+        ordered, order = torch.sort(idx, stable=True)
+        torch._assert_async(((idx >= 0) & (idx < 8)).all(), "index outside")
+        ordered2, order2 = torch.sort(idx, stable=True)
+        return k[order] + v[order2]
+
+    inputs = [torch.tensor([3, 1, 3, 0]), torch.randn(4), torch.randn(4)]
+    recorder = Recorder(inputs)
+    with recorder:
+        result = f(*inputs)
+    source = recorder.source([recorder.name_of(result)])
+    replayed = compile_trace(source, recorder.constants)
+    idx, k, v = torch.tensor([2, 2, 0, 1]), torch.randn(4), torch.randn(4)
+    assert torch.equal(replayed(idx, k, v)[0], f(idx, k, v))
+    assert source.count("sort_") == 1 and source.count("assertasync_") == 1, source
+
+
 def test_a_repeated_call_is_shared_only_while_nothing_writes_its_memory():
     def f(x):
         first = x.clone()

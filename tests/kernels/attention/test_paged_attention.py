@@ -104,16 +104,23 @@ def test_chunked_prefill_over_cached_context_plus_the_chunk(dtype):
     torch.testing.assert_close(out.float(), want.float(), **TOL[dtype])
 
 
-def test_chunked_prefill_leaves_rows_of_no_request_alone():
-    lengths = [BS + 2]
+def test_a_padded_prefill_batch_writes_zeros_past_the_last_request():
+    """Tokens past qsl[B] belong to no request: their rows are zeros, whatever out and the cache held (the
+    cache's unwritten slots and out are NaN here; a padded request has length 0 and no queries)."""
+    lengths = [BS + 2, 0, 3]
     kc, vc, tables = pool(lengths, torch.float32)
-    qsl = torch.tensor([0, 2], dtype=torch.int32)
-    q = queries(5, torch.float32)
-    out = torch.full_like(q, 7.0)
-    chunked_prefill_attention(q, kc, vc, tables, torch.tensor(lengths, dtype=torch.int32), qsl, out=out)
-    want = golden.chunked_prefill_attention(q[:2], kc, vc, tables, torch.tensor(lengths, dtype=torch.int32), qsl)
-    torch.testing.assert_close(out[:2], want)
-    assert torch.equal(out[2:], torch.full_like(out[2:], 7.0))
+    tables[1] = -1
+    seq_lens, qsl = torch.tensor(lengths, dtype=torch.int32), torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    q = queries(9, torch.float32)
+    out = torch.full_like(q, float("nan"))
+    chunked_prefill_attention(q, kc, vc, tables, seq_lens, qsl, out=out)
+    want = golden.chunked_prefill_attention(q, kc, vc, tables, seq_lens, qsl)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out[:5], want[:5])
+    assert torch.equal(out[5:], torch.zeros_like(out[5:]))
+    no_request = torch.zeros(0, MB, dtype=torch.int32)
+    out_all = chunked_prefill_attention(q, kc, vc, no_request, seq_lens[:0], qsl[:1], out=out)
+    assert torch.equal(out_all, torch.zeros_like(q))
 
 
 def test_empty_batches_are_legal():

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 from pypto_rt.collective import process  # noqa: E402
-from pypto_rt.serving import Engine, EngineConfig  # noqa: E402
+from pypto_rt.serving import Engine, EngineConfig, RankGroup  # noqa: E402
 from tests.serving.toy_model import ToyModel  # noqa: E402
 
 
@@ -35,11 +35,7 @@ def main():
     prompts = [([1, 2, 3], 5), ([4, 5, 6, 7, 8, 9, 10, 11, 12], 3), ([2, 2], 7)] if rank == 0 else []
     reqs = [engine.add_request(p, n) for p, n in prompts]
 
-    def done_everywhere(local_done: bool) -> bool:
-        busy = comm.allreduce(torch.tensor([0 if local_done else 1], dtype=torch.int64), label="done_everywhere")
-        return int(busy.item()) == 0
-
-    engine.run(done_everywhere)
+    engine.run(RankGroup(comm).done_everywhere)
     for req in reqs:
         assert req.output_ids == model.greedy_reference(req.prompt_ids, req.max_new_tokens), req.request_id
     m = engine.metrics
