@@ -6,7 +6,7 @@ max_ctx must be a multiple of KV_TILE (the slices never pass the cache's end).""
 import functools
 
 import pypto.language as pl
-from pypto_rt.kernels.attention.paged import KV_TILE, NEG_CAP
+from pypto_rt.kernels.attention.paged import KV_TILE, NEG_CAP, longest_length
 
 B_DYN = pl.dynamic("B_DYN")
 
@@ -39,16 +39,6 @@ def append_kernel(max_ctx: int, kv_heads: int, head_dim: int, dtype):
         return key_cache
 
     return contiguous_append
-
-
-def _longest():
-    @pl.jit.inline
-    def longest(seq_lens, batch):
-        for b, (running,) in pl.range(batch, init_values=(0,)):
-            longest_len = pl.yield_(pl.max(running, pl.read(seq_lens, [b])))
-        return longest_len
-
-    return longest
 
 
 def _decode_batch(q_heads, kv_heads, head_dim, dtype, scale):
@@ -87,7 +77,7 @@ def _decode_batch(q_heads, kv_heads, head_dim, dtype, scale):
 @functools.lru_cache(maxsize=None)
 def decode_kernel(max_ctx: int, q_heads: int, kv_heads: int, head_dim: int, dtype, scale: float):
     assert max_ctx % KV_TILE == 0, f"max_ctx {max_ctx} must be a multiple of {KV_TILE}"
-    longest, decode_batch = _longest(), _decode_batch(q_heads, kv_heads, head_dim, dtype, scale)
+    longest, decode_batch = longest_length(), _decode_batch(q_heads, kv_heads, head_dim, dtype, scale)
 
     @pl.jit
     def contiguous_decode_attention(

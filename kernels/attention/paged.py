@@ -109,7 +109,7 @@ def _attend(shape: AttnShape, q_tile: int):
     return attend
 
 
-def _longest():
+def longest_length():
     """An inline `(seq_lens [B], batch) -> max(seq_lens)`, each length read from data (a replay reads them again)."""
 
     @pl.jit.inline
@@ -174,7 +174,7 @@ def _decode_batch(shape: AttnShape):
 def decode_kernel(shape: AttnShape):
     qh, kvh, d, bs, mb, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size, shape.max_blocks,
                               shape.dtype)
-    longest, decode_batch = _longest(), _decode_batch(shape)
+    longest, decode_batch = longest_length(), _decode_batch(shape)
 
     @pl.jit
     def paged_decode_attention(
