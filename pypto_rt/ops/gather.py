@@ -90,19 +90,16 @@ def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str) -> None
         raise OpError(f"pl.{name}: index {int(bad)} is outside {what} (valid range 0..{bound - 1})")
 
 
-def _distinct(targets: torch.Tensor) -> bool:
-    """Whether no two writes share a target (a sort of the index, not a pass over the written rows)."""
-    return targets.numel() < 2 or bool((targets.sort().values.diff() != 0).all())
-
-
 def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """Per write i (flat `targets`, `values` one row each), the value the last write to its target
     writes: assigning these, duplicate targets all write the same value, so the last write wins whatever order
     the assignment takes. Shapes do not depend on the data (a recorded run replays it), and the cost follows the
     writes, not the destination's size (a scatter of a few rows into a large cache stays cheap)."""
-    if not recording.recording() and _distinct(targets):   # (a recording reads no index into Python)
+    if targets.numel() < 2:
         return values
     ordered, order = torch.sort(targets, stable=True)
+    if not recording.recording() and bool((ordered.diff() != 0).all()):   # distinct targets: nothing to resolve
+        return values                                                     # (a recording reads no index)
     return values[order[torch.searchsorted(ordered, targets, right=True) - 1]]
 
 
@@ -391,11 +388,17 @@ def gatherb(src, offset, *, output_dtype=None):
     return TensorValue(_from_raw_bits(raw, out_dt), out_dt, valid, src.is_tile or offset.is_tile)
 
 
-def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply gather_oob; returns (in-range indices, mask of entries to keep)."""
+def _oob_mode(name: str, mode) -> str:
+    """gather_oob by name (an int 0..3 names one of _OOB_MODES)."""
     mode = _OOB_MODES[mode] if isinstance(mode, int) and 0 <= mode < 4 else mode
     if mode not in _OOB_MODES:
         raise OpError(f"pl.{name}: gather_oob must be one of {list(_OOB_MODES)} or 0..3, got {mode!r}")
+    return mode
+
+
+def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply gather_oob; returns (in-range indices, mask of entries to keep)."""
+    mode = _oob_mode(name, mode)
     if mode == "undefined":
         _check_bounds(name, idx, bound, f"the {bound} gatherable entries (pass gather_oob= to allow it)")
         return idx, torch.ones_like(idx, dtype=torch.bool)
@@ -405,12 +408,6 @@ def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, 
         return idx.remainder(bound), torch.ones_like(idx, dtype=torch.bool)
     keep = idx < bound
     return torch.where(keep, idx, 0), keep
-
-
-def _keeps_all(mode) -> bool:
-    """Whether gather_oob `mode` keeps every entry (it checks, clamps or wraps instead of zeroing)."""
-    mode = _OOB_MODES[mode] if isinstance(mode, int) and 0 <= mode < 4 else mode
-    return mode in ("undefined", "clamp", "wrap")
 
 
 @op("mgather", "tile.mgather")
@@ -433,9 +430,10 @@ def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=N
         valid = (raw.numel() if every else int(live.sum()), mem.shape[1])
     else:
         table, valid = mem.data.reshape(-1), idx.valid
-    pos, keep = _oob("mgather", raw if every else torch.where(live, raw, 0), table.shape[0], gather_oob)
+    oob = _oob_mode("mgather", gather_oob)
+    pos, keep = _oob("mgather", raw if every else torch.where(live, raw, 0), table.shape[0], oob)
     out = table.index_select(0, pos) if mode == "row" else table[pos]
-    if not (every and _keeps_all(gather_oob)):   # zero the rows of invalid or dropped entries
+    if not (every and oob != "zero"):   # zero the rows of invalid or dropped entries (only "zero" drops any)
         keep = keep & live
         out = torch.where(keep.reshape(keep.shape + (1,) * (out.ndim - keep.ndim)), out,
                           torch.zeros((), dtype=out.dtype))
