@@ -234,19 +234,20 @@ def combine_kernel(layout: Layout):
         t_dim = pl.tensor.dim(out, 0)
         if fixed:
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
-                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32)
+                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32, mode="rint")
                 sums[:, :] = pl.cast(weighted_all(y, meta_in, pl.col_sum(arrived), lanes, top_k, hidden), dtype,
                                      mode="rint")
-                starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32)   # first row per source
+                # first row per source
+                starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32, mode="trunc")
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             now = pl.read(epoch, [0, 0])
             if not fixed:
-                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32)
-                n = pl.read(pl.cast(pl.col_sum(arrived), pl.INT32), [0, 0])
+                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32, mode="rint")
+                n = pl.read(pl.cast(pl.col_sum(arrived), pl.INT32, mode="trunc"), [0, 0])
                 if n > 0:
                     sums[0:n, :] = pl.cast(weighted_sums(y, meta_in, n, top_k, hidden), dtype, mode="rint")
-                    starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32)
+                    starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32, mode="trunc")
             for src in pl.range(world):
                 count = pl.read(counts_in, [src, n_experts + me])
                 if count > 0:

@@ -36,14 +36,14 @@ from pypto_rt.kernels.moe.dispatch_parts import (expand_arrived, lower_ranks_tak
 @pl.jit.inline
 def row_starts(sizes, n):
     """[1, n] INT32: exclusive prefix sums of the [1, n] INT32 `sizes` (where each block starts when packed)."""
-    column = pl.reshape(pl.cast(sizes, pl.FP32), [n, 1])
-    return pl.cast(pl.reshape(pl.matmul(prefix_matrix(n), column), [1, n]), pl.INT32)
+    column = pl.reshape(pl.cast(sizes, pl.FP32, mode="rint"), [n, 1])
+    return pl.cast(pl.reshape(pl.matmul(prefix_matrix(n), column), [1, n]), pl.INT32, mode="trunc")
 
 
 @pl.jit.inline
 def row_total(column):
     """The sum of a [W, 1] INT32 column of row counts, as a scalar."""
-    return pl.read(pl.cast(pl.col_sum(pl.cast(column, pl.FP32)), pl.INT32), [0, 0])
+    return pl.read(pl.cast(pl.col_sum(pl.cast(column, pl.FP32, mode="rint")), pl.INT32, mode="trunc"), [0, 0])
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,7 +94,7 @@ def dispatch_kernel(layout: Layout):
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_receive"):
             mine = pl.load(counts, [0, me * e_local], [world, e_local])
-            recv_counts[:, :] = pl.cast(pl.col_sum(pl.cast(mine, pl.FP32)), pl.INT32)
+            recv_counts[:, :] = pl.cast(pl.col_sum(pl.cast(mine, pl.FP32, mode="rint")), pl.INT32, mode="trunc")
             n = row_total(pl.load(counts, [0, n_experts + me], [world, 1]))
             if n > 0:
                 recv_rows = expand_arrived(recv_rows, recv_x, recv_meta, n, top_k)

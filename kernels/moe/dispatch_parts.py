@@ -70,7 +70,7 @@ def route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e
     counts = pl.full([1, n_experts + world], dtype=pl.FP32, value=0.0)
     counts[:, 0:n_experts] = pl.col_sum(routed)
     counts[:, n_experts : n_experts + world] = pl.col_sum(goes)
-    return pl.cast(counts, pl.INT32)
+    return pl.cast(counts, pl.INT32, mode="trunc")
 
 
 @pl.jit.inline
@@ -79,14 +79,15 @@ def lower_ranks_take(all_counts, me, world):
     rank's rows start in each expert's receive rows, and its tokens in each destination's arrivals."""
     below = pl.sel(pl.cmps(pl.arange(0, [1, world], dtype=pl.INT32), me, cmp_type=2),
                    pl.full([1, world], dtype=pl.FP32, value=1.0), pl.full([1, world], dtype=pl.FP32, value=0.0))
-    return pl.matmul(below, pl.cast(all_counts, pl.FP32))
+    return pl.matmul(below, pl.cast(all_counts, pl.FP32, mode="rint"))
 
 
 @pl.jit.inline
 def route_rows(taken, topk_idx, route_pos, t_dim, n_experts, e_local, lanes):
     """[T, K] FP32: each route's row in its destination's receive layout (local expert * LANES + the rows lower
     ranks take there + the route's rank among this rank's)."""
-    local = pl.cast(pl.muls(pl.rems(pl.arange(0, [1, n_experts], dtype=pl.INT32), e_local), lanes), pl.FP32)
+    local = pl.cast(pl.muls(pl.rems(pl.arange(0, [1, n_experts], dtype=pl.INT32), e_local), lanes), pl.FP32,
+                    mode="rint")
     base = pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0),
                          pl.add(taken[:, 0:n_experts], local))
     return pl.add(pl.gather(base, dim=-1, index=topk_idx), route_pos)
@@ -109,7 +110,7 @@ def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, fir
                               pl.full([pairs, top_k], dtype=pl.FP32, value=-1.0))
     meta[:, top_k : 2 * top_k] = pl.sel(there, pl.mgather(topk_weights, pair_token, coalesce="row"),
                                         pl.full([pairs, top_k], dtype=pl.FP32, value=0.0))
-    staged = pl.add(pl.reshape(pl.cast(slots, pl.INT32), [pairs, 1]), spread_row(first_row, t_dim, world))
+    staged = pl.add(pl.reshape(pl.cast(slots, pl.INT32, mode="trunc"), [pairs, 1]), spread_row(first_row, t_dim, world))
     staged = pl.sel(pl.cmps(pl.reshape(members, [pairs, 1]), 0.5, cmp_type=4), staged,
                     pl.full([pairs, 1], dtype=pl.INT32, value=spill))
     send_x = pl.scatter_update(send_x, 0, staged, pl.mgather(x, pair_token, coalesce="row"))
@@ -163,13 +164,31 @@ def weighted_sums(y, meta, n, top_k, hidden):
 
 
 @pl.jit.inline
+def stand_in_rows(rows, n, width):
+    """[n, width] INT32 rows (-1: none) with each -1 replaced by a real row of the same line (its largest; 0 when
+    the line has none): a gather then reads only rows the line owns, and their weight 0 keeps them out of the sum
+    (rows nobody owns may hold anything, NaN included, and 0 * NaN is NaN)."""
+    fallback = pl.row_expand(pl.full([n, width], dtype=pl.INT32, value=0), pl.maxs(pl.row_max(rows), 0))
+    return pl.sel(pl.cmps(rows, 0, cmp_type=5), rows, fallback)
+
+
+@pl.jit.inline
+def weighted_rows(table, rows, weights, n, width, hidden):
+    """[n, H] FP32: per line i, sum_j weights[i, j] * table[rows[i, j]] (rows [n, width] INT32 in range, weights
+    [n, width] FP32): one gather of n * width rows in the table's dtype and one batched matmul, [n, 1, width] x
+    [n, width, H], that casts, weights and sums them in FP32."""
+    picked = pl.reshape(pl.mgather(table, pl.reshape(rows, [n * width, 1]), coalesce="row"), [n, width, hidden])
+    return pl.reshape(pl.matmul(pl.reshape(weights, [n, 1, width]), picked), [n, hidden])
+
+
+@pl.jit.inline
 def sum_returned(back, slots, members, first_row, t_dim, hidden, world):
     """[T, H] FP32: per token, the sum of the rows the ranks of its routes sent back; rank d's rows start at
     first_row[0, d] ([1, W] INT32) and hold its tokens in slot order."""
-    rows = pl.add(pl.cast(slots, pl.INT32), pl.col_expand(pl.full([t_dim, world], dtype=pl.INT32, value=0), first_row))
+    rows = pl.add(pl.cast(slots, pl.INT32, mode="trunc"),
+                  pl.col_expand(pl.full([t_dim, world], dtype=pl.INT32, value=0), first_row))
     rows = pl.sel(pl.cmps(members, 0.5, cmp_type=4), rows, pl.full([t_dim, world], dtype=pl.INT32, value=-1))
-    back_rows = pl.cast(pl.mgather(back, k_major(rows, t_dim, world), coalesce="row", gather_oob="zero"), pl.FP32)
-    return pl.reshape(pl.col_sum(pl.reshape(back_rows, [world, t_dim * hidden])), [t_dim, hidden])
+    return weighted_rows(back, stand_in_rows(rows, t_dim, world), members, t_dim, world, hidden)
 
 
 # ------------------------------------------------------------------ fixed-shape forms (small layouts, replayed)
@@ -210,10 +229,9 @@ def expand_all(recv_rows, tokens, meta, arrived, lanes, layout_rows, top_k):
 
 @pl.jit.inline
 def weighted_all(y, meta, arrived, lanes, top_k, hidden):
-    """The fixed-shape form of `weighted_sums`, over every arrival slot: [LANES, H] FP32, zeros past `arrived`."""
+    """The fixed-shape form of `weighted_sums`, over every arrival slot: [LANES, H] FP32 (rows past `arrived`
+    hold anything: no one reads them). Slots that do not live here weigh 0 (their stale weights: any bits)."""
     rows, live = arrived_routes(meta, arrived, lanes, top_k)
-    picked = pl.mgather(y, k_major(rows, lanes, top_k), coalesce="row", gather_oob="zero")
-    weights = k_major(pl.sel(pl.cmps(live, 0.5, cmp_type=4), meta[:, top_k : 2 * top_k],
-                             pl.full([lanes, top_k], dtype=pl.FP32, value=0.0)), lanes, top_k)   # (stale: any bits)
-    weighted = pl.row_expand_mul(pl.cast(picked, pl.FP32), weights)
-    return pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, lanes * hidden])), [lanes, hidden])
+    weights = pl.sel(pl.cmps(live, 0.5, cmp_type=4), meta[:, top_k : 2 * top_k],
+                     pl.full([lanes, top_k], dtype=pl.FP32, value=0.0))
+    return weighted_rows(y, stand_in_rows(rows, lanes, top_k), weights, lanes, top_k, hidden)

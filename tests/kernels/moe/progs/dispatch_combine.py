@@ -7,9 +7,9 @@
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
 rows by (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1) (+ x[t] on
-the second call, which passes it as `add`), and
-recv.counts must equal the job's route counts per local expert; neither call may read data on the host. Exit 0
-when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
+the second call, which passes it as `add`; the expert rows past recv.counts are NaN, which combine must not
+read), and recv.counts must equal the job's route counts per local expert; neither call may read data on the
+host. Exit 0 when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
 --steady keeps each rank's token count from call to call (the routing still changes), so calls from the fourth
 on replay, and checks that they do.
 """
@@ -69,6 +69,8 @@ def main():
         checks[f"call {call}: recv.counts"] = torch.equal(recv.counts.long(), want_counts)
         scale = (torch.arange(e_local) + me * e_local + 1).to(dtype).view(e_local, 1, 1)
         y = (recv.x.float() * scale.float()).to(dtype)
+        for e in range(e_local):   # rows past the counts are nobody's: combine must not read them (0 * NaN = NaN)
+            y[e, int(recv.counts[e]):] = float("nan")
         live_ok = True
         for e in range(e_local):   # the rows of expert e are the job's tokens routed to it, in (rank, token) order
             rows = [xs[r][t] for r in range(world) for t in range(counts[r]) if (idxs[r][t] == me * e_local + e).any()]
