@@ -42,11 +42,13 @@ The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' ro
 a pass over every slot costs less than calling the live form as it is; live beyond, where only live rows are
 touched.
 Combine: `moe_sums` (windows, fixed form) sums, per arrival slot, its routes' expert rows times their weights
-(the weights are applied on the expert's rank, so one row per token and rank travels back; placed in
-route-slot-major order so the sum over slots is one column sum); `moe_return` (signals; the live form sums the
-live slots first, as above) stores each source's rows to it, signal 2, and waits for every rank's; `moe_reduce`
-(windows) gathers, per token, the row each of its ranks sent back and sums them with the token's row of `addend`
-(e.g. the shared expert's output; zeros when there is none), rounding once.
+(the weights are applied on the expert's rank, so one row per token and rank travels back): one gather of the
+slots' rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts, weights and
+sums them in FP32 (a slot that lives elsewhere weighs 0 and reads a row its token owns, never a row past the
+counts, which may hold anything); `moe_return` (signals; the live form sums the arrived tokens' slots first, the
+same way) stores each source's rows to it, signal 2, and waits for every rank's; `moe_reduce` (windows)
+gathers, per token, the row each of its ranks sent back and sums them (the same batched matmul, weights 0/1)
+with the token's row of `addend` (e.g. the shared expert's output; zeros when there is none), rounding once.
 
 Only live rows cross: a store carries exactly the rows a destination needs (the row counts are read inside the
 regions, never by the host program). The host program reads no data, so repeated calls with the same shapes

@@ -4,9 +4,9 @@ rows are. Sizes as in `dispatch.py`: W ranks, E experts (E_LOCAL per rank), K ro
 LANES = W * T_MAX.
 
 The receive layout of a rank: local expert j owns rows j * LANES .., filled from row 0 in (source rank, token)
-order. Only the route slots that live on a rank are copied and weighted there (compacted with the compare form
-of `pl.gather`). A sent token row travels with
-a [1, 2K] FP32 meta row: per route slot its row in the destination's layout (-1: the route lives elsewhere; rows
+order. Only the route slots that live on a rank are copied there (compacted with the compare form of
+`pl.gather`); the weighted sums are segment sums per token (`weighted_rows`). A sent token row travels with a
+[1, 2K] FP32 meta row: per route slot its row in the destination's layout (-1: the route lives elsewhere; rows
 below 2^24 are exact in FP32), then the slot's weight (0 there).
 """
 import pypto.language as pl
@@ -152,15 +152,12 @@ def expand_arrived(recv_rows, tokens, meta, n, top_k):
 @pl.jit.inline
 def weighted_sums(y, meta, n, top_k, hidden):
     """[n, H] FP32: per arrived token, the sum over its route slots here of its expert row in y
-    ([E_local * LANES, H]) times the slot's weight; only the live slots' rows are read and weighted."""
-    weighted = pl.full([top_k * n, hidden], dtype=pl.FP32, value=0.0)     # route-slot-major: row k * n + j
-    slots, m = live_routes(meta, n, top_k)
-    if m > 0:
-        rows = pl.mgather(y, at_live(pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc"), slots, n, m, top_k),
-                          coalesce="row")
-        scaled = pl.row_expand_mul(pl.cast(rows, pl.FP32), at_live(meta[0:n, top_k : 2 * top_k], slots, n, m, top_k))
-        weighted = pl.scatter_update(weighted, 0, pl.reshape(slots[:, 0:m], [m, 1]), scaled)
-    return pl.reshape(pl.col_sum(pl.reshape(weighted, [top_k, n * hidden])), [n, hidden])
+    ([E_local * LANES, H]) times the slot's weight: a segment sum per token (one gather of its K slots' rows,
+    stood in where a slot lives elsewhere, and one batched matmul), with no [K * n, H] buffer to zero and sum."""
+    rows = pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc")
+    weights = pl.sel(pl.cmps(rows, 0, cmp_type=5), meta[0:n, top_k : 2 * top_k],
+                     pl.full([n, top_k], dtype=pl.FP32, value=0.0))
+    return weighted_rows(y, stand_in_rows(rows, n, top_k), weights, n, top_k, hidden)
 
 
 @pl.jit.inline
