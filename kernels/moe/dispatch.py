@@ -27,10 +27,11 @@ Dispatch:
 1. `moe_route` (computes): routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each
    route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
    (exclusive prefix counts: a matmul with a strictly lower triangular matrix);
-2. `moe_counts` (signals): the count row to every rank, signal 0, the wait for every rank's counts, a copy;
-3. `moe_stage` (computes): the sum of lower ranks' counts gives, per expert, where this rank's rows start in
-   the receiver's layout and, per destination, where its tokens start in that rank's tokens_in; the (token,
-   destination) pairs are staged by destination in one scatter each for the rows and their meta rows;
+2. `moe_counts` (signals): the count row to every rank, signal 0, the wait for every rank's counts;
+3. `moe_stage` (windows: it copies the arrived count rows first): the sum of lower ranks' counts gives, per
+   expert, where this rank's rows start in the receiver's layout and, per destination, where its tokens start in
+   that rank's tokens_in; the (token, destination) pairs are staged by destination in one scatter each for the
+   rows and their meta rows;
 4. `moe_exchange` (signals): each destination gets its live rows in one store (tokens and meta), signal 1, the
    wait for every payload; in the *live* form it then expands the arrived tokens: the route slots that live
    here are compacted (the compare form of `pl.gather`) and their tokens copied to their rows in one gather and
@@ -152,15 +153,14 @@ def dispatch_kernel(layout: Layout):
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_counts"):
             now = pl.read(epoch, [0, 0]) + 1
             pl.write(epoch, [0, 0], now)
-            row = pl.load(count_row, [0, 0], [1, n_counts])
             for peer in pl.range(world):
-                pld.tile.remote_store(row, target=counts_in, peer=peer, offsets=[me, 0])
+                pld.tile.remote_store(count_row, target=counts_in, peer=peer, offsets=[me, 0])
                 pld.system.notify(signals, peer=peer, offsets=[me, COUNTS_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COUNTS_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            all_counts[:, :] = pl.load(counts_in, [0, 0], [world, n_counts])
 
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_stage"):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_stage"):   # windows only: replayed as torch calls
+            all_counts[:, :] = pl.load(counts_in, [0, 0], [world, n_counts])
             taken = lower_ranks_take(all_counts, me, world)
             row_ids = route_rows(taken, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
             by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
@@ -171,7 +171,7 @@ def dispatch_kernel(layout: Layout):
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
             now = pl.read(epoch, [0, 0])
             for d in pl.range(world):
-                n = pl.read(all_counts, [me, n_experts + d])
+                n = pl.read(count_row, [0, n_experts + d])
                 if n > 0:
                     row = pl.read(send_at, [0, n_experts + d])
                     pld.tile.remote_store(send_x[d * t_max : d * t_max + n, :], target=tokens_in, peer=d,
