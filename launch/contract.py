@@ -17,6 +17,9 @@ PYPTO_JOB_SECRET      the job's store secret: every key lives under it, and a ra
                       store (the launcher's PYPTO_JOB_SECRET, else random); never on a command line
 PYPTO_SHM_PREFIX      ``pypto-<job id>``: name every shared-memory segment with it; the launcher owns them
                       and removes every ``/dev/shm/<prefix>+*`` when the job ends, however it ends
+PYPTO_RANK_NODES      only with ``--backend ray`` over several nodes: each rank's node index, by rank (``0,0,1,1``);
+                      PYPTO_SHM_PREFIX is then ``pypto-<job id>.n<node>``, LOCAL_RANK / LOCAL_WORLD_SIZE count the
+                      ranks of the rank's node, and shared-memory windows refuse to span nodes
 PYPTO_ERROR_FILE      where the rank writes its error record (JSON, see ``rank_main``) when it fails
 PYPTO_STACK_FILE      where the rank writes every thread's stack (``faulthandler``) on SIGUSR1, which the launcher
                       sends the ranks still running when another rank failed, before it ends them
@@ -46,14 +49,16 @@ SHM_PREFIX = knobs.SHM_PREFIX.env
 ERROR_FILE = knobs.ERROR_FILE.env
 STACK_FILE = knobs.STACK_FILE.env
 TIMEOUT_S = knobs.TIMEOUT_S.env
+RANK_NODES = knobs.RANK_NODES.env
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 SHM_DIR = "/dev/shm"
 
 
-def shm_prefix(job_id: str) -> str:
-    """Name prefix of the job's shared-memory segments (a file name under /dev/shm, no slash)."""
-    return f"pypto-{job_id}"
+def shm_prefix(job_id: str, node: int | None = None) -> str:
+    """Name prefix of the job's shared-memory segments (a file name under /dev/shm, no slash); with `node`, that
+    node's own namespace in a job over several Ray nodes (`pypto-<job>.n<node>`: no clean-up of another node's)."""
+    return f"pypto-{job_id}" if node is None else f"pypto-{job_id}.n{node}"
 
 
 def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
