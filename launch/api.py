@@ -34,8 +34,15 @@ def launch(program: str, *args, nproc: int = 1, module: bool = False, log_dir: s
     `args` are the program's own arguments (str() of each). The keywords are `pypto-launch`'s flags (see
     `LaunchConfig`): `comm` defaults to "shm" on one host and "gloo" across hosts; `job_id` to a random one;
     `secret` (the store's, the same on every node of a multi-host job) to a random one on one host. Raises
-    `ConfigError` for arguments that cannot work, before any rank starts.
+    `ConfigError` for arguments that cannot work, before any rank starts. Ray: `address` ("auto", "HOST:PORT";
+    None starts a Ray instance for the job, and a Ray session this process already holds is used as it is),
+    `placement` "pack" | "spread", `rank_resources` each rank's bundle ({"CPU": 1, "GPU": 1} or "CPU=1,GPU=1";
+    default CPU=1).
     """
+    try:
+        resources = _resources(rank_resources)
+    except ValueError as e:
+        raise ConfigError(f"rank_resources: {e}") from None
     cfg = LaunchConfig(target=os.fspath(program), args=tuple(str(a) for a in args), module=module, nproc=nproc,
                        nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
                        log_dir=os.fspath(log_dir) if log_dir is not None else None, tee=tee,

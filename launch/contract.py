@@ -53,6 +53,7 @@ RANK_NODES = knobs.RANK_NODES.env
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 SHM_DIR = "/dev/shm"
+RESULT_FILE = "rank{rank}.result.pkl"   # a run_function rank's return value, beside its error file
 
 
 def shm_prefix(job_id: str, node: int | None = None) -> str:

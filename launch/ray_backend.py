@@ -27,7 +27,6 @@ from pypto_rt.launch.result import JobResult, job_result
 from pypto_rt.launch.signals import SignalWatch
 
 CLEANUP_S = 10.0   # longest wait for the actors' clean-up before they are killed
-RESULT_FILE = "rank{rank}.result.pkl"   # what `functions` ranks leave in their folder; brought back to --log-dir
 
 
 def run_ray_job(cfg: LaunchConfig) -> JobResult:
@@ -156,7 +155,7 @@ def _supervise(cfg: LaunchConfig, cluster: Cluster, ranks: list[RemoteRank], wat
 
 def _outcomes(cluster: Cluster, ranks: list[RemoteRank]) -> dict[int, dict]:
     """Each rank's error record, stacks and files, from its actor (an empty one for a lost actor)."""
-    extra = tuple(RESULT_FILE.format(rank=r.rank) for r in ranks)
+    extra = tuple(contract.RESULT_FILE.format(rank=r.rank) for r in ranks)
     found = {}
     for r in ranks:
         empty = {"record": None, "stack": "", "left_processes": False, "files": {}}
