@@ -64,16 +64,20 @@ def shm_prefix(job_id: str, node: int | None = None) -> str:
 
 def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
              master_addr: str, master_port: int, comm: str, job_id: str, secret: str, error_file: str,
-             stack_file: str, timeout_s: float | None) -> dict[str, str]:
-    """`base` plus the contract variables for one rank."""
+             stack_file: str, timeout_s: float | None, node: int | None = None,
+             rank_nodes: list[int] | None = None) -> dict[str, str]:
+    """`base` plus the contract variables for one rank; `node` and `rank_nodes` only for a job over several
+    nodes (the node's own shared-memory namespace, and PYPTO_RANK_NODES)."""
     env = dict(base)
     env.update({
         RANK: str(rank), LOCAL_RANK: str(local_rank), WORLD_SIZE: str(world_size),
         LOCAL_WORLD_SIZE: str(local_world_size), MASTER_ADDR: master_addr, MASTER_PORT: str(master_port),
-        LAUNCHED: "1", COMM: comm, JOB_ID: job_id, SHM_PREFIX: shm_prefix(job_id), ERROR_FILE: error_file,
+        LAUNCHED: "1", COMM: comm, JOB_ID: job_id, SHM_PREFIX: shm_prefix(job_id, node), ERROR_FILE: error_file,
         JOB_SECRET: secret, STACK_FILE: stack_file, AGENT_STORE: "True",
     })
     if timeout_s is not None:
         env[TIMEOUT_S] = repr(timeout_s)
+    if rank_nodes is not None:
+        env[RANK_NODES] = ",".join(map(str, rank_nodes))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -104,19 +104,17 @@ def _start(cfg: LaunchConfig, cluster: Cluster, nodes: list[int], wheres: list[d
            ) -> list[RemoteRank]:
     store, driver_node = held[0], cluster.node_id()
     argv = ["-m", "pypto_rt.launch.rank_main", *(["-m"] if cfg.module else []), cfg.target, *cfg.args]
-    passed = driver_env()
-    if max(nodes) > 0:
-        passed[contract.RANK_NODES] = ",".join(map(str, nodes))
+    passed, several = driver_env(), max(nodes) > 0
     ranks, refs = [], []
     for rank, (actor, where) in enumerate(zip(cluster.actors, wheres)):
         peers = [r for r in range(cfg.nproc) if nodes[r] == nodes[rank]]
         local_rank = peers.index(rank)
-        env = {**passed, contract.SHM_PREFIX: _prefix(cfg, nodes, rank)}
         keywords = {"rank": rank, "local_rank": local_rank, "world_size": cfg.nproc, "local_world_size": len(peers),
                     "master_addr": LOOPBACK, "master_port": store.port, "comm": cfg.comm, "job_id": cfg.job_id,
-                    "timeout_s": cfg.timeout_s}
+                    "timeout_s": cfg.timeout_s, "node": nodes[rank] if several else None,
+                    "rank_nodes": nodes if several else None}
         gateway = store.gateway if where["node_id"] != driver_node else None
-        refs.append(actor.start.remote(argv, keywords, env, os.getcwd(), gateway, cfg.secret))
+        refs.append(actor.start.remote(argv, keywords, passed, os.getcwd(), gateway, cfg.secret))
         ranks.append(RemoteRank(rank, local_rank, nodes[rank], actor, streams(rank, cfg.tee or not cfg.log_dir,
                                                                               _logs(cfg, rank))))
     for r, pid in zip(ranks, cluster.get(refs, "start their ranks")):

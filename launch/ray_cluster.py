@@ -35,7 +35,8 @@ class Cluster:
     def __init__(self, cfg: LaunchConfig):
         self.ray = import_ray()
         self.cfg = cfg
-        self.started = False
+        self.started = False     # this job started a Ray instance: shut it down at the end
+        self.connected = False   # this job connected the driver: disconnect it at the end
         self.pg = None
         self.actors: list = []
         if self.ray.is_initialized():   # a notebook's or test harness's session: use it, leave it
@@ -47,6 +48,7 @@ class Cluster:
             else:
                 self.ray.init(address="local", **_local_resources(cfg), **quiet)
                 self.started = True
+            self.connected = True
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = f"the Ray cluster at {cfg.address}" if cfg.address else "a local Ray instance"
             raise ClusterError(f"cannot connect to {where}: {_first_line(e)}; check --address (and, with Ray's "
@@ -110,9 +112,9 @@ class Cluster:
             except Exception:  # noqa: BLE001 - as above
                 pass
             self.pg = None
-        if self.started:
+        if self.connected:   # stops the instance this job started; only disconnects from a cluster it attached to
             self.ray.shutdown()
-            self.started = False
+            self.started = self.connected = False
 
 
 def _local_resources(cfg: LaunchConfig) -> dict:
