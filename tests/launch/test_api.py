@@ -99,6 +99,10 @@ def test_ctrl_c_during_a_job_ends_every_rank_and_says_so(program, tmp_path):
     (dict(nnodes=2), "nnodes 2 needs secret"),
     (dict(timeout_s=0), "timeout_s must be a positive number"),
     (dict(job_id="a/b"), "job_id may hold only letters"),
+    (dict(backend="slurm"), "backend must be one of local, ray, got 'slurm'"),
+    (dict(backend="ray", placement="strict"), "backend 'ray': placement must be one of pack, spread, got 'strict'"),
+    (dict(backend="ray", rank_resources="CPU"), "rank_resources: 'CPU' is not NAME=AMOUNT"),
+    (dict(backend="ray", nnodes=2, secret="s", comm="gloo"), "backend 'ray': Ray places the ranks on its nodes"),
 ])
 def test_arguments_that_cannot_work_raise_before_any_rank_starts(program, kwargs, expected):
     prog = program("raise SystemExit('a rank ran')\n")
