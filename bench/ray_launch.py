@@ -76,12 +76,16 @@ def run(repeats: int = 1) -> str:
     return _table(samples, repeats)
 
 
+def _medians(runs: list[dict]) -> dict:
+    return {k: statistics.median(run[k] for run in runs) for k in ("startup", "total", "per_call")}
+
+
 def _table(samples: dict, repeats: int) -> str:
     rows = []
     for world in WORLDS:
-        local = {k: statistics.median(s[k] for s in samples[("local", world)]) for k in ("startup", "total", "per_call")}
+        local = _medians(samples[("local", world)])
         for name in ("local", "ray (own)", "ray (attached)"):
-            fig = {k: statistics.median(s[k] for s in samples[(name, world)]) for k in ("startup", "total", "per_call")}
+            fig = _medians(samples[(name, world)])
             rows.append([str(world), name, f"{fig['startup']:.1f} s", f"{fig['total']:.1f} s", us(fig["per_call"]),
                          ratio(fig["startup"] / local["startup"]), ratio(fig["per_call"] / local["per_call"])])
     return "\n".join([

@@ -44,7 +44,7 @@ def run_ray_job(cfg: LaunchConfig) -> JobResult:
         actors = cluster.make_actors()
         wheres = cluster.get([a.where.remote() for a in actors], "start")
         nodes = _nodes(wheres)
-        job_store = _store(cfg, nodes, wheres, cluster.node_id())
+        job_store = _store(cfg, wheres, cluster.node_id())
         ranks = _start(cfg, cluster, nodes, wheres, job_store)
         with SignalWatch() as watch:
             return _supervise(cfg, cluster, ranks, watch, job_store)
@@ -67,7 +67,7 @@ def _prefix(cfg: LaunchConfig, nodes: list[int], rank: int) -> str:
     return contract.shm_prefix(cfg.job_id, nodes[rank] if max(nodes) > 0 else None)
 
 
-def _store(cfg: LaunchConfig, nodes: list[int], wheres: list[dict], driver_node: str) -> list:
+def _store(cfg: LaunchConfig, wheres: list[dict], driver_node: str) -> list:
     """Host the job's store on loopback, and a gateway to it on the driver node's address when a rank runs on
     another node; returns [server, gateway?], the store's job scope and port in `server.scope`/`server.port`."""
     from pypto_rt.launch.job_store import StoreError, host_store
@@ -96,7 +96,8 @@ class _Held:
         self.server, self.scope, self.port, self.gateway = server, scope, port, None
 
     def close(self) -> None:
-        self.server.close() if hasattr(self.server, "close") else None
+        if hasattr(self.server, "close"):
+            self.server.close()
         self.scope = None
 
 
