@@ -124,9 +124,15 @@ def _start(cfg: LaunchConfig, cluster: Cluster, nodes: list[int], wheres: list[d
 
 
 def _logs(cfg: LaunchConfig, rank: int) -> tuple:
+    """The rank's log files in --log-dir (made anew), after removing a previous job's files it brings back."""
     if not cfg.log_dir:
         return (None, None)
-    return tuple(files.create(os.path.join(cfg.log_dir, f"rank{rank}.{kind}.log")) for kind in ("stdout", "stderr"))
+    try:
+        for stale in (f"rank{rank}.error.json", f"rank{rank}.stack.txt", contract.RESULT_FILE.format(rank=rank)):
+            files.remove(os.path.join(cfg.log_dir, stale))
+        return tuple(files.create(os.path.join(cfg.log_dir, f"rank{rank}.{kind}.log")) for kind in ("stdout", "stderr"))
+    except OSError as e:
+        raise ClusterError(f"cannot write rank {rank}'s files in --log-dir {cfg.log_dir}: {e.strerror or e}") from None
 
 
 def _supervise(cfg: LaunchConfig, cluster: Cluster, ranks: list[RemoteRank], watch, held: list) -> JobResult:

@@ -131,7 +131,7 @@ def test_a_job_launched_from_another_thread_runs_and_reports(program):
 
 
 @pytest.mark.timeout(30)
-def test_importing_the_launcher_does_not_import_torch():
-    code = "import sys, pypto_rt.launch; print('torch' in sys.modules)"
+def test_importing_the_launcher_does_not_import_torch_or_ray():
+    code = "import sys, pypto_rt.launch; print('torch' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"

@@ -8,6 +8,7 @@ Token auth is off for the cluster and the drivers (RAY_AUTH_MODE=disabled).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -97,12 +98,19 @@ def test_two_nodes_of_two_ranks_share_windows_within_a_node_and_collectives_acro
 
 
 @pytest.mark.timeout(300)
-def test_a_failing_rank_ends_the_job_with_its_root_cause_and_leaves_nothing(cluster):
-    job = run(2, os.path.join(PROGS, "fail_after_window.py"), "--timeout-s", "60", args=("raise",))
+def test_a_failing_rank_ends_the_job_with_its_root_cause_and_leaves_nothing(cluster, tmp_path):
+    logs = tmp_path / "logs"
+    job = run(2, os.path.join(PROGS, "fail_after_window.py"), "--timeout-s", "60", "--log-dir", str(logs), "--tee",
+              args=("raise",))
     assert job.rc == 1, job.out[-3000:] + job.err[-3000:]
     summary = job.err.split("pypto-launch: job", 1)[-1]
     assert "rank 1 failed first" in summary and "rank 1 broke on purpose after its window" in summary, summary
     assert "unexpectedly passed" not in job.out
+    # --log-dir holds what the local backend's does: the output, and the error record brought back from the actor
+    record = json.loads((logs / "rank1.error.json").read_text())
+    assert record["rank"] == 1 and "broke on purpose" in record["message"]
+    assert "broke on purpose" in (logs / "rank1.stderr.log").read_text()
+    assert "[rank 1] " in job.err   # --tee: also on the terminal
 
 
 @pytest.mark.timeout(300)
