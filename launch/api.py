@@ -14,7 +14,8 @@ import dataclasses
 import os
 import secrets
 
-from pypto_rt.launch.config import BACKENDS, COMMS, JOB_ID, LaunchConfig, missing_comm_library
+from pypto_rt.launch.config import (BACKENDS, COMMS, JOB_ID, PLACEMENTS, LaunchConfig, missing_comm_library,
+                                    parse_resources, ray_problem)
 from pypto_rt.launch.result import JobResult
 
 
@@ -25,21 +26,38 @@ class ConfigError(ValueError):
 def launch(program: str, *args, nproc: int = 1, module: bool = False, log_dir: str | None = None,
            tee: bool = False, comm: str | None = None, timeout_s: float | None = None, job_id: str | None = None,
            nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int | None = None,
-           secret: str | None = None) -> JobResult:
-    """Run `program` (a file, or a module name with `module=True`) as `nproc` ranks on this host; return the job's
-    `JobResult` once every rank has ended.
+           secret: str | None = None, backend: str = "local", address: str | None = None, placement: str = "pack",
+           rank_resources: dict | str | None = None) -> JobResult:
+    """Run `program` (a file, or a module name with `module=True`) as `nproc` ranks on this host (or, with
+    `backend="ray"`, on a Ray cluster); return the job's `JobResult` once every rank has ended.
 
     `args` are the program's own arguments (str() of each). The keywords are `pypto-launch`'s flags (see
     `LaunchConfig`): `comm` defaults to "shm" on one host and "gloo" across hosts; `job_id` to a random one;
     `secret` (the store's, the same on every node of a multi-host job) to a random one on one host. Raises
-    `ConfigError` for arguments that cannot work, before any rank starts.
+    `ConfigError` for arguments that cannot work, before any rank starts. Ray: `address` ("auto", "HOST:PORT";
+    None starts a Ray instance for the job, and a Ray session this process already holds is used as it is),
+    `placement` "pack" | "spread", `rank_resources` each rank's bundle ({"CPU": 1, "GPU": 1} or "CPU=1,GPU=1";
+    default CPU=1).
     """
+    try:
+        resources = _resources(rank_resources)
+    except ValueError as e:
+        raise ConfigError(f"rank_resources: {e}") from None
     cfg = LaunchConfig(target=os.fspath(program), args=tuple(str(a) for a in args), module=module, nproc=nproc,
                        nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port,
                        log_dir=os.fspath(log_dir) if log_dir is not None else None, tee=tee,
                        comm=comm or ("shm" if nnodes == 1 else "gloo"), timeout_s=timeout_s, job_id=job_id or "",
-                       secret=secret or "")
+                       secret=secret or "", backend=backend, address=address, placement=placement,
+                       rank_resources=resources)
     return run(cfg)
+
+
+def _resources(given: dict | str | None) -> tuple[tuple[str, float], ...]:
+    if given is None:
+        return (("CPU", 1.0),)
+    if isinstance(given, str):
+        return parse_resources(given)
+    return parse_resources(",".join(f"{k}={v}" for k, v in dict(given).items()))
 
 
 def run(config: LaunchConfig) -> JobResult:
@@ -51,6 +69,9 @@ def run(config: LaunchConfig) -> JobResult:
     problem = config_problem(cfg)
     if problem:
         raise ConfigError(problem)
+    if cfg.backend == "ray":
+        from pypto_rt.launch.ray_backend import run_ray_job   # imports ray only now
+        return run_ray_job(cfg)
     from pypto_rt.launch.job import run_job   # the job's modules, only when a job runs
     return run_job(cfg)
 
@@ -73,8 +94,13 @@ def config_problem(cfg: LaunchConfig) -> str | None:
         return f"comm must be one of {', '.join(COMMS)}, got {cfg.comm!r}"
     if cfg.comm == "shm" and cfg.nnodes > 1:
         return f"comm 'shm' works within one host only; use comm='gloo' for nnodes {cfg.nnodes}"
-    if cfg.backend != "local":
-        return f"backend must be 'local', the only one available yet (of {', '.join(BACKENDS)}), got {cfg.backend!r}"
+    if cfg.backend not in BACKENDS:
+        return f"backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"
+    if cfg.backend == "ray":
+        problem = ray_problem(cfg.nnodes) or (None if cfg.placement in PLACEMENTS else
+                                              f"placement must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+        if problem:
+            return f"backend 'ray': {problem}"
     if cfg.timeout_s is not None and not (isinstance(cfg.timeout_s, (int, float)) and cfg.timeout_s > 0):
         return f"timeout_s must be a positive number of seconds or None, got {cfg.timeout_s!r}"
     if not JOB_ID.fullmatch(cfg.job_id):

@@ -13,7 +13,8 @@ import sys
 
 from pypto_rt import knobs
 from pypto_rt.errors import PyptoError
-from pypto_rt.launch.config import BACKENDS, COMMS, JOB_ID, LaunchConfig, missing_comm_library
+from pypto_rt.launch.config import (BACKENDS, COMMS, JOB_ID, LaunchConfig, missing_comm_library, ray_problem,
+                                    parse_resources)
 
 PROG = "pypto-launch"
 
@@ -23,6 +24,7 @@ _FLAGS = {
     "nproc": knobs.NPROC, "nnodes": knobs.NNODES, "node-rank": knobs.NODE_RANK, "master-addr": knobs.MASTER_ADDR_FLAG,
     "master-port": knobs.MASTER_PORT_FLAG, "log-dir": knobs.LOG_DIR, "comm": knobs.COMM,
     "backend": knobs.LAUNCH_BACKEND, "timeout-s": knobs.TIMEOUT_S, "job-id": knobs.JOB_ID,
+    "address": knobs.RAY_ADDRESS, "placement": knobs.PLACEMENT, "rank-resources": knobs.RANK_RESOURCES,
 }
 _HELP = {"timeout-s": "seconds without progress before a rank stops with a stall report"}
 _TEE_ENV = knobs.TEE.env
@@ -104,9 +106,7 @@ def _config(ns: argparse.Namespace) -> LaunchConfig:
     backend = backend or "local"
     if backend not in BACKENDS:
         raise UsageError(f"{source} must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == "ray":
-        raise UsageError("--backend ray is not available yet; use --backend local (the default), and for several "
-                         "hosts run one pypto-launch per host with --nnodes/--node-rank/--master-addr/--master-port")
+    ray_settings = _ray_settings(ns, backend, nnodes)
     master_addr, secret = _store_settings(ns, nnodes)
     timeout_s = None
     raw, source = _pick(ns, "timeout-s")
@@ -128,7 +128,30 @@ def _config(ns: argparse.Namespace) -> LaunchConfig:
     return LaunchConfig(target=ns.target, args=tuple(ns.args), module=ns.module, nproc=nproc, nnodes=nnodes,
                         node_rank=node_rank, master_addr=master_addr or "127.0.0.1", master_port=master_port,
                         log_dir=log_dir, tee=tee, comm=comm, backend=backend, timeout_s=timeout_s, job_id=job_id,
-                        secret=secret or secrets.token_hex(16))
+                        secret=secret or secrets.token_hex(16), **ray_settings)
+
+
+def _ray_settings(ns: argparse.Namespace, backend: str, nnodes: int) -> dict:
+    """--address, --placement, --rank-resources (with --backend ray only); UsageError saying what to do."""
+    given = {flag: _pick(ns, flag) for flag in ("address", "placement", "rank-resources")}
+    if backend != "ray":
+        stray = [source for value, source in given.values() if value is not None and source.startswith("--")]
+        if stray:
+            raise UsageError(f"{stray[0]} applies to --backend ray only")
+        return {}
+    problem = ray_problem(nnodes)
+    if problem:
+        raise UsageError(f"--backend ray: {problem}")
+    (address, _), (placement, source) = given["address"], given["placement"]
+    placement = placement or "pack"
+    if placement not in ("pack", "spread"):
+        raise UsageError(f"{source} must be pack or spread, got {placement!r}")
+    raw, source = given["rank-resources"]
+    try:
+        resources = parse_resources(raw) if raw is not None else (("CPU", 1.0),)
+    except ValueError as e:
+        raise UsageError(f"{source}: {e}") from None
+    return {"address": address, "placement": placement, "rank_resources": resources}
 
 
 def _store_settings(ns: argparse.Namespace, nnodes: int) -> tuple[str | None, str]:

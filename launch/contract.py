@@ -17,6 +17,9 @@ PYPTO_JOB_SECRET      the job's store secret: every key lives under it, and a ra
                       store (the launcher's PYPTO_JOB_SECRET, else random); never on a command line
 PYPTO_SHM_PREFIX      ``pypto-<job id>``: name every shared-memory segment with it; the launcher owns them
                       and removes every ``/dev/shm/<prefix>+*`` when the job ends, however it ends
+PYPTO_RANK_NODES      only with ``--backend ray`` over several nodes: each rank's node index, by rank (``0,0,1,1``);
+                      PYPTO_SHM_PREFIX is then ``pypto-<job id>.n<node>``, LOCAL_RANK / LOCAL_WORLD_SIZE count the
+                      ranks of the rank's node, and shared-memory windows refuse to span nodes
 PYPTO_ERROR_FILE      where the rank writes its error record (JSON, see ``rank_main``) when it fails
 PYPTO_STACK_FILE      where the rank writes every thread's stack (``faulthandler``) on SIGUSR1, which the launcher
                       sends the ranks still running when another rank failed, before it ends them
@@ -46,28 +49,35 @@ SHM_PREFIX = knobs.SHM_PREFIX.env
 ERROR_FILE = knobs.ERROR_FILE.env
 STACK_FILE = knobs.STACK_FILE.env
 TIMEOUT_S = knobs.TIMEOUT_S.env
+RANK_NODES = knobs.RANK_NODES.env
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 SHM_DIR = "/dev/shm"
+RESULT_FILE = "rank{rank}.result.pkl"   # a run_function rank's return value, beside its error file
 
 
-def shm_prefix(job_id: str) -> str:
-    """Name prefix of the job's shared-memory segments (a file name under /dev/shm, no slash)."""
-    return f"pypto-{job_id}"
+def shm_prefix(job_id: str, node: int | None = None) -> str:
+    """Name prefix of the job's shared-memory segments (a file name under /dev/shm, no slash); with `node`, that
+    node's own namespace in a job over several Ray nodes (`pypto-<job>.n<node>`: no clean-up of another node's)."""
+    return f"pypto-{job_id}" if node is None else f"pypto-{job_id}.n{node}"
 
 
 def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
              master_addr: str, master_port: int, comm: str, job_id: str, secret: str, error_file: str,
-             stack_file: str, timeout_s: float | None) -> dict[str, str]:
-    """`base` plus the contract variables for one rank."""
+             stack_file: str, timeout_s: float | None, node: int | None = None,
+             rank_nodes: list[int] | None = None) -> dict[str, str]:
+    """`base` plus the contract variables for one rank; `node` and `rank_nodes` only for a job over several
+    nodes (the node's own shared-memory namespace, and PYPTO_RANK_NODES)."""
     env = dict(base)
     env.update({
         RANK: str(rank), LOCAL_RANK: str(local_rank), WORLD_SIZE: str(world_size),
         LOCAL_WORLD_SIZE: str(local_world_size), MASTER_ADDR: master_addr, MASTER_PORT: str(master_port),
-        LAUNCHED: "1", COMM: comm, JOB_ID: job_id, SHM_PREFIX: shm_prefix(job_id), ERROR_FILE: error_file,
+        LAUNCHED: "1", COMM: comm, JOB_ID: job_id, SHM_PREFIX: shm_prefix(job_id, node), ERROR_FILE: error_file,
         JOB_SECRET: secret, STACK_FILE: stack_file, AGENT_STORE: "True",
     })
     if timeout_s is not None:
         env[TIMEOUT_S] = repr(timeout_s)
+    if rank_nodes is not None:
+        env[RANK_NODES] = ",".join(map(str, rank_nodes))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

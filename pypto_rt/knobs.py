@@ -156,8 +156,14 @@ TEE = Knob("PYPTO_TEE", "0", "bool", "with --log-dir, also echo rank output to t
 COMM = Knob("PYPTO_COMM", "", "choice", "communicator for the ranks: shm|gloo|nccl|hccl (default shm on one host, "
             "else gloo); in a launched rank, the communicator it builds", ("", "shm", "gloo", "nccl", "hccl"),
             audience=LAUNCHER)
-LAUNCH_BACKEND = Knob("PYPTO_LAUNCH_BACKEND", "", "str", "how ranks start: local|ray (default local; ray is not "
-                      "available yet)", audience=LAUNCHER)
+LAUNCH_BACKEND = Knob("PYPTO_LAUNCH_BACKEND", "", "str", "how ranks start: local|ray (default local; ray: one Ray "
+                      "actor per rank)", audience=LAUNCHER)
+RAY_ADDRESS = Knob("PYPTO_RAY_ADDRESS", "", "str", "with --backend ray: the cluster to attach to, auto|HOST:PORT "
+                   "(default: start a Ray instance for the job)", audience=LAUNCHER)
+PLACEMENT = Knob("PYPTO_PLACEMENT", "", "str", "with --backend ray: pack|spread the ranks over the nodes (default pack)",
+                 audience=LAUNCHER)
+RANK_RESOURCES = Knob("PYPTO_RANK_RESOURCES", "", "str", "with --backend ray: each rank's bundle, NAME=AMOUNT,... "
+                      "(default CPU=1; e.g. CPU=1,GPU=1 or CPU=1,NPU=1)", audience=LAUNCHER)
 JOB_ID = Knob("PYPTO_JOB_ID", "", "str", "names the job's shared memory (pypto-<id>*); default: random",
               audience=LAUNCHER)
 JOB_SECRET = Knob("PYPTO_JOB_SECRET", "", "str", "the job's store secret (environment only, never a flag: argv is "
@@ -169,6 +175,8 @@ LAUNCHED = Knob("PYPTO_LAUNCHED", "0", "bool", "this process is a rank pypto-lau
 SHM_PREFIX = Knob("PYPTO_SHM_PREFIX", "", "str", "name prefix of this job's /dev/shm segments (no '+': segments are "
                   "<prefix>+...), set by the launcher (which then removes /dev/shm/<prefix>+* at job end); unset: the "
                   "communicator picks one and unlinks its own segments", audience=CONTRACT)
+RANK_NODES = Knob("PYPTO_RANK_NODES", "", "str", "with --backend ray over several nodes: each rank's node index, "
+                  "comma-separated by rank (shared-memory windows need their ranks on one node)", audience=CONTRACT)
 ERROR_FILE = Knob("PYPTO_ERROR_FILE", "", "str", "where a rank writes its error record (JSON) when it fails",
                   audience=CONTRACT)
 STACK_FILE = Knob("PYPTO_STACK_FILE", "", "str", "where a rank writes every thread's stack on SIGUSR1",

@@ -21,6 +21,7 @@ from .waits import WAIT_KEYS, merge_reports
 
 __all__ = ["BACKENDS", "BackendUnavailableError", "CollectiveMismatchError", "CommError", "CommTimeoutError",
            "Communicator", "PeerAbortedError", "WAIT_KEYS", "Window", "available_backends", "create_communicator",
+           "create_node_communicator",
            "list_segments", "merge_reports", "remove_segments"]
 
 BACKENDS = ("shm", "gloo", "nccl", "hccl", "torch")
@@ -50,3 +51,19 @@ def create_communicator(backend: str, rank: int | None = None, world_size: int |
         from .torch_backend import TorchCommunicator
         return TorchCommunicator(backend, rank, world_size, **options)
     raise BackendUnavailableError(f"unknown communicator backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def create_node_communicator(**options) -> Communicator:
+    """A `shm` communicator of the ranks on this rank's node only (every rank of the node calls it): windows and
+    fast collectives within a node of a job whose ranks span nodes (`pypto-launch --backend ray`), beside a
+    job-wide `gloo`/`nccl`/`hccl` one for collectives across nodes. Its rank is the rank's index among its node's
+    ranks (= LOCAL_RANK); its store is the job's, scoped to the node. On one node it spans the whole job."""
+    from . import comm_settings, nodes, store_rendezvous
+    rank = comm_settings.launched_int(comm_settings.RANK, options.pop("rank", None), "rank")
+    members = nodes.node_ranks(rank)
+    if "store" not in options:
+        import torch.distributed as dist
+        world = comm_settings.launched_int(comm_settings.WORLD_SIZE, None, "world_size")
+        base = store_rendezvous.open_store(rank, world, None, comm_settings.start_timeout_s())
+        options["store"] = dist.PrefixStore(f"pypto/node-of-rank-{members[0]}/", base)
+    return create_communicator("shm", members.index(rank), len(members), **options)

@@ -21,8 +21,8 @@ import torch
 
 from pypto_rt.errors import PyptoError
 
-from . import comm_settings, store_rendezvous
-from .base import (CollectiveMismatchError, Communicator, PeerAbortedError, Window, check_peer, notify_op,
+from . import comm_settings, nodes, store_rendezvous
+from .base import (CollectiveMismatchError, CommError, Communicator, PeerAbortedError, Window, check_peer, notify_op,
                    signature, wait_cmp)
 from .check import CollectiveCheck
 from .control import (ABORTED, CALLS, CLOSED, EPOCH, OP_CODES, OPS, PID, RUNNING, SIZES, STATE, alive, call_text,
@@ -69,6 +69,9 @@ class ShmCommunicator(StagedCollectives, Communicator):
                  start_timeout_s: float | None = None, host_store: bool = False):
         rank = comm_settings.launched_int(comm_settings.RANK, rank, "rank")
         world_size = comm_settings.launched_int(comm_settings.WORLD_SIZE, world_size, "world_size")
+        span = nodes.span_problem(rank, world_size)
+        if span:   # before any segment: peers on another node could never map them
+            raise CommError(span, hint=nodes.SPAN_HINT)
         super().__init__(rank, world_size)
         self.timeout_s = comm_settings.timeout_s() if timeout_s is None else float(timeout_s)
         start_s = comm_settings.start_timeout_s() if start_timeout_s is None else float(start_timeout_s)

@@ -99,6 +99,10 @@ def test_ctrl_c_during_a_job_ends_every_rank_and_says_so(program, tmp_path):
     (dict(nnodes=2), "nnodes 2 needs secret"),
     (dict(timeout_s=0), "timeout_s must be a positive number"),
     (dict(job_id="a/b"), "job_id may hold only letters"),
+    (dict(backend="slurm"), "backend must be one of local, ray, got 'slurm'"),
+    (dict(backend="ray", placement="strict"), "backend 'ray': placement must be one of pack, spread, got 'strict'"),
+    (dict(backend="ray", rank_resources="CPU"), "rank_resources: 'CPU' is not NAME=AMOUNT"),
+    (dict(backend="ray", nnodes=2, secret="s", comm="gloo"), "backend 'ray': Ray places the ranks on its nodes"),
 ])
 def test_arguments_that_cannot_work_raise_before_any_rank_starts(program, kwargs, expected):
     prog = program("raise SystemExit('a rank ran')\n")
@@ -127,7 +131,7 @@ def test_a_job_launched_from_another_thread_runs_and_reports(program):
 
 
 @pytest.mark.timeout(30)
-def test_importing_the_launcher_does_not_import_torch():
-    code = "import sys, pypto_rt.launch; print('torch' in sys.modules)"
+def test_importing_the_launcher_does_not_import_torch_or_ray():
+    code = "import sys, pypto_rt.launch; print('torch' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"

@@ -25,7 +25,8 @@ def test_defaults(prog):
 def test_every_flag_has_an_environment_form_and_the_flag_wins(prog, monkeypatch):
     env = {"PYPTO_NPROC": "3", "PYPTO_NNODES": "2", "PYPTO_NODE_RANK": "1", "PYPTO_MASTER_ADDR": "10.0.0.1",
            "PYPTO_MASTER_PORT": "29500", "PYPTO_LOG_DIR": "/tmp/x", "PYPTO_COMM": "hccl", "PYPTO_TIMEOUT_S": "7.5",
-           "PYPTO_JOB_ID": "j1", "PYPTO_TEE": "1", "PYPTO_LAUNCH_BACKEND": "local", "PYPTO_JOB_SECRET": "s3cr3t"}
+           "PYPTO_JOB_ID": "j1", "PYPTO_TEE": "1", "PYPTO_LAUNCH_BACKEND": "local", "PYPTO_JOB_SECRET": "s3cr3t",
+           "PYPTO_RAY_ADDRESS": "auto", "PYPTO_PLACEMENT": "spread", "PYPTO_RANK_RESOURCES": "CPU=2"}
     assert sorted(cli.ENVIRONMENT) == sorted(env)   # what the CLI says it reads
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -35,6 +36,8 @@ def test_every_flag_has_an_environment_form_and_the_flag_wins(prog, monkeypatch)
     assert cfg.secret == "s3cr3t" and "s3cr3t" not in repr(cfg)
     cfg = cli.parse(["--nproc", "5", "--node_rank", "0", "--comm", "gloo", "--master-port", "0", prog])
     assert (cfg.nproc, cfg.node_rank, cfg.comm, cfg.master_port) == (5, 0, "gloo", 0)
+    cfg = cli.parse(["--nnodes", "1", "--node-rank", "0", "--backend", "ray", "--placement", "pack", prog])
+    assert (cfg.address, cfg.placement, cfg.rank_resources) == ("auto", "pack", (("CPU", 2.0),))
 
 
 @pytest.mark.timeout(10)
@@ -72,10 +75,36 @@ def test_usage_errors_say_what_and_how(prog, monkeypatch, capsys, argv, env, exp
 
 
 @pytest.mark.timeout(10)
-def test_backend_ray_is_refused_in_one_sentence(prog, capsys):
+def test_backend_ray_without_ray_installed_says_how_to_install_it_in_one_sentence(prog, capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     assert cli.main(["--backend", "ray", prog]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--backend ray is not available yet; use --backend local" in err
+    assert err.count("\n") == 1 and "--backend ray: Ray is not installed; install it with pip install 'pypto-rt[ray]'" in err
+
+
+@pytest.mark.timeout(10)
+def test_backend_ray_flags_parse_into_the_config(prog):
+    cfg = cli.parse(["--backend", "ray", "--nproc", "4", "--address", "auto", "--placement", "spread",
+                     "--rank-resources", "CPU=0.5,node_a=1", prog])
+    assert (cfg.backend, cfg.nproc, cfg.address, cfg.placement) == ("ray", 4, "auto", "spread")
+    assert cfg.rank_resources == (("CPU", 0.5), ("node_a", 1.0))
+    assert cli.parse(["--backend", "ray", prog]).rank_resources == (("CPU", 1.0),)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("argv, expected", [
+    (["--address", "auto"], "--address applies to --backend ray only"),
+    (["--backend", "ray", "--placement", "strict"], "--placement must be pack or spread, got 'strict'"),
+    (["--backend", "ray", "--rank-resources", "CPU"], "--rank-resources: 'CPU' is not NAME=AMOUNT"),
+    (["--backend", "ray", "--nnodes", "2", "--master-addr", "h"], "--backend ray: Ray places the ranks on its nodes"),
+])
+def test_backend_ray_usage_errors_say_what_and_how(prog, monkeypatch, capsys, argv, expected):
+    monkeypatch.setenv("PYPTO_JOB_SECRET", "s")
+    assert cli.main([*argv, prog]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pypto-launch: ") and expected in err and err.count("\n") == 1
 
 
 @pytest.mark.timeout(10)
