@@ -54,12 +54,12 @@ class Incremental:
             self.kv.cache_computed(req)
 
     def step(self) -> float:
-        """One decode step; returns the seconds spent in the block manager: recording the
-        blocks the previous step filled, allocating, the slots (not the engine's token bookkeeping)."""
+        """One decode step; returns the seconds spent in the block manager: allocating (which records the
+        blocks the previous step filled: only rows that take a block have one), the slots (not the engine's
+        token bookkeeping)."""
         kv = self.kv
         rows = kv.rows
         start = _clocks()
-        kv.cache_computed_all(rows)                        # as the engine after the previous step
         positions = kv.decode_positions()
         for r in kv.rows_needing_blocks(positions):       # as the scheduler's decode path
             kv.allocate(rows[r], 1)

@@ -64,9 +64,9 @@ class BlockTable:
         self._lengths[row] = 0
         self._capacity[row] = self._last_base[row] = 0
 
-    def rows_needing_blocks(self, positions: np.ndarray) -> np.ndarray:
+    def rows_needing_blocks(self, positions: np.ndarray) -> list[int]:
         """Rows (ascending) whose next token, at positions[r], falls past their last block."""
-        return np.flatnonzero(positions >= self._capacity[:len(positions)])
+        return np.flatnonzero(positions >= self._capacity[:len(positions)]).tolist()
 
     def fill_decode_slots(self, positions: np.ndarray) -> int:
         """A decode step's slots: row r feeds one token at positions[r] (int64), rows 0..B-1 in order. The token

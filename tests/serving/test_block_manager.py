@@ -104,6 +104,29 @@ def test_decode_steps_write_a_table_entry_only_when_a_block_is_added():
     assert written == [0, 1, 0, 0, 0, 1]
 
 
+def test_a_block_filled_by_decodes_is_cached_when_its_request_takes_the_next_block():
+    kv = manager()
+    req = Request(0, [1, 2, 3], 10)
+    admit(kv, req)                           # 3 tokens: block 0 not full yet
+    assert kv.allocate(req, 1)               # the decode of position 3 fills block 0
+    req.token_ids.append(7)
+    req.num_computed_tokens += 1
+    assert kv.allocate(req, 1)               # position 4 takes block 1: block 0 is recorded on the way
+    assert kv.pool.lookup(req.block_hashes[0]) is req.blocks[0] and req.num_cached_blocks == 1
+
+
+def test_a_freed_request_leaves_its_full_blocks_findable():
+    kv = manager()
+    req = Request(0, [1, 2, 3], 10)
+    admit(kv, req)
+    assert kv.allocate(req, 1)
+    req.token_ids.append(7)
+    req.num_computed_tokens += 1             # block 0 full, not recorded yet (no next block taken)
+    first = req.blocks[0]
+    kv.free(req)
+    again = Request(1, [1, 2, 3, 7, 9], 4)
+    assert kv.lookup_prefix(again) == [first]
+
 def test_failed_allocation_changes_nothing():
     kv = manager(num_blocks=3)
     a = Request(0, list(range(8)), 4)
