@@ -111,8 +111,14 @@ class KVCacheManager:
             self.table.append(req.row, [block.block_id for block in blocks])
 
     def decode_positions(self) -> np.ndarray:
-        """Each row's next token position (its computed tokens), as the decode path's vector."""
-        return np.fromiter([req.num_computed_tokens for req in self.rows], np.int64, len(self.rows))
+        """Each row's next token position (its computed tokens), as the decode path's vector. In steady decode,
+        the last decode's positions + 1 (no read per row; the first and last rows are checked against them)."""
+        rows = self.rows
+        known = self.table.predicted_decode_positions(len(rows))
+        if known is not None and known[0] == rows[0].num_computed_tokens and \
+                known[-1] == rows[-1].num_computed_tokens:
+            return known
+        return np.fromiter([req.num_computed_tokens for req in rows], np.int64, len(rows))
 
     def rows_needing_blocks(self, positions: np.ndarray) -> list[int]:
         """Rows (ascending) whose next token, at positions[r], falls past their last block: in a decode step
