@@ -58,14 +58,13 @@ class Incremental:
         blocks the previous step filled: only rows that take a block have one), the slots (not the engine's
         token bookkeeping)."""
         kv = self.kv
-        rows = kv.rows
         start = _clocks()
         positions = kv.decode_positions()
-        for r in kv.rows_needing_blocks(positions):       # as the scheduler's decode path
-            kv.allocate(rows[r], 1)
+        grown = kv.grow_rows(kv.rows_needing_blocks(positions))   # as the scheduler's decode path
         kv.table.fill_decode_slots(positions)              # as the runner
         spent = _since(start)
-        for req in rows:                     # the engine's part: the step's token is computed, one is output
+        assert grown, "the pool is sized for every request's whole length"
+        for req in kv.rows:                  # the engine's part: the step's token is computed, one is output
             req.num_computed_tokens += 1
             req.token_ids.append(1)
         return spent

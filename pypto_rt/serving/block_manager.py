@@ -104,6 +104,22 @@ class KVCacheManager:
         req.num_cached_blocks += len(prefix)
         return True
 
+    def grow_rows(self, rows: list[int]) -> bool:
+        """One more block for each of these rows: a decode step's rows whose token falls past their last block
+        (exactly at its end: blocks are allocated exactly), their full last blocks recorded on the way. Returns
+        False, changing nothing, when the pool has too few free blocks (the scheduler then goes row by row and
+        preempts)."""
+        if len(rows) > self.pool.num_free:
+            return False
+        bs, table = self.block_size, self.table
+        for r, block in zip(rows, self.pool.get_new_blocks(len(rows))):
+            req = self.rows[r]
+            if req.num_computed_tokens // bs > req.num_cached_blocks:
+                self.cache_computed(req)
+            req.blocks.append(block)
+            table.append(r, (block.block_id,))
+        return True
+
     def _grow(self, req: Request, blocks: list[KVBlock]) -> None:
         """Append blocks to req's block list and table row."""
         if blocks:

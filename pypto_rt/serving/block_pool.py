@@ -28,7 +28,8 @@ class BlockHash(NamedTuple):
 def hash_block_tokens(parent: BlockHash | None, tokens: Sequence[int]) -> BlockHash:
     """The chained hash of one full block (Python's tuple hash: deterministic for ints within a process)."""
     tokens = tuple(tokens)
-    return BlockHash(hash((parent.value if parent is not None else None, tokens)), tokens)
+    value = hash((parent.value if parent is not None else None, tokens))
+    return tuple.__new__(BlockHash, (value, tokens))    # BlockHash(value, tokens) without its Python __new__
 
 
 class KVBlock:

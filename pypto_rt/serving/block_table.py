@@ -71,7 +71,7 @@ class BlockTable:
 
     def rows_needing_blocks(self, positions: np.ndarray) -> list[int]:
         """Rows (ascending) whose next token, at positions[r], falls past their last block."""
-        return np.flatnonzero(positions >= self._capacity[:len(positions)]).tolist()
+        return (positions >= self._capacity[:len(positions)]).nonzero()[0].tolist()   # (flatnonzero: 6 frames)
 
     def fill_decode_slots(self, positions: np.ndarray) -> int:
         """A decode step's slots: row r feeds one token at positions[r] (int64), rows 0..B-1 in order. The token

@@ -173,6 +173,17 @@ def test_steady_decode_reads_no_position_per_row_and_stays_exact_across_leaves_a
         assert reads == (len(want) if step in (0, 4, 6) else 2), step   # after a decode with the same rows:
                                                                          # the first and last rows checked
 
+
+def test_growing_decode_rows_is_all_or_nothing():
+    kv = manager(num_blocks=3)
+    a, b = Request(0, [1, 2, 3, 4], 8), Request(1, [5, 6, 7, 8], 8)
+    admit(kv, a)
+    admit(kv, b)                             # 2 of 3 blocks taken; both rows' next tokens need a block
+    written = kv.table.entries_written
+    assert kv.rows_needing_blocks(kv.decode_positions()) == [0, 1]
+    assert not kv.grow_rows([0, 1]) and kv.pool.num_free == 1 and kv.table.entries_written == written
+    assert kv.grow_rows([1]) and len(b.blocks) == 2 and row(kv, b)[1] == b.blocks[1].block_id
+
 def test_failed_allocation_changes_nothing():
     kv = manager(num_blocks=3)
     a = Request(0, list(range(8)), 4)
