@@ -108,12 +108,15 @@ class KVCacheManager:
         """One more block for each of these rows: a decode step's rows whose token falls past their last block
         (exactly at its end: blocks are allocated exactly), their full last blocks recorded on the way. Returns
         False, changing nothing, when the pool has too few free blocks (the scheduler then goes row by row and
-        preempts)."""
+        preempts, and `allocate` sizes any row that is not exactly at its end)."""
+        bs, table, reqs = self.block_size, self.table, self.rows
         if len(rows) > self.pool.num_free:
             return False
-        bs, table = self.block_size, self.table
+        for r in rows:
+            if reqs[r].num_computed_tokens != len(reqs[r].blocks) * bs:
+                return False
         for r, block in zip(rows, self.pool.get_new_blocks(len(rows))):
-            req = self.rows[r]
+            req = reqs[r]
             if req.num_computed_tokens // bs > req.num_cached_blocks:
                 self.cache_computed(req)
             req.blocks.append(block)

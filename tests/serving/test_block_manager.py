@@ -183,6 +183,8 @@ def test_growing_decode_rows_is_all_or_nothing():
     assert kv.rows_needing_blocks(kv.decode_positions()) == [0, 1]
     assert not kv.grow_rows([0, 1]) and kv.pool.num_free == 1 and kv.table.entries_written == written
     assert kv.grow_rows([1]) and len(b.blocks) == 2 and row(kv, b)[1] == b.blocks[1].block_id
+    a.num_computed_tokens = 3                # not at its last block's end: left to `allocate`
+    assert not kv.grow_rows([0]) and len(a.blocks) == 1
 
 def test_failed_allocation_changes_nothing():
     kv = manager(num_blocks=3)
