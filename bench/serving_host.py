@@ -54,18 +54,17 @@ class Incremental:
             self.kv.cache_computed(req)
 
     def step(self) -> float:
-        """One decode step; returns the seconds spent in the block manager: recording the
-        blocks the previous step filled, allocating, the slots (not the engine's token bookkeeping)."""
+        """One decode step; returns the seconds spent in the block manager: allocating (which records the
+        blocks the previous step filled: only rows that take a block have one), the slots (not the engine's
+        token bookkeeping)."""
         kv = self.kv
-        rows = kv.rows
         start = _clocks()
-        kv.cache_computed_all(rows)                        # as the engine after the previous step
         positions = kv.decode_positions()
-        for r in kv.rows_needing_blocks(positions):       # as the scheduler's decode path
-            kv.allocate(rows[r], 1)
+        grown = kv.grow_rows(kv.rows_needing_blocks(positions))   # as the scheduler's decode path
         kv.table.fill_decode_slots(positions)              # as the runner
         spent = _since(start)
-        for req in rows:                     # the engine's part: the step's token is computed, one is output
+        assert grown, "the pool is sized for every request's whole length"
+        for req in kv.rows:                  # the engine's part: the step's token is computed, one is output
             req.num_computed_tokens += 1
             req.token_ids.append(1)
         return spent

@@ -42,6 +42,9 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     if list(key_cache.shape[2:]) != list(key.shape[1:]):
         _fail("key_cache", key_cache, f"[num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to take key's rows")
     _check_int("slot_mapping", slot_mapping, [key.shape[0]], (torch.int64, torch.int32))
+    if key_cache.shape[0] * key_cache.shape[1] <= key.shape[0]:   # no spare slot for the kernel's -1 rows
+        live = slot_mapping >= 0
+        key, value, slot_mapping = key[live], value[live], slot_mapping[live]
     if key.shape[0] == 0:
         return None
     kernel = cache_write_kernel(key_cache.shape[1], key.shape[1], key.shape[2], PL_DTYPES[key.dtype],

@@ -11,10 +11,10 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.ops.dtype_rules import promote
 from pypto_rt.ops.elementwise_core import (
-    ELEMENTWISE, binary, dtype_of, names_all, names_tile, need_scalar, need_value,
+    ELEMENTWISE, binary, check_broadcast, dtype_of, names_all, names_tile, need_scalar, need_value,
 )
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.value import broadcast_shape
+from pypto_rt.ops.value import TensorValue, broadcast_shape
 
 _CMP_TYPE = frozenset({"cmp_type"})
 _CMP = (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge)
@@ -57,10 +57,25 @@ def _mask(name: str, mask, shape) -> torch.Tensor:
     return mask.data != 0
 
 
+def _same_dtype_select(m: torch.Tensor, lhs, rhs):
+    """Select between two values of one dtype in their storage (a select is exact in any dtype: no round trip
+    through the compute dtype); None for anything else."""
+    if not isinstance(rhs, TensorValue) or rhs.dtype != lhs.dtype or rhs.data.dtype is not lhs.data.dtype:
+        return None
+    out = torch.where(m, lhs.data, rhs.data)
+    box = lhs.valid if tuple(out.shape) == lhs.shape else None   # lhs broadcast: its box no longer applies
+    return TensorValue(out, lhs.dtype, box, lhs.is_tile or rhs.is_tile)
+
+
 @op(*names_tile("sel"), **ELEMENTWISE)
 def sel(mask, lhs, rhs, tmp=None):
     need_value("sel", lhs, "lhs")
     m = _mask("sel", mask, lhs.shape)
+    if isinstance(rhs, TensorValue):
+        check_broadcast("sel", lhs, rhs)
+        same = _same_dtype_select(m, lhs, rhs)
+        if same is not None:
+            return same
     return binary("sel", lhs, rhs, lambda a, b: torch.where(m, a, b), valid=lhs.valid)
 
 

@@ -95,7 +95,7 @@ def store(data: torch.Tensor, dtype) -> torch.Tensor:
 _TAKES_PY_SCALAR = (torch.add, torch.sub, torch.mul)
 
 
-def _check_broadcast(name: str, a: TensorValue, b) -> None:
+def check_broadcast(name: str, a: TensorValue, b) -> None:
     if isinstance(b, TensorValue):
         try:
             broadcast_shape(a.shape, b.shape)
@@ -118,7 +118,7 @@ def binary(name, a, b, fn, *, keep_lhs=False, out_dtype=None, valid="auto"):
             return fast
     need_value(name, a, "first operand")
     _need_operand(name, b)
-    _check_broadcast(name, a, b)
+    check_broadcast(name, a, b)
     dtype = a.dtype if keep_lhs else promote(a.dtype, dtype_of(b))
     cdt = compute_dtype(dtype)
     if fn in _TAKES_PY_SCALAR and cdt.is_floating_point and _py_scalar(type(b)):

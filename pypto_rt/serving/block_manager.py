@@ -11,7 +11,9 @@ It joins the pool (`block_pool`: reference counts, LRU free queue, prefix cache)
   then preempts and retries);
 - prefix hits are full blocks only, and at least one token of a request is always left to compute (its logits
   give the next token);
-- `free` releases a request's blocks last first, so its tail is evicted before the prefix others may share.
+- `free` releases a request's blocks last first, so its tail is evicted before the prefix others may share;
+- a full, computed block is in the prefix cache by the time its request takes its next block or is freed (vLLM
+  records full blocks at allocation): a decode step need not look at rows that crossed no block.
 """
 from __future__ import annotations
 
@@ -76,11 +78,13 @@ class KVCacheManager:
         changing nothing, when the pool (or the batch) has too little room."""
         bs = self.block_size
         if not prefix and req.row >= 0:       # a running request (a decode, a further chunk)
-            need = cdiv(req.num_computed_tokens + num_new_tokens, bs) - len(req.blocks)
+            need = -(-(req.num_computed_tokens + num_new_tokens) // bs) - len(req.blocks)
             if need <= 0:
                 return True                   # its last block has room
             if need > self.pool.num_free:
                 return False
+            if req.num_computed_tokens // bs > req.num_cached_blocks:
+                self.cache_computed(req)      # its last block is full: findable before the step
             self._grow(req, self.pool.get_new_blocks(need))
             return True
         computed = req.num_computed_tokens + len(prefix) * bs
@@ -100,6 +104,25 @@ class KVCacheManager:
         req.num_cached_blocks += len(prefix)
         return True
 
+    def grow_rows(self, rows: list[int]) -> bool:
+        """One more block for each of these rows: a decode step's rows whose token falls past their last block
+        (exactly at its end: blocks are allocated exactly), their full last blocks recorded on the way. Returns
+        False, changing nothing, when the pool has too few free blocks (the scheduler then goes row by row and
+        preempts, and `allocate` sizes any row that is not exactly at its end)."""
+        bs, table, reqs = self.block_size, self.table, self.rows
+        if len(rows) > self.pool.num_free:
+            return False
+        for r in rows:
+            if reqs[r].num_computed_tokens != len(reqs[r].blocks) * bs:
+                return False
+        for r, block in zip(rows, self.pool.get_new_blocks(len(rows))):
+            req = reqs[r]
+            if req.num_computed_tokens // bs > req.num_cached_blocks:
+                self.cache_computed(req)
+            req.blocks.append(block)
+            table.append(r, (block.block_id,))
+        return True
+
     def _grow(self, req: Request, blocks: list[KVBlock]) -> None:
         """Append blocks to req's block list and table row."""
         if blocks:
@@ -107,20 +130,20 @@ class KVCacheManager:
             self.table.append(req.row, [block.block_id for block in blocks])
 
     def decode_positions(self) -> np.ndarray:
-        """Each row's next token position (its computed tokens), as the decode path's vector."""
-        return np.fromiter([req.num_computed_tokens for req in self.rows], np.int64, len(self.rows))
+        """Each row's next token position (its computed tokens), as the decode path's vector. In steady decode,
+        the last decode's positions + 1 (no read per row; the first and last rows are checked against them)."""
+        rows = self.rows
+        known = self.table.predicted_decode_positions(len(rows))
+        if known is not None and known[0] == rows[0].num_computed_tokens and \
+                known[-1] == rows[-1].num_computed_tokens:
+            return known
+        return np.fromiter([req.num_computed_tokens for req in rows], np.int64, len(rows))
 
-    def rows_needing_blocks(self, positions: np.ndarray) -> np.ndarray:
+    def rows_needing_blocks(self, positions: np.ndarray) -> list[int]:
         """Rows (ascending) whose next token, at positions[r], falls past their last block: in a decode step
-        only these need `allocate` (about one row in block_size), found without a call per row."""
+        only these need `allocate` (about one row in block_size), found without a call per row. They are also
+        the only rows whose last block became full (blocks are allocated exactly), and `allocate` records it."""
         return self.table.rows_needing_blocks(positions)
-
-    def cache_computed_all(self, reqs: list[Request]) -> None:
-        """`cache_computed` for every request that has a newly full block (a cheap check per request)."""
-        bs = self.block_size
-        for req in reqs:
-            if req.num_computed_tokens // bs > req.num_cached_blocks:
-                self.cache_computed(req)
 
     def cache_computed(self, req: Request) -> None:
         """Record req's newly full, computed blocks in the prefix cache (after a step wrote their K/V)."""
@@ -132,7 +155,9 @@ class KVCacheManager:
             req.num_cached_blocks = full
 
     def free(self, req: Request) -> None:
-        """Release req's blocks (last first) and its row; the last row moves into the hole."""
+        """Release req's blocks (last first) and its row; the last row moves into the hole. Its full, computed
+        blocks are recorded first (they stay findable in the free queue until evicted)."""
+        self.cache_computed(req)
         self.pool.free_blocks(reversed(req.blocks))
         req.blocks = []
         req.num_cached_blocks = 0

@@ -28,7 +28,8 @@ class BlockHash(NamedTuple):
 def hash_block_tokens(parent: BlockHash | None, tokens: Sequence[int]) -> BlockHash:
     """The chained hash of one full block (Python's tuple hash: deterministic for ints within a process)."""
     tokens = tuple(tokens)
-    return BlockHash(hash((parent.value if parent is not None else None, tokens)), tokens)
+    value = hash((parent.value if parent is not None else None, tokens))
+    return tuple.__new__(BlockHash, (value, tokens))    # BlockHash(value, tokens) without its Python __new__
 
 
 class KVBlock:
@@ -47,7 +48,7 @@ class KVBlock:
 
 
 class FreeBlockQueue:
-    """A doubly-linked list of free blocks between two sentinels: popleft, append and remove are O(1)."""
+    """A doubly-linked list of free blocks between two sentinels: append and remove are O(1), popleft_n O(n)."""
 
     def __init__(self, blocks: Iterable[KVBlock]):
         self._head, self._tail = KVBlock(-1), KVBlock(-1)
@@ -67,12 +68,17 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self.num_free -= 1
 
-    def popleft(self) -> KVBlock:
-        block = self._head.next_free
-        if block is self._tail:
-            raise PoolExhaustedError("the KV block pool has no free block")
-        self.remove(block)
-        return block
+    def popleft_n(self, n: int) -> list[KVBlock]:
+        """The first n blocks, unlinked in one pass (n <= num_free)."""
+        out, block = [], self._head.next_free
+        for _ in range(n):
+            out.append(block)
+            nxt = block.next_free
+            block.prev_free = block.next_free = None
+            block = nxt
+        self._head.next_free, block.prev_free = block, self._head
+        self.num_free -= n
+        return out
 
     def __iter__(self):
         block = self._head.next_free
@@ -101,14 +107,12 @@ class BlockPool:
         if n > self.free_queue.num_free:
             raise PoolExhaustedError(f"asked for {n} KV blocks, {self.free_queue.num_free} are free",
                                      hint="free requests first, or give the pool more blocks")
-        out = []
-        for _ in range(n):
-            block = self.free_queue.popleft()
+        out = self.free_queue.popleft_n(n)
+        for block in out:
             if block.block_hash is not None:
                 del self.cached[block.block_hash]
                 block.block_hash = None
             block.ref_cnt = 1
-            out.append(block)
         return out
 
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:

@@ -29,6 +29,9 @@ class BlockTable:
         self._capacity = np.zeros(max_batch, dtype=np.int64)
         self._last_base = np.zeros(max_batch, dtype=np.int64)
         self._offset = np.zeros(max_batch, dtype=np.int64)                # scratch: position % block_size
+        # the next decode step's positions (the last decode's + 1) while no row moved or prefilled since
+        self._next_positions = np.zeros(max_batch, dtype=np.int64)
+        self._predicted_rows = 0
         self._live_tokens = 0                # slots written by the last fill (the rest are already -1)
         self.entries_written = 0             # table entries written so far (tests: only changes are written)
 
@@ -57,16 +60,18 @@ class BlockTable:
         self._capacity[dst], self._last_base[dst] = self._capacity[src], self._last_base[src]
         self.entries_written += n
         self.clear(src)
+        self._predicted_rows = 0
 
     def clear(self, row: int) -> None:
         """Zero a row that no request holds any more (stale ids must not outlive their owner)."""
         self._table[row, :self._lengths[row]] = 0
         self._lengths[row] = 0
         self._capacity[row] = self._last_base[row] = 0
+        self._predicted_rows = 0
 
-    def rows_needing_blocks(self, positions: np.ndarray) -> np.ndarray:
+    def rows_needing_blocks(self, positions: np.ndarray) -> list[int]:
         """Rows (ascending) whose next token, at positions[r], falls past their last block."""
-        return np.flatnonzero(positions >= self._capacity[:len(positions)])
+        return (positions >= self._capacity[:len(positions)]).nonzero()[0].tolist()   # (flatnonzero: 6 frames)
 
     def fill_decode_slots(self, positions: np.ndarray) -> int:
         """A decode step's slots: row r feeds one token at positions[r] (int64), rows 0..B-1 in order. The token
@@ -79,7 +84,14 @@ class BlockTable:
         if n < self._live_tokens:
             self._slots[n:self._live_tokens] = -1
         self._live_tokens = n
+        np.add(positions, 1, out=self._next_positions[:n])
+        self._predicted_rows = n
         return n
+
+    def predicted_decode_positions(self, n: int) -> np.ndarray | None:
+        """Rows 0..n-1's positions if the step after the last `fill_decode_slots` computed one token per row and no
+        row moved, left or prefilled since (the caller checks the requests agree); None otherwise."""
+        return self._next_positions[:n].copy() if n and self._predicted_rows == n else None
 
     def fill_slots(self, spans: Sequence[tuple[int, int, int]]) -> int:
         """Write the slots of a step's tokens, packed in order: (row, first position, count) per request. Tokens
@@ -96,4 +108,5 @@ class BlockTable:
         if t < self._live_tokens:
             slots[t:self._live_tokens] = -1
         self._live_tokens = t
+        self._predicted_rows = 0
         return t

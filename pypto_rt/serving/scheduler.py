@@ -100,7 +100,10 @@ class Scheduler:
         """Every running request decodes (the steady state): only rows whose token falls past their last block
         allocate; preemption takes the last rows, so the rows still to visit keep their indices."""
         rows = self.kv.rows
-        for r in self.kv.rows_needing_blocks(self.kv.decode_positions()):
+        needing = self.kv.rows_needing_blocks(self.kv.decode_positions())
+        if self.kv.grow_rows(needing):       # the pool has room for all of them (the common case)
+            return dict.fromkeys(rows, 1)
+        for r in needing:
             if r >= len(rows):
                 break
             req = rows[r]

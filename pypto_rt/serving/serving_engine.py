@@ -117,8 +117,9 @@ class ServingEngine:
                 if req.first_token_time is None:
                     req.first_token_time = now
                 done = len(ids) >= req.max_total_tokens or token == req.eos_id
-            if computed // bs > req.num_cached_blocks:
-                self.kv.cache_computed(req)       # a block became full
+            if n > 1 and computed // bs > req.num_cached_blocks:
+                self.kv.cache_computed(req)       # a chunk filled blocks: findable by the next admissions
+            # (a decode's full block is recorded when its request takes the next block, or is freed)
             if done:
                 req.finish_time = now
                 self.scheduler.finish(req)

@@ -252,6 +252,20 @@ def test_tile_cmp_gives_mask_for_sel_and_sels():
     assert relu.dtype == D.FP16 and torch.equal(relu.data, torch.where(a >= 0, a, torch.zeros_like(a)))
 
 
+
+def test_sel_of_one_dtype_moves_values_bit_for_bit():
+    """A select moves values: a bf16 NaN's sign and payload survive (a round trip through FP32 canonicalises them),
+    and the lhs keeps its valid box unless the mask or rhs broadcasts it."""
+    odd_nan = torch.tensor([-0x3F, 0x7F81], dtype=torch.int16).view(torch.bfloat16)   # 0xFFC1, 0x7F81
+    lhs = torch.cat([odd_nan, torch.tensor([1.5, -2.0], dtype=torch.bfloat16)]).view(1, 4)
+    rhs = torch.zeros(1, 4, dtype=torch.bfloat16)
+    mask = tv(torch.tensor([[1, 1, 0, 1]], dtype=torch.int64))
+    picked = CS.sel(mask, tv(lhs, valid=(1, 3)), tv(rhs))
+    assert picked.dtype == D.BF16 and picked.valid == (1, 3)
+    assert torch.equal(picked.data.view(torch.int16), torch.where(mask.data != 0, lhs, rhs).view(torch.int16))
+    rows = CS.sel(tv(torch.tensor([[1], [0]])), tv(lhs, valid=(1, 3)), tv(torch.zeros(2, 4, dtype=torch.bfloat16)))
+    assert rows.valid is None and torch.equal(rows.data[0].view(torch.int16), lhs[0].view(torch.int16))
+
 # --------------------------------------------------------------------------------------------- bitwise
 
 def test_bitwise_and_shifts_keep_lhs_dtype():

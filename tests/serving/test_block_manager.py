@@ -104,6 +104,88 @@ def test_decode_steps_write_a_table_entry_only_when_a_block_is_added():
     assert written == [0, 1, 0, 0, 0, 1]
 
 
+def test_a_block_filled_by_decodes_is_cached_when_its_request_takes_the_next_block():
+    kv = manager()
+    req = Request(0, [1, 2, 3], 10)
+    admit(kv, req)                           # 3 tokens: block 0 not full yet
+    assert kv.allocate(req, 1)               # the decode of position 3 fills block 0
+    req.token_ids.append(7)
+    req.num_computed_tokens += 1
+    assert kv.allocate(req, 1)               # position 4 takes block 1: block 0 is recorded on the way
+    assert kv.pool.lookup(req.block_hashes[0]) is req.blocks[0] and req.num_cached_blocks == 1
+
+
+def test_a_freed_request_leaves_its_full_blocks_findable():
+    kv = manager()
+    req = Request(0, [1, 2, 3], 10)
+    admit(kv, req)
+    assert kv.allocate(req, 1)
+    req.token_ids.append(7)
+    req.num_computed_tokens += 1             # block 0 full, not recorded yet (no next block taken)
+    first = req.blocks[0]
+    kv.free(req)
+    again = Request(1, [1, 2, 3, 7, 9], 4)
+    assert kv.lookup_prefix(again) == [first]
+
+
+class CountedRequest(Request):
+    """A request that counts reads of its position (the decode path's per-row Python)."""
+    reads = 0
+
+    @property
+    def num_computed_tokens(self):
+        CountedRequest.reads += 1
+        return self._computed
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value):
+        self._computed = value
+
+
+def decode_step(kv):
+    """One decode step as the scheduler and the runner run it; then every row's token is computed. Returns the
+    positions and how many positions the manager read from the requests to find them."""
+    CountedRequest.reads = 0
+    positions = kv.decode_positions()
+    reads = CountedRequest.reads
+    for r in kv.rows_needing_blocks(positions):
+        assert kv.allocate(kv.rows[r], 1)
+    kv.table.fill_decode_slots(positions)
+    for req in kv.rows:
+        req.token_ids.append(7)
+        req.num_computed_tokens += 1
+    return positions.tolist(), reads
+
+
+def test_steady_decode_reads_no_position_per_row_and_stays_exact_across_leaves_and_joins():
+    kv = KVCacheManager(64, BS, 8, 8, max_num_tokens=32)
+    reqs = [CountedRequest(i, [i] * (i + 1), 12) for i in range(6)]
+    for req in reqs:
+        admit(kv, req)
+    for step in range(9):
+        if step == 4:
+            kv.free(kv.rows[1])              # a leave moves the last row into the hole
+        if step == 6:
+            admit(kv, CountedRequest(9, [5, 6], 12))
+        want = [req._computed for req in kv.rows]
+        positions, reads = decode_step(kv)
+        assert positions == want
+        assert reads == (len(want) if step in (0, 4, 6) else 2), step   # after a decode with the same rows:
+                                                                         # the first and last rows checked
+
+
+def test_growing_decode_rows_is_all_or_nothing():
+    kv = manager(num_blocks=3)
+    a, b = Request(0, [1, 2, 3, 4], 8), Request(1, [5, 6, 7, 8], 8)
+    admit(kv, a)
+    admit(kv, b)                             # 2 of 3 blocks taken; both rows' next tokens need a block
+    written = kv.table.entries_written
+    assert kv.rows_needing_blocks(kv.decode_positions()) == [0, 1]
+    assert not kv.grow_rows([0, 1]) and kv.pool.num_free == 1 and kv.table.entries_written == written
+    assert kv.grow_rows([1]) and len(b.blocks) == 2 and row(kv, b)[1] == b.blocks[1].block_id
+    a.num_computed_tokens = 3                # not at its last block's end: left to `allocate`
+    assert not kv.grow_rows([0]) and len(a.blocks) == 1
+
 def test_failed_allocation_changes_nothing():
     kv = manager(num_blocks=3)
     a = Request(0, list(range(8)), 4)

@@ -21,6 +21,15 @@ def test_new_blocks_come_from_the_head_and_freed_ones_join_the_tail():
     assert ids(pool.get_new_blocks(4)) == [3, 4, 5, 2]      # least recently freed first
 
 
+
+def test_taking_every_free_block_leaves_a_queue_that_still_links():
+    pool = BlockPool(4)
+    taken = pool.get_new_blocks(4)
+    assert ids(taken) == [0, 1, 2, 3] and list(pool.free_queue) == [] and pool.num_free == 0
+    assert all(b.prev_free is None and b.next_free is None for b in taken)
+    pool.free_blocks([taken[2], taken[0]])
+    assert ids(pool.free_queue) == [2, 0] and ids(pool.get_new_blocks(1)) == [2] and ids(pool.free_queue) == [0]
+
 def test_reference_counts_keep_shared_blocks_out_of_the_free_queue():
     pool = BlockPool(4)
     a = pool.get_new_blocks(2)

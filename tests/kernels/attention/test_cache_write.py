@@ -86,6 +86,15 @@ def test_a_stacked_pool_takes_a_layer_slice_or_offset_block_ids():
     assert torch.equal(pool_k, sliced_k) and torch.equal(pool_v, sliced_v)
 
 
+def test_padding_next_to_the_low_slots_leaves_the_spare_slot_as_it_was():
+    check_write([0, 1, -1, 4, 2])          # the -1 row rewrites slot 3, the smallest slot no row names
+
+
+def test_a_pool_no_larger_than_the_rows_written_still_skips_padding():
+    kc, vc = caches(blocks=1)                      # 4 slots, all written, and a padding row: no spare slot
+    check_write([2, -1, 0, 3, 1], key_cache=kc, value_cache=vc)
+    check_write([-1] * 5, key_cache=kc, value_cache=vc)
+
 def test_empty_writes_are_legal():
     kc, vc = caches()
     before = kc.clone()

@@ -2,16 +2,25 @@
 recorded once and replayed as torch calls (the lengths, slots and table entries read again by every replay),
 with every call's results equal to the golden's (a prefill's too while its chunks keep their number of query
 tiles)."""
+import pytest
 import torch
 
 from pypto_rt import config, run_stats
-from pypto_rt.kernels.attention import (chunked_prefill_attention, golden, paged_decode_attention,
-                                        write_kv_cache)
+from pypto_rt.kernels.attention import (cache_write, chunked_prefill_attention, golden, paged,
+                                        paged_decode_attention, write_kv_cache)
 from pypto_rt.replay.policy import ReplayPolicy, policy_scope
 from pypto_rt.run_stats import REPLAYED
 
 B, NB, BS, MB, KVH, QH, D = 3, 24, 4, 6, 2, 4, 8
 CALLS = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 2
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernels():
+    """Kernels built afresh: specialisations other tests of the process recorded (their shapes) do not count
+    against this test's (policy.max_specialisations per entry)."""
+    for builder in (cache_write.cache_write_kernel, paged.decode_kernel, paged.prefill_kernel):
+        builder.cache_clear()
 
 
 def test_decode_steps_with_changing_lengths_slots_and_tables_replay():
