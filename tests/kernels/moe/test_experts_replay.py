@@ -1,5 +1,7 @@
 """The routed experts' decode form replays on the compiled executor while the routing (the counts) changes within
 its rows: its course does not follow the counts, so no guard misses."""
+import re
+
 import pytest
 import torch
 
@@ -38,3 +40,33 @@ def test_decode_form_replays_while_the_counts_change(quantized):
             kinds.append(stats.replay.kind)
     assert len(seen) > CALLS // 2
     assert kinds[-3:] == [REPLAYED] * 3, kinds
+
+
+def _replayed_calls(reason: str) -> int:
+    match = re.match(r"replay of (\d+) torch calls", reason)
+    assert match, reason
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_decode_form_replays_as_many_torch_calls_for_2_or_8_local_experts(quantized):
+    """The decode form batches its experts' matmuls: its replay's torch calls (Python per call) do not grow with
+    the local experts (the per-expert blocks made 35 calls each)."""
+    calls = {}
+    gen = torch.Generator().manual_seed(5)
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for experts in (2, 8):
+            cfg = MoEConfig(hidden=HIDDEN, num_experts=experts, top_k=2, max_tokens_per_rank=16,
+                            intermediate_size=INTER)
+            weights = ExpertWeights(*((torch.randn(shape, generator=gen) * 0.2).bfloat16() for shape in
+                                      ((experts, INTER, HIDDEN), (experts, INTER, HIDDEN), (experts, HIDDEN, INTER))))
+            weights = weights.quantize() if quantized else weights
+            recv_x, out = torch.randn(experts, 16, HIDDEN, generator=gen).bfloat16(), torch.zeros(experts, 16, HIDDEN,
+                                                                                                dtype=torch.bfloat16)
+            for _ in range(CALLS):
+                counts = torch.randint(0, 3, (experts,), generator=gen, dtype=torch.int32)
+                with run_stats.collect() as stats:
+                    run_experts(cfg, weights, recv_x, counts, out=out, rows_hint=2)
+            assert stats.replay.kind == REPLAYED, stats.replay
+            calls[experts] = _replayed_calls(stats.replay.reason)
+    assert calls[8] == calls[2], calls
