@@ -83,7 +83,7 @@ def summary_lines(s: dict) -> list[str]:
         f"empty per rank {s['empty_steps']}; preemptions {s['preemptions']}",
         f"prefix cache {100 * s['prefix_hit_rate']:.1f}% of prompt tokens hit "
         f"({s['prefix_hit_tokens']}/{s['prefix_queried_tokens']})",
-        f"experts      rows per expert (all layers, padded rows included): {s['expert_tokens']}",
+        f"experts      rows per expert (all layers, live tokens only): {s['expert_tokens']}",
         f"time         model forward {100 * s['model_share']:.0f}% (MoE layers {100 * s['moe_share']:.0f}%: router, "
         f"dispatch, experts, combine; attention and dense layers the rest), step all-reduce "
         f"{100 * s['agree_share']:.0f}% (with the wait for the slowest rank), host {100 * host:.0f}% (scheduling, "

@@ -121,18 +121,43 @@ def longest_length():
     return longest
 
 
+def _decode_tile(shape: AttnShape):
+    """An inline `(kt, q_t, lens64, last, table64, has_context, head_ids, k_rows, v_rows, batch) -> (s, v)`: KV tile
+    kt of every request, its scaled scores s [B * QH, KV_TILE] FP32 (positions past a length at NEG_CAP) and its
+    values v [B * KVH, KV_TILE, D], from one gather per cache of [B * KVH * KV_TILE] rows and one batched matmul."""
+    qh, kvh, d, bs = shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size
+
+    @pl.jit.inline
+    def decode_tile(kt, q_t, lens64, last, table64, has_context, head_ids, k_rows, v_rows, batch):
+        heads = batch * kvh
+        pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT64), kt * KV_TILE)
+        inside = pl.maxs(pl.minimum(pos, last), 0)
+        blocks = pl.sels(has_context, pl.gather(table64, dim=-1, index=pl.divs(inside, bs)), scalar=0)
+        slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
+        live_heads = pl.reshape(pl.cmp(pos, lens64, cmp_type=2), [batch, 1, KV_TILE])
+        idx = pl.reshape(pl.add(pl.reshape(pl.muls(slots, kvh), [batch, 1, KV_TILE]), head_ids),
+                         [1, heads * KV_TILE])
+        k = pl.reshape(pl.mgather(k_rows, idx, coalesce="row"), [heads, KV_TILE, d])
+        v = pl.reshape(pl.mgather(v_rows, idx, coalesce="row"), [heads, KV_TILE, d])
+        scores = pl.reshape(pl.transpose(pl.batch_matmul(k, q_t), 1, 2), [batch, qh, KV_TILE])
+        masked = pl.sels(live_heads, pl.muls(scores, shape.scale), scalar=NEG_CAP)
+        return pl.reshape(masked, [batch * qh, KV_TILE]), v
+
+    return decode_tile
+
+
 def _decode_batch(shape: AttnShape):
     """An inline `(query [B, QH, D], lens [B, 1], longest, table [B, max_blocks], k_rows, v_rows, out [B, QH * D])`:
-    every request at once, per KV tile of the longest context: one gather per cache of [B * KVH * KV_TILE] rows,
-    one batched matmul for the scores and one for the values."""
-    qh, kvh, d, group, bs, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.group, shape.block_size,
-                                 shape.dtype)
+    every request at once, per KV tile of the longest context (_decode_tile). The first tile starts the online
+    softmax (its running max, sum and output are that tile's own: no rescaling of an empty start), the loop folds
+    in the others; a batch whose lengths are all 0 still runs the first tile, and its rows are zeroed."""
+    qh, kvh, d, group, dt = shape.q_heads, shape.kv_heads, shape.head_dim, shape.group, shape.dtype
+    decode_tile = _decode_tile(shape)
 
     @pl.jit.inline
     def decode_batch(query, lens, longest_len, table, k_rows, v_rows, out_flat, batch):
         heads = batch * kvh
         q_rows = batch * qh
-        gathered = heads * KV_TILE
         q_t = pl.transpose(pl.reshape(query, [heads, group, d]), 1, 2)
         # index math in INT64 throughout (lengths and table cast once): no INT32 round trip after every op
         lens64 = pl.cast(lens, target_type=pl.INT64)
@@ -140,21 +165,13 @@ def _decode_batch(shape: AttnShape):
         table64 = pl.cast(table, target_type=pl.INT64)
         head_ids = pl.reshape(pl.arange(0, [1, kvh], dtype=pl.INT64), [1, kvh, 1])
         has_context = pl.cmps(lens, 0, cmp_type=4)
-        m0 = pl.full([q_rows, 1], dtype=pl.FP32, value=NEG_CAP)
-        l0 = pl.full([q_rows, 1], dtype=pl.FP32, value=0.0)
-        acc0 = pl.full([heads, group, d], dtype=pl.FP32, value=0.0)
-        for kt, (m, l, acc) in pl.range((longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
-            pos = pl.adds(pl.arange(0, [1, KV_TILE], dtype=pl.INT64), kt * KV_TILE)
-            inside = pl.maxs(pl.minimum(pos, last), 0)
-            blocks = pl.sels(has_context, pl.gather(table64, dim=-1, index=pl.divs(inside, bs)), scalar=0)
-            slots = pl.add(pl.muls(blocks, bs), pl.rems(inside, bs))
-            live_heads = pl.reshape(pl.cmp(pos, lens64, cmp_type=2), [batch, 1, KV_TILE])
-            idx = pl.reshape(pl.add(pl.reshape(pl.muls(slots, kvh), [batch, 1, KV_TILE]), head_ids), [1, gathered])
-            k = pl.reshape(pl.mgather(k_rows, idx, coalesce="row"), [heads, KV_TILE, d])
-            v = pl.reshape(pl.mgather(v_rows, idx, coalesce="row"), [heads, KV_TILE, d])
-            scores = pl.reshape(pl.transpose(pl.batch_matmul(k, q_t), 1, 2), [batch, qh, KV_TILE])
-            masked = pl.sels(live_heads, pl.muls(scores, shape.scale), scalar=NEG_CAP)
-            s = pl.reshape(masked, [q_rows, KV_TILE])
+        s0, v0 = decode_tile(0, q_t, lens64, last, table64, has_context, head_ids, k_rows, v_rows, batch)
+        m0 = pl.row_max(s0)
+        p0 = pl.exp(pl.row_expand_sub(s0, m0))
+        l0 = pl.row_sum(p0)
+        acc0 = pl.batch_matmul(pl.cast(pl.reshape(p0, [heads, group, KV_TILE]), target_type=dt), v0)
+        for kt, (m, l, acc) in pl.range(1, (longest_len + KV_TILE - 1) // KV_TILE, init_values=(m0, l0, acc0)):
+            s, v = decode_tile(kt, q_t, lens64, last, table64, has_context, head_ids, k_rows, v_rows, batch)
             m_new = pl.maximum(m, pl.row_max(s))
             p = pl.exp(pl.row_expand_sub(s, m_new))
             alpha = pl.exp(pl.sub(m, m_new))

@@ -25,14 +25,6 @@ def rope_cache(head_dim: int, max_positions: int, theta: float = 10000.0) -> tor
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
 
 
-@pl.jit.inline
-def head_token(tokens, heads):
-    """[tokens * heads, 1] INT32: row t * heads + h holds t (each head row's token)."""
-    ramp = pl.reshape(pl.arange(0, [1, tokens], dtype=pl.INT32), [tokens, 1])
-    rows = tokens * heads
-    return pl.reshape(pl.row_expand(pl.full([tokens, heads], dtype=pl.INT32, value=0), ramp), [rows, 1])
-
-
 @functools.lru_cache(maxsize=None)
 def rope_kernel(heads: int, head_dim: int, positions: int, dtype: torch.dtype):
     dt = PL_DTYPES[dtype]
@@ -53,17 +45,14 @@ def rope_kernel(heads: int, head_dim: int, positions: int, dtype: torch.dtype):
         for tb in pl.spmd((t_dim + ROW_TILE - 1) // ROW_TILE, name_hint="rotary_embedding"):
             t0 = tb * ROW_TILE
             valid = pl.min(ROW_TILE, t_dim - t0)
-            head_rows = valid * heads
-            head_pos = pl.mgather(pos[t0 : t0 + valid, :], head_token(valid, heads), coalesce="row")
-            angles = pl.mgather(cos_sin, head_pos, coalesce="row")
-            cos = angles[:, 0:half]
-            sin = angles[:, half:head_dim]
-            rows = pl.reshape(widen(x[t0 : t0 + valid, :]), [head_rows, head_dim])
-            x1 = rows[:, 0:half]
-            x2 = rows[:, half:head_dim]
-            rotated = pl.full([head_rows, head_dim], dtype=pl.FP32, value=0.0)
-            rotated[:, 0:half] = pl.sub(pl.mul(x1, cos), pl.mul(x2, sin))
-            rotated[:, half:head_dim] = pl.add(pl.mul(x2, cos), pl.mul(x1, sin))
+            # one cos|sin row per token, broadcast over its heads ([valid, 1, half] against [valid, heads, half])
+            angles = pl.mgather(cos_sin, pos[t0 : t0 + valid, :], coalesce="row")
+            cos = pl.reshape(angles[:, 0:half], [valid, 1, half])
+            sin = pl.reshape(angles[:, half:head_dim], [valid, 1, half])
+            rows = pl.reshape(widen(x[t0 : t0 + valid, :]), [valid, heads, head_dim])
+            x1 = rows[:, :, 0:half]
+            x2 = rows[:, :, half:head_dim]
+            rotated = pl.concat(pl.sub(pl.mul(x1, cos), pl.mul(x2, sin)), pl.add(pl.mul(x2, cos), pl.mul(x1, sin)))
             out[t0 : t0 + valid, :] = narrow(pl.reshape(rotated, [valid, width]))
         return out
 

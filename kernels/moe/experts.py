@@ -7,17 +7,15 @@ program never reads device data). A tile's rows past the count are zeroed on loa
 y's rows past counts[e] are zeros in the last live tile and keep what `out` held after it (all zeros when the
 wrapper allocates `out`). The last tile of an expert may overhang R: only its rows below R are stored.
 
-Decode form (RoutedShape.fixed_rows > 0, when the caller bounds every count by at most DECODE_ROWS_MAX rows): one
-block per expert runs the FFN on its first fixed_rows rows whatever the count (rows past it zeroed by the same
-compare and select), so the block's course does not follow the counts and a call with new routing still replays.
-Rows past the bound, should a count exceed it, are served by ROW_TILE tiles from row fixed_rows on (a loop that a
-replay guards on, so such a call runs on the engine); y's rows past a count are zeros up to the last computed row.
+Decode forms (RoutedShape.fixed_rows > 0, when the caller bounds every count by at most DECODE_ROWS_MAX rows;
+experts_decode.py), both replaying whatever the routing: every local expert's first fixed_rows rows in one block
+of batched tile ops, or, when the bound's routes reach at most half the experts (batch 1), one block per expert
+with rows, its id read from data, so only the hit experts' weights are read.
 
 Shared: the same FFN on the local tokens x [T, H], one block per ROW_TILE rows, the last one partial.
 """
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +23,11 @@ import pypto.language as pl
 from pypto_rt.kernels.moe.config import MoEConfig
 from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, ROW_TILE, FfnShape, bf16_ffn, cast_to, int8_ffn
+from pypto_rt.kernels.moe.experts_decode import (
+    SORT_WIDTH, expert_slots_kernel, routed_bf16_decode, routed_int8_decode, routed_slots_kernel,
+)
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, describe
+from pypto_rt.kernels.moe.routed_shape import RoutedShape, live_rows as live_rows_of
 from pypto_rt.kernels.moe.weights import ExpertWeights, QuantizedExpertWeights
 
 EXPERT_SPLIT = 4            # spmd blocks per local expert: a skewed expert's tiles still spread over workers
@@ -33,37 +35,14 @@ DECODE_ROWS_MAX = 32        # the largest row bound served by the decode form (i
 T_DYN = pl.dynamic("T_DYN")
 
 
-def _live_rows(hidden: int, dt, tile_rows: int = ROW_TILE):
-    """An inline `(tile [tile_rows, hidden], n) -> the tile with its rows from n on zeroed` (whatever they held:
-    NaN too). An integer compare and a select rather than a valid box, so the count stays data: a replay reads
-    it again instead of pinning it."""
-
-    @pl.jit.inline
-    def live_rows(tile, n):
-        row = pl.row_expand(pl.full([tile_rows, hidden], dtype=pl.INT32, value=0),
-                            pl.reshape(pl.arange(0, [1, tile_rows], dtype=pl.INT32), [tile_rows, 1]))
-        return pl.sel(pl.cmps(row, n, cmp_type=2), tile, pl.full([tile_rows, hidden], dtype=dt, value=0.0))
-
-    return live_rows
-
-
-@dataclass(frozen=True)
-class RoutedShape:
-    ffn: FfnShape
-    n_local: int
-    rows: int
-    split: int                  # spmd blocks per local expert (EXPERT_SPLIT)
-    fixed_rows: int = 0         # > 0: the decode form, one block per expert over this many rows (see the top)
-
-
 def routed_bf16(shape: RoutedShape):
     """The inline `(recv_x, counts, w_gate, w_up, w_down, y) -> y` of the bf16 routed experts (for kernels that
     compose it, e.g. with dispatch and combine); `routed_bf16_kernel` is its `@pl.jit` entry."""
     if shape.fixed_rows:
-        return _routed_bf16_decode(shape)
+        return routed_bf16_decode(shape)
     n_local, rows, hidden, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.split
     dt = PL_DTYPES[shape.ffn.dtype]
-    ffn, to_out, live_rows = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
+    ffn, to_out, live_rows = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt), live_rows_of(hidden, dt)
 
     @pl.jit.inline
     def routed_experts(recv_x, counts, w_gate, w_up, w_down, y):
@@ -80,39 +59,14 @@ def routed_bf16(shape: RoutedShape):
     return routed_experts
 
 
-def _routed_bf16_decode(shape: RoutedShape):
-    """routed_bf16's decode form: one block per expert, its first fixed_rows rows at a fixed shape, then the tile
-    loop over any rows past them (none while the counts keep within the bound). The loop counts the rows past the
-    bound, 0 for any count within it, so a replay's guard is `count <= bound`, not the count's tile count."""
-    n_local, rows, hidden, fixed = shape.n_local, shape.rows, shape.ffn.hidden, shape.fixed_rows
-    dt = PL_DTYPES[shape.ffn.dtype]
-    ffn, to_out = bf16_ffn(shape.ffn), cast_to(pl.FP32, dt)
-    live_rows, live_fixed = _live_rows(hidden, dt), _live_rows(hidden, dt, fixed)
-
-    @pl.jit.inline
-    def routed_experts_decode(recv_x, counts, w_gate, w_up, w_down, y):
-        for e in pl.spmd(n_local, name_hint="moe_experts_decode"):
-            live = pl.min(pl.read(counts, [e]), rows)
-            x = live_fixed(recv_x[e, 0:fixed, :], live)
-            y[e, 0:fixed, :] = to_out(ffn(x, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
-            for tb in pl.range((pl.max(0, live - fixed) + ROW_TILE - 1) // ROW_TILE):
-                t0 = fixed + tb * ROW_TILE
-                x_tile = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
-                y_tile = to_out(ffn(x_tile, w_gate[e, :, :], w_up[e, :, :], w_down[e, :, :]))
-                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(y_tile, pl.min(ROW_TILE, rows - t0), hidden)
-        return y
-
-    return routed_experts_decode
-
-
 def routed_int8(shape: RoutedShape):
     """The inline `(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y) -> y` of the W8A8
     routed experts; `routed_int8_kernel` is its `@pl.jit` entry."""
     if shape.fixed_rows:
-        return _routed_int8_decode(shape)
+        return routed_int8_decode(shape)
     n_local, rows, hidden, split = shape.n_local, shape.rows, shape.ffn.hidden, shape.split
     dt = PL_DTYPES[shape.ffn.dtype]
-    ffn, to_out, live_rows = int8_ffn(shape.ffn), cast_to(pl.FP32, dt), _live_rows(hidden, dt)
+    ffn, to_out, live_rows = int8_ffn(shape.ffn), cast_to(pl.FP32, dt), live_rows_of(hidden, dt)
 
     @pl.jit.inline
     def routed_experts_int8(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y):
@@ -128,32 +82,6 @@ def routed_int8(shape: RoutedShape):
         return y
 
     return routed_experts_int8
-
-
-def _routed_int8_decode(shape: RoutedShape):
-    """routed_int8's decode form (see _routed_bf16_decode)."""
-    n_local, rows, hidden, fixed = shape.n_local, shape.rows, shape.ffn.hidden, shape.fixed_rows
-    dt = PL_DTYPES[shape.ffn.dtype]
-    ffn, to_out = int8_ffn(shape.ffn), cast_to(pl.FP32, dt)
-    live_rows, live_fixed = _live_rows(hidden, dt), _live_rows(hidden, dt, fixed)
-
-    @pl.jit.inline
-    def routed_experts_int8_decode(recv_x, counts, w_gate, gate_scale, w_up, up_scale, w_down, down_scale, y):
-        for e in pl.spmd(n_local, name_hint="moe_experts_int8_decode"):
-            live = pl.min(pl.read(counts, [e]), rows)
-            x = live_fixed(recv_x[e, 0:fixed, :], live)
-            y_fixed = ffn(x, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :], up_scale[e : e + 1, :],
-                          w_down[e, :, :], down_scale[e : e + 1, :])
-            y[e, 0:fixed, :] = to_out(y_fixed)
-            for tb in pl.range((pl.max(0, live - fixed) + ROW_TILE - 1) // ROW_TILE):
-                t0 = fixed + tb * ROW_TILE
-                x_tile = live_rows(recv_x[e, t0 : t0 + ROW_TILE, :], live - t0)
-                y_tile = ffn(x_tile, w_gate[e, :, :], gate_scale[e : e + 1, :], w_up[e, :, :],
-                             up_scale[e : e + 1, :], w_down[e, :, :], down_scale[e : e + 1, :])
-                y[e, t0 : t0 + ROW_TILE, :] = pl.set_validshape(to_out(y_tile), pl.min(ROW_TILE, rows - t0), hidden)
-        return y
-
-    return routed_experts_int8_decode
 
 
 @functools.lru_cache(maxsize=None)
@@ -276,15 +204,32 @@ def run_experts(cfg: MoEConfig, weights, recv_x: torch.Tensor, counts: torch.Ten
     never by the host). Returns y like recv_x, written in `out` when given: y[e, :counts[e]] is expert e's FFN of
     those rows; rows past counts[e] are zeros, or keep out's contents past the last live row tile.
     `rows_hint`: the rows an expert is expected to get at most (e.g. world * T at decode); up to DECODE_ROWS_MAX it
-    selects the decode form, whose replays hold for any counts within the hint (counts past it stay correct)."""
+    selects a decode form, whose replays hold for any counts within the hint (counts past it stay correct): when
+    the hint's routes reach at most half the local experts, only the experts with rows run (their y rows written
+    as above; an expert with no rows keeps out's contents), else every expert in one batched block."""
     _check_weights("run_experts", cfg, weights)
     recv_x, counts = _checked_dispatch_layout(cfg, weights, recv_x, counts)
     y = _checked_out("run_experts", recv_x, out)
-    shape = RoutedShape(_ffn_shape(cfg, weights), recv_x.shape[0], recv_x.shape[1], EXPERT_SPLIT,
-                        decode_rows(rows_hint, recv_x.shape[1]))
+    n_local, rows = recv_x.shape[:2]
+    fixed = decode_rows(rows_hint, rows)
+    shape = RoutedShape(_ffn_shape(cfg, weights), n_local, rows, EXPERT_SPLIT, fixed,
+                        hit_slots(n_local, rows_hint, cfg.top_k) if fixed else 0)
+    if shape.slots:
+        order = torch.empty(1, SORT_WIDTH, dtype=torch.int32)
+        expert_slots_kernel(n_local)(counts, order)
+        routed_slots_kernel(shape, weights.quantized)(recv_x, counts, order, *_weight_args(weights), y)
+        return y
     kernel = routed_int8_kernel(shape) if weights.quantized else routed_bf16_kernel(shape)
     kernel(recv_x, counts, *_weight_args(weights), y)
     return y
+
+
+def hit_slots(n_local: int, rows_hint: int, top_k: int) -> int:
+    """The hit-experts form's slots: the most local experts rows_hint rows of top_k routes each can reach, when
+    that is at most half of them (reading only those experts' weights then beats the batched form reading all of
+    them: at batch 1 of 8 experts, 2 cold expert reads cost ~1/7 of the 8), else 0: the batched form."""
+    reach = max(1, rows_hint) * top_k
+    return reach if 2 * reach <= n_local <= SORT_WIDTH else 0
 
 
 def decode_rows(rows_hint: int | None, rows: int) -> int:

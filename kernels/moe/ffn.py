@@ -136,3 +136,64 @@ def int8_ffn(shape: FfnShape):
         return _dequantize(from_inter(_quantize(h, h_scale), wq_down), h_scale, down_scale)
 
     return ffn
+
+
+# ---- batched forms: every local expert at once, x [E, R, H] against the stacked weights [E, N, K] ----
+
+def batched_projection(contracted: int, step: int, acc_dtype):
+    """An inline `(a [E, R, K], w [E, N, K]) -> a @ w.T per expert [E, R, N]` in `acc_dtype`, walking K in steps."""
+
+    @pl.jit.inline
+    def project(a, w):
+        acc = pl.matmul(a[:, :, 0:step], w[:, :, 0:step], b_trans=True, out_dtype=acc_dtype)
+        for k0 in pl.pipeline(step, contracted, step, stage=2):
+            acc = pl.matmul_acc(acc, a[:, :, k0 : k0 + step], w[:, :, k0 : k0 + step], b_trans=True)
+        return acc
+
+    return project
+
+
+def batched_bf16_ffn(shape: FfnShape):
+    """bf16_ffn over every expert at once: `(x [E, R, H] dtype, w_gate [E, I, H], w_up, w_down [E, H, I]) ->
+    y [E, R, H] FP32`, expert e's rows against expert e's weights (batched matmuls)."""
+    from_hidden = batched_projection(shape.hidden, shape.hidden_step, pl.FP32)
+    from_inter = batched_projection(shape.inter, shape.inter_step, pl.FP32)
+    swiglu, to_dtype = _swiglu(shape.swiglu_limit), cast_to(pl.FP32, PL_DTYPES[shape.dtype])
+
+    @pl.jit.inline
+    def ffn(x, w_gate, w_up, w_down):
+        h = to_dtype(swiglu(from_hidden(x, w_gate), from_hidden(x, w_up)))
+        return from_inter(h, w_down)
+
+    return ffn
+
+
+def batched_int8_ffn(shape: FfnShape, experts: int, rows: int):
+    """int8_ffn over every expert at once: `(x [E, R, H] dtype, wq_gate [E, I, H] INT8, gate_scale [E, I], wq_up,
+    up_scale, wq_down [E, H, I], down_scale [E, H]) -> y [E, R, H] FP32`. Row scales are taken on the [E * R, .]
+    rows; each expert's channel scales broadcast over its rows as [E, 1, N]."""
+    hidden, inter = shape.hidden, shape.inter
+    from_hidden = batched_projection(hidden, shape.hidden_step, pl.INT32)
+    from_inter = batched_projection(inter, shape.inter_step, pl.INT32)
+    swiglu, to_fp32 = _swiglu(shape.swiglu_limit), cast_to(PL_DTYPES[shape.dtype], pl.FP32)
+    flat = experts * rows
+
+    @pl.jit.inline
+    def dequantize(acc, row_scale, channel_scale):
+        return pl.mul(pl.mul(pl.cast(acc, target_type=pl.FP32, mode="none"), row_scale), channel_scale)
+
+    @pl.jit.inline
+    def ffn(x, wq_gate, gate_scale, wq_up, up_scale, wq_down, down_scale):
+        xf = pl.reshape(to_fp32(x), [flat, hidden])
+        x_scale = _row_scale(xf)
+        xq = pl.reshape(_quantize(xf, x_scale), [experts, rows, hidden])
+        x_scale3 = pl.reshape(x_scale, [experts, rows, 1])
+        gate = dequantize(from_hidden(xq, wq_gate), x_scale3, pl.reshape(gate_scale, [experts, 1, inter]))
+        up = dequantize(from_hidden(xq, wq_up), x_scale3, pl.reshape(up_scale, [experts, 1, inter]))
+        h = pl.reshape(swiglu(gate, up), [flat, inter])
+        h_scale = _row_scale(h)
+        hq = pl.reshape(_quantize(h, h_scale), [experts, rows, inter])
+        return dequantize(from_inter(hq, wq_down), pl.reshape(h_scale, [experts, rows, 1]),
+                          pl.reshape(down_scale, [experts, 1, hidden]))
+
+    return ffn

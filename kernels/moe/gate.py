@@ -173,23 +173,23 @@ def _group_limiter(shape: GateShape):
     return limit_groups
 
 
-def _score_picker(n_experts: int, top_k: int):
-    """An inline `(score [R, E], idx [R, K] INT32) -> score[r, idx[r, k]] [R, K]`: per slot k, a row sum of the
-    scores selected where the expert id equals idx[:, k] (exact: one term is not zero); no data is read into the
-    program, so a call can replay."""
+@pl.jit.inline
+def _pick_scores(score, idx):
+    """score [R, E] at each row's chosen experts idx [R, K] INT32 -> [R, K] (one index-form gather: a tile op, so
+    no data is read into the program and a call can replay)."""
+    return pl.gather(score, dim=-1, index=idx)
+
+
+def _scaled(factor: float):
+    """An inline `tile -> tile * factor`, the identity for 1.0 (no torch call in a replay)."""
+    if factor == 1.0:
+        return _unchanged
 
     @pl.jit.inline
-    def pick_scores(score, idx):
-        experts = pl.col_expand(pl.full([ROW_TILE, n_experts], dtype=pl.INT32, value=0),
-                                pl.arange(0, [1, n_experts], dtype=pl.INT32))
-        zeros = pl.full([ROW_TILE, n_experts], dtype=pl.FP32, value=0.0)
-        picked = pl.full([ROW_TILE, top_k], dtype=pl.FP32, value=0.0)
-        for k in pl.range(top_k):
-            hit = pl.cmp(experts, pl.row_expand(experts, idx[:, k : k + 1]), cmp_type=0)
-            picked[:, k : k + 1] = pl.row_sum(pl.sel(hit, score, zeros))
-        return picked
+    def scaled(tile):
+        return pl.mul(tile, factor)
 
-    return pick_scores
+    return scaled
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,9 +200,8 @@ def gate_kernel(shape: GateShape):
     expert_pad = _sort_width(n_experts)
     score_of, sort_experts = SCORES[shape.score_func], _row_sorter(expert_pad, 2 * top_k)
     limit = _group_limiter(shape) if shape.n_group is not None else _unchanged
-    pick_scores = _score_picker(n_experts, top_k)
     finish = _renormalised if shape.norm_topk_prob else _unchanged
-    scale = shape.routed_scaling_factor
+    scale = _scaled(shape.routed_scaling_factor)
 
     @pl.jit
     def moe_gate(
@@ -222,7 +221,7 @@ def gate_kernel(shape: GateShape):
             padded = pl.fillpad_expand(choice, [ROW_TILE, expert_pad], pad_value=pl.PadValue.min)
             chosen = pl.gather(sort_experts(padded), mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
             topk_idx[t0 : t0 + ROW_TILE, :] = chosen
-            topk_weights[t0 : t0 + ROW_TILE, :] = pl.mul(finish(pick_scores(score, chosen)), scale)
+            topk_weights[t0 : t0 + ROW_TILE, :] = scale(finish(_pick_scores(score, chosen)))
         return topk_idx, topk_weights
 
     return moe_gate

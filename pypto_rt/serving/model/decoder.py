@@ -11,9 +11,10 @@ the last token of each request -> final RMSNorm (+ residual) -> LM head (FP32 lo
 
 Attention is data-parallel: each rank serves its own requests over its own KV pools. The experts are
 expert-parallel: MoELayer's dispatch is collective, so every rank steps together, and a rank with no live
-request steps with T = 0 (its attention does nothing, its MoE sends nothing). Outside a launched job the model
-runs in the one process (MoEBuffer's local transport). Every layer's MoE shares one MoEBuffer (their calls never
-interleave). The maths is `golden.GoldenDecoder`'s.
+request steps with T = 0 (its attention does nothing, its MoE sends nothing). Padding tokens (slot -1) never
+reach MoE: it runs on the live tokens only, so they are neither routed nor counted per expert. Outside a launched
+job the model runs in the one process (MoEBuffer's local transport). Every layer's MoE shares one MoEBuffer (their
+calls never interleave). The maths is `golden.GoldenDecoder`'s.
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ class MoEDecoder:
         cfg, w = self.cfg, self.weights
         tokens, requests = batch.num_tokens, batch.num_requests
         hidden = embedding(batch.input_ids, w.embed)
+        live = _live_tokens(batch)
         residual = None
         for layer, lw in enumerate(w.layers):
             if residual is None:
@@ -84,7 +86,7 @@ class MoEDecoder:
                 normed = rms_norm(hidden, lw.input_norm, cfg.rms_eps, residual=residual)
             hidden = linear(self._attend(layer, linear(normed, lw.w_qkv), batch), lw.w_o)
             normed = rms_norm(hidden, lw.post_norm, cfg.rms_eps, residual=residual)
-            hidden = self.moe[layer](normed)
+            hidden = self._moe(layer, normed, live)
             if self.on_expert_counts is not None:
                 self.on_expert_counts(self.moe[layer].recv_counts, layer=layer)
         if tokens == 0 or requests == 0:
@@ -92,6 +94,19 @@ class MoEDecoder:
         last = (batch.query_start_loc[1:].to(torch.int64) - 1).clamp_min(0)
         normed = rms_norm(embedding(last, hidden), w.final_norm, cfg.rms_eps, residual=embedding(last, residual))
         return linear(normed, w.lm_head, out_dtype=torch.float32)
+
+    def _moe(self, layer: int, x: torch.Tensor, live: tuple[int, torch.Tensor | None]) -> torch.Tensor:
+        """The layer's MoE on the live tokens only (padding is neither routed nor counted per expert: T = live
+        tokens, 0 when none); padding rows of the result are zeros."""
+        count, rows = live
+        if count == x.shape[0]:
+            return self.moe[layer](x)
+        out = torch.zeros_like(x)
+        if rows is None:
+            out[:count] = self.moe[layer](x[:count])
+        else:
+            out[rows] = self.moe[layer](x[rows])
+        return out
 
     def _attend(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """qkv [T, (QH + 2 KVH) * D] -> the attention output [T, QH * D]; writes the step's K/V into the cache."""
@@ -132,3 +147,11 @@ class MoEDecoder:
         if batch.query_start_loc.shape[0] != batch.num_requests + 1:
             raise fail(f"MoEDecoder.forward: query_start_loc has {batch.query_start_loc.shape[0]} entries for "
                        f"{batch.num_requests} requests (block_tables' rows); it needs B + 1")
+
+
+def _live_tokens(batch: ForwardBatch) -> tuple[int, torch.Tensor | None]:
+    """(count, rows) of the step's live tokens, those with a cache slot (padding has slot -1): rows is None when
+    they are the first `count` tokens (the model runner pads at the end), else their indices."""
+    live = batch.slot_mapping >= 0
+    count = int(live.sum())
+    return count, None if bool(live[:count].all()) else live.nonzero().view(-1)

@@ -86,6 +86,26 @@ def test_decode_form_matches_the_golden_within_and_past_its_rows(form, counts):
         assert (y[e, n:tile_end] == 0).all() and (y[e, tile_end:] == 7.0).all()
 
 
+@pytest.mark.parametrize("form", ["bf16", "int8"])
+@pytest.mark.parametrize("counts", [[1, 0, 1, 0], [0, 0, 0, 1], [1, 1, 1, 0], [0, 5, 0, 0], [0, 0, 0, 0]])
+def test_hit_experts_form_runs_only_the_experts_with_rows(form, counts):
+    """rows_hint=1 with top-2 reaches at most 2 of the 4 local experts: 2 blocks run, the experts with rows first
+    (an expert not run keeps out's contents); more experts with rows than the hint allows, or more rows, stay
+    correct (blocks past the slots, tiles past the fixed row)."""
+    cfg, weights = make(), forms(expert_weights(4, 11))[form]
+    assert experts_module.hit_slots(4, 1, cfg.top_k) == 2 and experts_module.hit_slots(4, 2, cfg.top_k) == 0
+    recv_x, live = dispatched(12, counts)
+    out = torch.full_like(recv_x, 7.0)
+    y = run_experts(cfg, weights, recv_x, live, out=out, rows_hint=1)
+    want = experts_golden(cfg, weights, recv_x, live)
+    for e, n in enumerate(counts):
+        torch.testing.assert_close(y[e, :n], want[e, :n], **(INT8_TOL if form == "int8" else BF16_TOL))
+        past = y[e, n:]                 # zeros up to the last computed row (the fixed row or a tile), then out's
+        assert ((past == 0) | (past == 7.0)).all() and (y[e, 17:] == 7.0).all()
+    run = [e for e in range(4) if not (y[e] == 7.0).all()]
+    assert len(run) == max(2, sum(n > 0 for n in counts)), run
+
+
 def test_decode_rows_follow_the_hint_up_to_the_decode_limit():
     rows = experts_module.decode_rows
     assert [rows(None, 64), rows(0, 64), rows(1, 64), rows(17, 64), rows(32, 64), rows(33, 64), rows(8, 8)] == \

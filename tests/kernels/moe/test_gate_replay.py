@@ -1,5 +1,8 @@
 """Repeated gate calls of one shape replay on the compiled executor, also when the routing changes: the kernel
-reads no data into the program (no pl.read, no index gather whose bounds are checked on the host)."""
+reads no data into the program (no pl.read; its index gather checks its bounds with an assert a replay runs on
+the device side)."""
+import re
+
 import pytest
 import torch
 
@@ -31,3 +34,21 @@ def test_repeated_calls_replay_while_the_routing_changes(groups):
             routes.add(tuple(idx.flatten().tolist()))
     assert len(routes) == CALLS
     assert stats.replay.kind == REPLAYED, stats.replay
+
+
+def _replayed_calls(cfg: MoEConfig, gen) -> int:
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for _ in range(CALLS):
+            with run_stats.collect() as stats:
+                gate(cfg, torch.randn(4, cfg.num_experts, generator=gen))
+    assert stats.replay.kind == REPLAYED, stats.replay
+    return int(re.match(r"replay of (\d+) torch calls", stats.replay.reason).group(1))
+
+
+def test_the_replayed_torch_calls_do_not_grow_with_top_k():
+    """The chosen experts' scores are picked by one index-form gather (a compare, select and row sum per slot k
+    made 13 torch calls per k)."""
+    gen = torch.Generator().manual_seed(4)
+    calls = {k: _replayed_calls(MoEConfig(hidden=32, num_experts=8, top_k=k, max_tokens_per_rank=8), gen)
+             for k in (1, 4)}
+    assert calls[1] == calls[4], calls

@@ -115,3 +115,23 @@ def test_each_layers_rows_per_expert_reach_on_expert_counts(fp32_model):
     assert [layer for layer, _ in seen] == list(range(cfg.num_layers))
     for _, counts in seen:      # one rank holds every expert: each of the 8 tokens' top_k routes is a row
         assert counts.shape == (cfg.num_experts,) and int(counts.sum()) == 8 * cfg.top_k
+
+
+@pytest.mark.parametrize("pad_at", ["end", "middle"])
+def test_padding_tokens_are_not_routed_to_experts(fp32_model, pad_at):
+    """A padded decode step (the model runner pads at the end; a hand-made batch anywhere) runs MoE on the live
+    tokens only: the per-expert counts hold their routes and no padding token's, and the tokens stay the golden's."""
+    model, golden = fp32_model
+    seen = []
+    model.on_expert_counts = lambda counts, layer: seen.append(int(counts.sum()))
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6]]
+    try:
+        hand = HandBatches(prompts, BLOCK, blocks_per_request=4, first_block=8)
+        hand.step(model, [(0, 3), (1, 5)])
+        seen.clear()
+        rows = [(0, None), (1, None), PAD, PAD] if pad_at == "end" else [(0, None), PAD, (1, None), PAD]
+        hand.step(model, rows)
+    finally:
+        model.on_expert_counts = None
+    assert seen == [2 * model.cfg.top_k] * model.cfg.num_layers       # 2 live tokens of 4
+    assert hand.outputs() == golden.generate(prompts, 2)
