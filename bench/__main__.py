@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time", "collectives", "determinism",
               "coalesce_memory", "moe_experts", "moe_dispatch", "serving_host", "serving_step",
-              "serving_throughput", "paged_kv")
+              "serving_throughput", "paged_kv", "tiering")
 
 
 def header(argv) -> str:
