@@ -18,7 +18,7 @@ def _force(entry, compiled: bool) -> bool:
     """Make every call of `entry`'s specialisations run the compiled function (or the replay); False when a
     specialisation has no compiled one."""
     found = True
-    for spec in entry.state.replay.values():
+    for spec in getattr(entry, "kernel", entry).state.replay.values():
         tier = spec.tier
         if tier is None or (compiled and tier.tiered is None):
             found = False

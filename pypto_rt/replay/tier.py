@@ -373,5 +373,7 @@ def wait_idle(timeout_s: float) -> bool:
 
 
 def tiers(kernel) -> list[Tier]:
-    """The tiers of entry `kernel`'s specialisations that recorded a replay, in the order first seen."""
-    return [spec.tier for spec in kernel.state.replay.values() if getattr(spec, "tier", None) is not None]
+    """The tiers of entry `kernel`'s specialisations that recorded a replay, in the order first seen (a program's
+    bound method: its kernel's)."""
+    kernel = getattr(kernel, "kernel", kernel)
+    return [spec.tier for spec in kernel.state.replay.values() if spec.tier is not None]
