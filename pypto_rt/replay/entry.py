@@ -387,7 +387,11 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bou
     threads = set_torch_threads(_worker_threads())
     tier = spec.tier
     try:
-        run = spec.replay if tier is None else tier.pick(spec.replay, args, not spec.in_trial(policy), policy)
+        if tier is None or tier.chosen is not None:
+            run = spec.replay if tier is None else tier.chosen
+        else:   # (steady: kept after the engine trial, replayed `tier_after_replays` times)
+            steady = spec.hits >= policy.tier_after_replays and not spec.in_trial(policy)
+            run = tier.pick(spec.replay, args, steady, policy)
         t0 = time.perf_counter_ns()
         outputs = run(*args)
         if tier is not None and tier.chosen is None:

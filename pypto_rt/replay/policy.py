@@ -37,6 +37,8 @@ class ReplayPolicy:
                                        # dropped for misses of guards made inside blocks, is recorded again with
                                        # those kernels' blocks called as they are, up to this many recordings
     # -- the compiled tier (replay.tier, PYPTO_TIER), per specialisation --------------------------------------
+    tier_after_replays: int = 64       # replays of a kept replay before it is compiled in the background (a
+                                       # short run does not pay seconds of compiling; eager: at the first)
     tier_trial_calls: int = 4          # compiled and replayed calls timed each (after one to warm up) before the
                                        # faster is kept
     tier_timeout_s: float = 300.0      # a compile still running after this keeps the replay

@@ -1,7 +1,7 @@
 """Tiered execution: a replayed entry call that keeps running is compiled by the torch compiler and swapped in.
 
 A replay (replay.entry) is straight-line torch: one call per tile op. Once a specialisation's replay is steady
-(kept after its trial against the engine), its function is traced to an FX graph (`make_fx`, aten ops, in-place
+(kept after its trial against the engine, then replayed `tier_after_replays` times), its function is traced to an FX graph (`make_fx`, aten ops, in-place
 writes included) and compiled by inductor's `compile_fx` (C++ on CPU; the same path emits Triton on CUDA). Not
 through dynamo: the replay already guards, and dynamo's own guards and dispatch cost more than a small call.
 
@@ -28,7 +28,6 @@ TORCHINDUCTOR_CACHE_DIR is set): a fresh process tracing the same body gets its 
 from __future__ import annotations
 
 import ast
-import contextlib
 import os
 import queue
 import sys
@@ -140,6 +139,7 @@ class Tier:
         """Compile `body`, check it against `replay` on `inputs`, and move to the trial (or to failed, saying why);
         runs on the worker thread (background) or the caller's (eager). Never raises. The compile time noted
         leaves out loading the compiler (once per process: seconds)."""
+        _use_our_cache()   # (before inductor loads: it settles on a folder when it does)
         import torch._inductor.compile_fx  # noqa: F401
         t0 = time.perf_counter()
         try:
@@ -170,7 +170,7 @@ class Tier:
         elif self.state == TRIAL:
             text = f"tier trial (compiled in {self.compile_s:.1f} s, timed against the replay)"
         elif self.state == REPLAY and not self.why:
-            text = f"tier replay (compiled once steady, PYPTO_TIER={config.TIER.raw()})"
+            text = f"tier replay (compiled once steady, PYPTO_TIER={config.TIER.raw() or 'background'})"
         else:
             text = f"tier {self.state} ({self.why})" if self.why else f"tier {self.state}"
         self.text = text
@@ -231,9 +231,11 @@ def _compile(split, inputs: list, threads: int):
 
     prologue, body, positions, outputs_from = split
     examples = [t for t in _copy(inputs) if t is not None]
-    settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads}
+    # emulate_precision_casts: a cast to bf16/fp16 and back rounds as eager torch does (inductor would keep fp32)
+    settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads,
+                "emulate_precision_casts": True}
     # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, with every size static)
-    with _inductor_cache(), inductor.patch(settings), tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+    with inductor.patch(settings), tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True))):
         graph = make_fx(body)(*examples)
         compiled = compile_fx(graph, examples)
     returns = tuple(enumerate(outputs_from))
@@ -246,14 +248,13 @@ def _compile(split, inputs: list, threads: int):
     return tiered
 
 
-@contextlib.contextmanager
-def _inductor_cache():
-    """Inductor's caches under the disk cache's folder (`inductor`), unless the user chose theirs."""
+def _use_our_cache() -> None:
+    """Inductor's caches under the disk cache's folder (`inductor`), unless the user (or inductor, already
+    loaded) chose a folder; kept for the process (inductor reads the variable per compile)."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         where = disk_cache.private_subfolder("inductor")
         if where is not None:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = where   # (inductor reads it per compile; kept for the process)
-    yield
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = where
 
 
 def _mismatch(replay, tiered, inputs: list) -> str | None:
@@ -326,8 +327,12 @@ def _view(like: torch.Tensor, memory: torch.UntypedStorage) -> torch.Tensor:
 
 
 def _first_line(e: Exception) -> str:
+    """The first line of `e`'s message, and the first line naming an error after it (a C++ compiler's)."""
     text = str(e).strip().splitlines()
-    return text[0][:300] if text else ""
+    if not text:
+        return ""
+    detail = next((line.split("error:", 1)[1].strip() for line in text[1:] if "error:" in line), "")
+    return (text[0] + (f" ({detail})" if detail else ""))[:400]
 
 
 # -- the worker ------------------------------------------------------------------------------------------------

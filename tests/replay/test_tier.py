@@ -28,7 +28,7 @@ from pypto_rt.run_stats import GUARD_MISS, REPLAYED
 ROWS, COLS = 8, 16
 WARM = 8   # calls that reach a steady replay: engine runs, the recording, the engine trial
 # keep the replay (no engine trial); keep trying both tiers (the tier trial never ends)
-KEEP = dict(slower=float("inf"), trial_replays=0, tier_trial_calls=1 << 30)
+KEEP = dict(slower=float("inf"), trial_replays=0, tier_trial_calls=1 << 30, tier_after_replays=0)
 
 
 def scale_into_source():
