@@ -14,6 +14,8 @@ Per specialisation, an entry call goes through three phases:
    whose engine runs all overlapped long tasks (kernel time summed over the workers `parallel` times the wall time,
    tasks of `long_task_ns` on average) is not even recorded: its sequential replay would be slower.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
+A kept replay that keeps running may be compiled by the torch compiler and swapped in (replay.tier, PYPTO_TIER):
+then floats may differ from the engine's in their last bits.
 
 Data-dependent runs: numbers a run reads with `pl.read` (slot mappings, block tables, lengths, indices, scales)
 are read again by each replay, at its start, from the same entry tensor (replay.scalars); offsets and
