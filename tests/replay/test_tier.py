@@ -14,12 +14,14 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 import torch
 
 import pypto.language as pl
 from pypto_rt import config, run_stats
+from pypto_rt.errors import InWriteWarning
 from pypto_rt.replay import tier as tier_module
 from pypto_rt.replay.policy import policy_scope
 from pypto_rt.replay.tier import COMPILED, COMPILING, FAILED, REPLAY, TRIAL, tiers
@@ -246,3 +248,17 @@ def test_a_fresh_process_loads_the_compiled_code_from_disk(flag_compiled):
     words = done.stdout.split()
     state, hits, misses = (words[words.index(w) + 1] for w in ("STATE", "HITS", "MISSES"))
     assert state == TRIAL and int(hits) >= 1 and int(misses) == 0, done.stdout
+
+
+def test_arguments_sharing_memory_are_compiled_for_that_sharing():
+    scale_into = scale_into_source()
+    with config.scope(TIER="eager"), policy_scope(**KEEP), warnings.catch_warnings():
+        warnings.simplefilter("ignore", InWriteWarning)   # (x shares acc's memory: the kernel says so)
+        for i in range(WARM + 3):
+            whole = torch.randn(2 * ROWS, COLS)
+            x, acc = whole[:ROWS], whole[ROWS:]
+            want = want_scale_into(x.clone(), acc.clone())
+            scale_into(x, acc)
+            assert torch.allclose(acc, want, rtol=1e-5, atol=1e-6) and torch.equal(whole[ROWS:], acc), f"call {i}"
+    (found,) = tiers(scale_into)
+    assert found.state == TRIAL and found.trial_ns[0], found.text
