@@ -22,6 +22,7 @@ import torch
 import pypto.language as pl
 from pypto_rt import config, run_stats
 from pypto_rt.errors import InWriteWarning
+from pypto_rt.replay import entry as replay
 from pypto_rt.replay import tier as tier_module
 from pypto_rt.replay.policy import policy_scope
 from pypto_rt.replay.tier import COMPILED, COMPILING, FAILED, REPLAY, TRIAL, tiers
@@ -133,6 +134,8 @@ def test_an_inout_argument_is_written_in_place_and_returned_as_itself(flag_compi
             assert torch.equal(view, acc[2:4]), "the result did not land in the caller's memory"
     (found,) = tiers(scale_into)
     assert found.state == TRIAL and found.trial_ns[0], found.text   # compiled calls ran among those
+    (decision,) = replay.decisions(scale_into)   # what PYPTO_STATS prints with the replay's line
+    assert decision.kind == REPLAYED and "tier trial (compiled in " in decision.reason, decision
 
 
 def test_a_guard_miss_after_the_swap_runs_the_engine_and_reads_the_flag_again(flag_compiled, monkeypatch):
