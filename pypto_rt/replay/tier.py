@@ -1,9 +1,10 @@
 """Tiered execution: a replayed entry call that keeps running is compiled by the torch compiler and swapped in.
 
 A replay (replay.entry) is straight-line torch: one call per tile op. Once a specialisation's replay is steady
-(kept after its trial against the engine, then replayed `tier_after_replays` times), its function is traced to an FX graph (`make_fx`, aten ops, in-place
-writes included) and compiled by inductor's `compile_fx` (C++ on CPU; the same path emits Triton on CUDA). Not
-through dynamo: the replay already guards, and dynamo's own guards and dispatch cost more than a small call.
+(kept after its trial against the engine, then replayed `tier_after_replays` times), its function is traced to
+an FX graph (`make_fx`, aten ops, in-place writes included) and compiled by inductor's `compile_fx` (C++ on CPU;
+the same path emits Triton on CUDA). Not through dynamo: the replay already guards, and dynamo's own guards and
+dispatch cost more than a small call.
 
 Split: the replay's *prologue* (values read from data with `pl.read`, and the guards on them) stays Python and
 runs first on every call; the rest, the *body*, is compiled when it uses none of the values the prologue read
@@ -16,8 +17,8 @@ thread (a bounded queue; calls go on replaying meanwhile, never waiting); eager 
 the first replay (benchmarks, serving warm-up); off never compiles. Before the swap, the compiled body is checked
 against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
-fuses and reorders: the last bits may differ). A mismatch, an error or a compile past `tier_timeout_s` keeps the
-replay. A verified build then runs a trial: compiled and replayed calls alternate, timed, and the faster is kept
+fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
+vector code, is retried once as scalar C++) or a compile past `tier_timeout_s` keeps the replay. A verified build then runs a trial: compiled and replayed calls alternate, timed, and the faster is kept
 (a tiny call loses to the compiled call's fixed cost).
 
 In-place writes into the caller's tensors (Out, InOut, scatters into caches) land in their memory: the traced graph
@@ -75,7 +76,7 @@ class Tier:
         if chosen is not None:
             return chosen
         state = self.state
-        if state == TRIAL:
+        if state == TRIAL:   # (alternating; `tiered` is set before the state, never unset)
             compiled_ns, replay_ns = self.trial_ns
             return self.tiered if len(compiled_ns) <= len(replay_ns) else replay
         if state == COMPILING:
@@ -111,7 +112,6 @@ class Tier:
             else:
                 self._settle(REPLAY, f"the compiled call was slower ({timing}; built in {self.compile_s:.1f} s)",
                              replay)
-                self.tiered = None
 
     # -- compiling ---------------------------------------------------------------------------------------------
     def _start(self, replay, args: list, policy, background: bool) -> None:
