@@ -81,6 +81,21 @@ def store(key: tuple, entry) -> None:
         os.close(folder_fd)
 
 
+def private_subfolder(name: str) -> str | None:
+    """`<cache folder>/<name>`, created 0700, for another tool's own cache (the torch compiler's, replay.tier), or
+    None when the cache is off or a folder is not to be trusted (the same rule as entries: that tool loads code)."""
+    where = folder()
+    if where is None:
+        return None
+    sub = os.path.join(where, name)
+    for path in (where, sub):
+        fd = _open_folder(path, create=True)
+        if fd is None:
+            return None
+        os.close(fd)
+    return sub
+
+
 def _name(key: tuple) -> str:
     """The entry's file name: a hash of its key."""
     digest = hashlib.sha256()

@@ -33,6 +33,7 @@ class Options:
     coalesce_chunk_mb: int | None = None
     replay: bool | None = None
     kernel_replay: bool | None = None
+    tier: str | None = None
     deterministic: bool | None = None
     heap_pad_mb: int | None = None
     dump_dir: str | None = None

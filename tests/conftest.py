@@ -14,6 +14,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # compiled programs of the suite (and of the pypto-run subprocesses it starts) go to a scratch disk cache
 _CACHE = tempfile.mkdtemp(prefix="pypto-rt-test-cache-")
 os.environ["PYPTO_CACHE_DIR"] = _CACHE
+# the compiled tier (PYPTO_TIER) costs seconds per compile: off unless a test asks (or the environment sets it)
+os.environ.setdefault("PYPTO_TIER", "off")
 
 
 @pytest.fixture(scope="session", autouse=True)

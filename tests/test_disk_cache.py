@@ -213,3 +213,16 @@ def test_folders_and_entries_the_cache_creates_are_private(tmp_path, cache_warni
     (entry,) = os.listdir(folder)
     assert stat.S_IMODE(os.stat(folder / entry).st_mode) == 0o600
     assert cache_warnings() == []
+
+
+def test_a_subfolder_for_another_tools_cache_is_private_and_only_in_a_trusted_folder(tmp_path, cache_warnings):
+    folder = tmp_path / "cache"
+    with config.scope(CACHE_DIR=str(folder)):
+        sub = disk_cache.private_subfolder("inductor")   # (replay.tier: the torch compiler's own cache)
+    assert sub == str(folder / "inductor") and stat.S_IMODE(os.stat(sub).st_mode) == 0o700
+    os.chmod(sub, 0o777)   # another user could plant code the tool loads
+    with config.scope(CACHE_DIR=str(folder)):
+        assert disk_cache.private_subfolder("inductor") is None
+    assert len(cache_warnings()) == 1
+    with config.scope(CACHE_DIR="off"):
+        assert disk_cache.private_subfolder("inductor") is None

@@ -14,6 +14,8 @@ Per specialisation, an entry call goes through three phases:
    whose engine runs all overlapped long tasks (kernel time summed over the workers `parallel` times the wall time,
    tasks of `long_task_ns` on average) is not even recorded: its sequential replay would be slower.
 Results are bit-identical to the engine's: the same torch calls run in the same order on the same thread count.
+A kept replay that keeps running may be compiled by the torch compiler and swapped in (replay.tier, PYPTO_TIER):
+then floats may differ from the engine's in their last bits.
 
 Data-dependent runs: numbers a run reads with `pl.read` (slot mappings, block tables, lengths, indices, scales)
 are read again by each replay, at its start, from the same entry tensor (replay.scalars); offsets and
@@ -74,6 +76,7 @@ from pypto_rt.replay.capture import Recorder
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.policy import ReplayPolicy, current_policy
+from pypto_rt.replay.tier import Tier
 from pypto_rt.replay.results import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
 from pypto_rt.run_stats import DISABLED, ENGINE, RECORDED, REFUSED, REPLAYED, ReplayDecision, note_replay
 from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
@@ -83,7 +86,7 @@ from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "calls", "guards", "hits", "misses",
                  "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels", "recordings",
-                 "communicates", "block_guards")
+                 "communicates", "block_guards", "tier", "replayed_tier")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -104,6 +107,8 @@ class _Specialisation:
         self.opaque_kernels: set = set()   # kernels whose blocks the next recording calls as they are
         self.recordings = 0         # recordings made (a refusal inside a block may lead to another)
         self.block_guards: set = set()     # kernels whose blocks made guards in the recording
+        self.tier: Tier | None = None      # the replay's compiled tier (replay.tier), once recorded
+        self.replayed_tier = ""            # the tier text `replayed` was made with
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
         return self.replay is not None and not self.communicates and len(self.replay_ns) <= policy.trial_replays
@@ -111,11 +116,13 @@ class _Specialisation:
     def standing(self, policy: ReplayPolicy) -> ReplayDecision:
         """How the next call of this specialisation runs, and why."""
         if self.replay is not None:
-            if self.replayed is None:
+            tier = self.tier.text if self.tier is not None else ""
+            if self.replayed is None or tier is not self.replayed_tier:
                 guarded = f", {self.guards} guards on values read from data" if self.guards else ""
                 blocks = f" and {self.opaque} kernel blocks called as they are" if self.opaque else ""
                 self.replayed = ReplayDecision(REPLAYED, f"replay of {self.calls - self.opaque} torch calls{blocks}"
-                                                         f"{guarded}")
+                                                         f"{guarded}{' · ' + tier if tier else ''}")
+                self.replayed_tier = tier
             return self.replayed
         if self.off is not None:
             return self.off
@@ -316,10 +323,20 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     spec.calls, spec.guards, spec.opaque = recorder.calls, recorder.guards, recorder.opaque_calls
     spec.communicates = recorder.communicates
     spec.block_guards = recorder.block_guards
+    spec.tier = Tier(kernel.name, source, recorder.constants, _untierable(spec))
     _dump(kernel, source)
     _decided(kernel, ReplayDecision(RECORDED, f"in {took}; from now on {spec.standing(current_policy()).reason}"),
              "")
     return result
+
+
+def _untierable(spec: _Specialisation) -> str | None:
+    """Why the replay is not compiled (replay.tier), or None."""
+    if spec.communicates:
+        return "it communicates: its blocks are called as they are"
+    if spec.opaque:
+        return f"it calls {spec.opaque} kernel blocks as they are"
+    return None
 
 
 def _record_again(spec: _Specialisation, kernels: set, policy: ReplayPolicy) -> bool:
@@ -328,7 +345,7 @@ def _record_again(spec: _Specialisation, kernels: set, policy: ReplayPolicy) -> 
     if not kernels - spec.opaque_kernels or spec.recordings >= policy.max_recordings:
         return False
     spec.opaque_kernels |= kernels
-    spec.replay, spec.replayed, spec.hits, spec.misses = None, None, 0, 0
+    spec.replay, spec.replayed, spec.hits, spec.misses, spec.tier = None, None, 0, 0, None
     spec.replay_ns, spec.engine_turn = [], False   # (the new recording gets a trial of its own)
     return True
 
@@ -370,9 +387,17 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bou
     """Run the recorded function on `args`; its return value as TensorValues (bound) or as the tensors the
     caller gets (from `by_arguments`)."""
     threads = set_torch_threads(_worker_threads())
-    t0 = time.perf_counter_ns()
+    tier = spec.tier
     try:
-        outputs = spec.replay(*args)
+        if tier is None or tier.chosen is not None:
+            run = spec.replay if tier is None else tier.chosen
+        else:   # (steady: kept after the engine trial, replayed `tier_after_replays` times)
+            steady = spec.hits >= policy.tier_after_replays and not spec.in_trial(policy)
+            run = tier.pick(spec.replay, args, steady, policy)
+        t0 = time.perf_counter_ns()
+        outputs = run(*args)
+        if tier is not None and tier.chosen is None:
+            tier.timed(run, time.perf_counter_ns() - t0, spec.replay, policy)
     finally:
         set_torch_threads(threads)
     if outputs is GUARD_MISS:

@@ -36,6 +36,13 @@ class ReplayPolicy:
     max_recordings: int = 3            # per specialisation: a recording refused inside a block, or a replay
                                        # dropped for misses of guards made inside blocks, is recorded again with
                                        # those kernels' blocks called as they are, up to this many recordings
+    # -- the compiled tier (replay.tier, PYPTO_TIER), per specialisation --------------------------------------
+    tier_after_replays: int = 64       # replays of a kept replay before it is compiled in the background (a
+                                       # short run does not pay seconds of compiling; eager: at the first)
+    tier_trial_calls: int = 4          # compiled and replayed calls timed each (after one to warm up) before the
+                                       # faster is kept
+    tier_timeout_s: float = 300.0      # a compile still running after this keeps the replay
+    tier_max_copy_bytes: int = 256 << 20   # the check copies the arguments' memory: larger ones stay replayed
     # -- kernel blocks (replay.kernel), per specialisation ---------------------------------------------------
     kernel_normal_runs: int = 32       # blocks (over all calls) run by the kernel before one is recorded: a
                                        # recording costs 10-70 blocks' time, so a one-off run does not pay it

@@ -1,0 +1,391 @@
+"""Tiered execution: a replayed entry call that keeps running is compiled by the torch compiler and swapped in.
+
+A replay (replay.entry) is straight-line torch: one call per tile op. Once a specialisation's replay is steady
+(kept after its trial against the engine, then replayed `tier_after_replays` times), its function is traced to
+an FX graph (`make_fx`, aten ops, in-place writes included) and compiled by inductor's `compile_fx` (C++ on CPU;
+the same path emits Triton on CUDA). Not through dynamo: the replay already guards, and dynamo's own guards and
+dispatch cost more than a small call.
+
+Split: the replay's *prologue* (values read from data with `pl.read`, and the guards on them) stays Python and
+runs first on every call; the rest, the *body*, is compiled when it uses none of the values the prologue read
+(a body that takes offsets or operands from data stays replayed: the graph would bake in the recorded values).
+Replays calling kernel blocks as they are (opaque or communication blocks) are not compiled.
+
+Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
+(PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background (the default) compiles on one daemon worker
+thread (a bounded queue; calls go on replaying meanwhile, never waiting); eager compiles on the caller's thread at
+the first replay (benchmarks, serving warm-up); off never compiles. Before the swap, the compiled body is checked
+against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
+integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
+fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
+vector code, is retried once as scalar C++) or a compile past `tier_timeout_s` keeps the replay. A verified build then runs a trial: compiled and replayed calls alternate, timed, and the faster is kept
+(a tiny call loses to the compiled call's fixed cost).
+
+In-place writes into the caller's tensors (Out, InOut, scatters into caches) land in their memory: the traced graph
+writes its inputs, and inductor copies the results back into them. Returned arguments come back as the caller's
+own tensors. The compiled artifacts go to inductor's FX-graph cache in `<PYPTO_CACHE_DIR>/inductor` (unless
+TORCHINDUCTOR_CACHE_DIR is set): a fresh process tracing the same body gets its compiled code from disk.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import queue
+import sys
+import threading
+import time
+
+import torch
+
+from pypto_rt import config, disk_cache
+from pypto_rt.replay.guards import GUARD_MISS
+from pypto_rt.replay.passes import compile_trace
+
+REPLAY, COMPILING, TRIAL, COMPILED, FAILED = "replay", "compiling", "trial", "compiled", "failed"
+
+
+class Untierable(Exception):
+    """The replay is not compiled; the message says why."""
+
+
+class Tier:
+    """The compiled tier of one specialisation's replay. `pick` gives the function a call runs: `chosen` once
+    decided (the replay or the compiled one; one attribute read on the hot path), else per state."""
+    __slots__ = ("entry", "source", "constants", "state", "why", "compile_s", "tiered", "chosen", "started",
+                 "trial_ns", "lock", "text", "stats")
+
+    def __init__(self, entry: str, source: str, constants: dict, why_not: str | None = None):
+        self.entry, self.source, self.constants = entry, source, constants
+        self.state, self.why = REPLAY, why_not or ""
+        self.compile_s = 0.0
+        self.tiered = None          # the verified compiled function (prologue, then the compiled body)
+        self.chosen = None          # decided: every call runs this
+        self.started = 0.0          # when compiling began (the timeout counts from it)
+        self.trial_ns: tuple[list, list] = ([], [])   # (compiled, replayed) call times in the trial
+        self.lock = threading.Lock()
+        self.stats = False          # print transitions (PYPTO_STATS=1 where the compile was asked for)
+        self.text = ""
+        if why_not:
+            self._settle(REPLAY, why_not, decided=None)
+        self._describe()
+
+    # -- the hot path ------------------------------------------------------------------------------------------
+    def pick(self, replay, args: list, steady: bool, policy):
+        """The function this call runs: `replay` until a compiled one is verified and wins its trial."""
+        chosen = self.chosen
+        if chosen is not None:
+            return chosen
+        state = self.state
+        if state == TRIAL:   # (alternating; `tiered` is set before the state, never unset)
+            compiled_ns, replay_ns = self.trial_ns
+            return self.tiered if len(compiled_ns) <= len(replay_ns) else replay
+        if state == COMPILING:
+            if time.perf_counter() - self.started > policy.tier_timeout_s:
+                with self.lock:
+                    if self.state == COMPILING:
+                        self._settle(FAILED, f"timed out after {policy.tier_timeout_s:g} s", replay)
+            return replay
+        if state == REPLAY and not self.why:
+            mode = config.TIER.get()
+            if mode == "eager" or (mode == "background" and steady):
+                self._start(replay, args, policy, background=mode == "background")
+                if self.state == TRIAL:
+                    return self.tiered
+        return replay
+
+    def timed(self, fn, ns: int, replay, policy) -> None:
+        """Note a trial call's time; after `tier_trial_calls` of each (past a warm-up call each), keep the
+        faster."""
+        if self.state != TRIAL or self.chosen is not None:
+            return
+        compiled_ns, replay_ns = self.trial_ns
+        (compiled_ns if fn is self.tiered else replay_ns).append(ns)
+        if min(len(compiled_ns), len(replay_ns)) <= policy.tier_trial_calls:
+            return
+        fast, slow = min(compiled_ns[1:]), min(replay_ns[1:])
+        timing = f"{fast / 1e6:.3f} ms a call against {slow / 1e6:.3f} ms replayed"
+        with self.lock:
+            if self.state != TRIAL:
+                return
+            if fast <= slow:
+                self._settle(COMPILED, f"built in {self.compile_s:.1f} s; {timing}", self.tiered)
+            else:
+                self._settle(REPLAY, f"the compiled call was slower ({timing}; built in {self.compile_s:.1f} s)",
+                             replay)
+
+    # -- compiling ---------------------------------------------------------------------------------------------
+    def _start(self, replay, args: list, policy, background: bool) -> None:
+        with self.lock:
+            if self.state != REPLAY or self.why:
+                return
+            try:
+                body = _split(self.source, self.constants, args)
+                inputs = _snapshot(args, policy.tier_max_copy_bytes)
+            except Untierable as e:
+                self._settle(REPLAY, str(e), replay)
+                return
+            self.state, self.started, self.stats = COMPILING, time.perf_counter(), config.STATS.get() == "1"
+            self._describe()
+        threads = torch.get_num_threads()
+        job = lambda: self._build(replay, body, inputs, threads)   # noqa: E731
+        if not background:
+            job()
+        elif not _submit(job):
+            with self.lock:
+                self.state, self.started = REPLAY, 0.0   # the queue is full: asked again at a later call
+                self._describe()
+
+    def _build(self, replay, body, inputs: list, threads: int) -> None:
+        """Compile `body`, check it against `replay` on `inputs`, and move to the trial (or to failed, saying why);
+        runs on the worker thread (background) or the caller's (eager). Never raises. The compile time noted
+        leaves out loading the compiler (once per process: seconds)."""
+        _use_our_cache()   # (before inductor loads: it settles on a folder when it does)
+        import torch._inductor.compile_fx  # noqa: F401
+        t0 = time.perf_counter()
+        try:
+            tiered = _compile(body, inputs, threads)
+            problem = _mismatch(replay, tiered, inputs)
+        except Exception as e:   # (whatever the compiler raises: the replay stays)
+            tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
+        with self.lock:
+            if self.state != COMPILING:   # (timed out meanwhile)
+                return
+            self.compile_s = time.perf_counter() - t0
+            if problem is not None:
+                self._settle(FAILED, problem, replay)
+            else:
+                self.tiered, self.trial_ns = tiered, ([], [])
+                self.state = TRIAL
+                self._describe()
+
+    def _settle(self, state: str, why: str, decided) -> None:
+        self.state, self.why = state, why
+        self._describe()
+        self.chosen = decided
+
+    def _describe(self) -> None:
+        """`text`: the tier as PYPTO_STATS shows it (printed on a change made where PYPTO_STATS=1 was asked)."""
+        if self.state == COMPILING:
+            text = "tier compiling"
+        elif self.state == TRIAL:
+            text = f"tier trial (compiled in {self.compile_s:.1f} s, timed against the replay)"
+        elif self.state == REPLAY and not self.why:
+            text = f"tier replay (compiled once steady, PYPTO_TIER={config.TIER.raw() or 'background'})"
+        else:
+            text = f"tier {self.state} ({self.why})" if self.why else f"tier {self.state}"
+        self.text = text
+        if self.stats:
+            print(f"pypto-rt stats [{self.entry}]: {text}", file=sys.stderr)
+
+
+# -- the source: prologue (Python) and body (compiled) ---------------------------------------------------------
+def _is_guard(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.If) and any(isinstance(s, ast.Return) for s in stmt.body)
+
+
+def _split(source: str, constants: dict, args: list):
+    """(prologue function or None, body function of the tensor arguments, their positions, for each output the
+    position of the argument it is, else -1); Untierable when the body uses what the prologue read."""
+    fn = ast.parse(source).body[0]
+    params = [a.arg for a in fn.args.args]
+    last_guard = max((i for i, s in enumerate(fn.body) if _is_guard(s)), default=-1)
+    prologue, body = fn.body[:last_guard + 1], fn.body[last_guard + 1:]
+    read = {n.id for s in prologue for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    used = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    if read & used:
+        raise Untierable("its torch calls take offsets or operands from values read from data (pl.read): kept as "
+                         "a replay (a compiled graph would fix the recorded values)")
+    positions = [i for i, a in enumerate(args) if a is not None]
+    if any(params[i] in used for i, a in enumerate(args) if a is None):
+        raise Untierable("its body uses an argument that is not a tensor")
+    returned = body[-1]
+    if not isinstance(returned, ast.Return) or not isinstance(returned.value, ast.Tuple):
+        raise Untierable("its replay does not end with a tuple of results")
+    names = [e.id if isinstance(e, ast.Name) else "" for e in returned.value.elts]
+    outputs_from = [params.index(n) if n in params else -1 for n in names]
+    tensor_params = ", ".join(params[i] for i in positions)
+    body_fn = compile_trace(_function("_tier_body", tensor_params, body), constants, "<pypto-rt tier body>")
+    prologue_fn = None
+    if prologue:
+        prologue_fn = compile_trace(_function("_tier_prologue", ", ".join(params), prologue + [ast.Return(None)]),
+                                    constants, "<pypto-rt tier prologue>")
+    return prologue_fn, body_fn, positions, outputs_from
+
+
+def _function(name: str, params: str, body: list) -> str:
+    lines = [ast.unparse(ast.fix_missing_locations(s)) for s in body]
+    return f"def {name}({params}):\n" + "\n".join("    " + line.replace("\n", "\n    ") for line in lines) + "\n"
+
+
+# -- compiling and checking ------------------------------------------------------------------------------------
+def _compile(split, inputs: list, threads: int):
+    """The tiered function: the prologue, then the compiled body on the tensor arguments, its outputs that are
+    arguments given back as the caller's own tensors."""
+    from torch._inductor import config as inductor
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    prologue, body, positions, outputs_from = split
+    examples = [t for t in _copy(inputs) if t is not None]
+    # emulate_precision_casts: a cast to bf16/fp16 and back rounds as eager torch does (inductor would keep fp32)
+    settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads,
+                "emulate_precision_casts": True}
+    # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, with every size static)
+    def inductor_compile(changes: dict):
+        fake = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+        with inductor.patch({**settings, **changes}), tracing(TracingContext(fake)):
+            return compile_fx(make_fx(body)(*_copy(examples)), examples)
+    try:
+        compiled = inductor_compile({})
+    except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation:
+        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:   # once more, as scalar C++
+            raise
+        compiled = inductor_compile({"cpp.simdlen": 1})
+    returns = tuple(enumerate(outputs_from))
+
+    def tiered(*args):
+        if prologue is not None and prologue(*args) is GUARD_MISS:
+            return GUARD_MISS
+        outs = compiled(*[args[i] for i in positions])
+        return tuple(outs[k] if p < 0 else args[p] for k, p in returns)
+    return tiered
+
+
+def _use_our_cache() -> None:
+    """Inductor's caches under the disk cache's folder (`inductor`), unless the user (or inductor, already
+    loaded) chose a folder; kept for the process (inductor reads the variable per compile)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        where = disk_cache.private_subfolder("inductor")
+        if where is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = where
+
+
+def _mismatch(replay, tiered, inputs: list) -> str | None:
+    """Why `tiered` does not give what `replay` gives on copies of `inputs` (results and every argument's memory
+    afterwards), or None when it does."""
+    want_args, got_args = _copy(inputs), _copy(inputs)
+    want, got = replay(*want_args), tiered(*got_args)
+    if want is GUARD_MISS or got is GUARD_MISS:
+        return "the compiled function's guards did not pass on the call it was built from"
+    pairs = [(f"result {i}", w, g) for i, (w, g) in enumerate(zip(want, got))] + [
+        (f"argument {i}", w, g) for i, (w, g) in enumerate(zip(want_args, got_args)) if w is not None]
+    for what, w, g in pairs:
+        problem = _differs(w, g)
+        if problem:
+            return f"the compiled {what} differs from the replay's: {problem}"
+    return None
+
+
+def _differs(want: torch.Tensor, got: torch.Tensor) -> str | None:
+    if want.shape != got.shape or want.dtype != got.dtype:
+        return f"{tuple(got.shape)} {got.dtype} instead of {tuple(want.shape)} {want.dtype}"
+    if want.is_floating_point() or want.is_complex():
+        try:
+            torch.testing.assert_close(got, want, equal_nan=True)
+        except AssertionError as e:
+            return " ".join(line.strip() for line in str(e).splitlines()[1:3])
+        return None
+    if not torch.equal(got, want):
+        return f"{int((got != want).sum())} of {want.numel()} elements differ ({want.dtype}: compared bit for bit)"
+    return None
+
+
+def _snapshot(args: list, max_bytes: int) -> list:
+    """Copies of the tensor arguments: each memory copied once (arguments sharing memory still share it), each
+    argument a view with its own sizes, strides and offset into its copy."""
+    memories: dict[int, torch.UntypedStorage] = {}
+    total = 0
+    for a in args:
+        if a is not None:
+            memory = a.untyped_storage()
+            if memory.data_ptr() not in memories:
+                total += memory.nbytes()
+                memories[memory.data_ptr()] = memory
+    if total > max_bytes:
+        raise Untierable(f"its arguments' memory ({total >> 20} MiB) is over policy.tier_max_copy_bytes to copy "
+                         "for the check: kept as a replay")
+    copies = {key: memory.clone() for key, memory in memories.items()}
+    return [None if a is None else _view(a, copies[a.untyped_storage().data_ptr()]) for a in args]
+
+
+def _copy(inputs: list) -> list:
+    """Fresh copies of a snapshot (sharing kept), so each use starts from the call's inputs."""
+    copies: dict[int, torch.UntypedStorage] = {}
+    out = []
+    for t in inputs:
+        if t is None:
+            out.append(None)
+            continue
+        memory = t.untyped_storage()
+        copy = copies.get(memory.data_ptr())
+        if copy is None:
+            copy = copies[memory.data_ptr()] = memory.clone()
+        out.append(_view(t, copy))
+    return out
+
+
+def _view(like: torch.Tensor, memory: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(
+        memory, like.storage_offset(), like.size(), like.stride())
+
+
+def _first_line(e: Exception) -> str:
+    """The first line of `e`'s message, and the first line naming an error after it (a C++ compiler's)."""
+    text = str(e).strip().splitlines()
+    if not text:
+        return ""
+    detail = next((line.split("error:", 1)[1].strip() for line in text[1:] if "error:" in line), "")
+    return (text[0] + (f" ({detail})" if detail else ""))[:400]
+
+
+# -- the worker ------------------------------------------------------------------------------------------------
+_jobs: queue.Queue = queue.Queue(maxsize=16)
+_worker: list = []   # the one worker thread, once started
+
+
+def _submit(job) -> bool:
+    """Queue `job` for the worker thread (started on first use); False when the queue is full."""
+    if not _worker:
+        with _start_lock:
+            if not _worker:
+                thread = threading.Thread(target=_work, name="pypto-rt-tier", daemon=True)
+                thread.start()
+                _worker.append(thread)
+    try:
+        _jobs.put_nowait(job)
+    except queue.Full:
+        return False
+    return True
+
+
+_start_lock = threading.Lock()
+
+
+def _work() -> None:
+    while True:
+        job = _jobs.get()
+        try:
+            job()
+        finally:
+            _jobs.task_done()
+
+
+def wait_idle(timeout_s: float) -> bool:
+    """Wait until the worker has no job (tests, benchmarks); False when `timeout_s` passed first."""
+    deadline = time.monotonic() + timeout_s
+    while _jobs.unfinished_tasks:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def tiers(kernel) -> list[Tier]:
+    """The tiers of entry `kernel`'s specialisations that recorded a replay, in the order first seen (a program's
+    bound method: its kernel's)."""
+    kernel = getattr(kernel, "kernel", kernel)
+    return [spec.tier for spec in kernel.state.replay.values() if spec.tier is not None]

@@ -1,0 +1,267 @@
+"""The compiled tier (replay.tier, PYPTO_TIER): a steady replay compiled by inductor and swapped in.
+
+What users depend on: a compiled call gives the replay's results (in-place writes land in the caller's tensors,
+returned arguments are the caller's own); calls made while the compiled function is swapped in are right; values
+read from data are read again and their guards still send a call taking another course to the engine; a compile
+that fails, disagrees or times out leaves the replay, saying why in PYPTO_STATS; a fresh process gets the
+compiled code from inductor's cache on disk. Compiles take seconds here: two kernels are compiled in the module.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+
+import pypto.language as pl
+from pypto_rt import config, run_stats
+from pypto_rt.errors import InWriteWarning
+from pypto_rt.replay import entry as replay
+from pypto_rt.replay import tier as tier_module
+from pypto_rt.replay.policy import policy_scope
+from pypto_rt.replay.tier import COMPILED, COMPILING, FAILED, REPLAY, TRIAL, tiers
+from pypto_rt.run_stats import GUARD_MISS, REPLAYED
+
+ROWS, COLS = 8, 16
+WARM = 8   # calls that reach a steady replay: engine runs, the recording, the engine trial
+# keep the replay (no engine trial); keep trying both tiers (the tier trial never ends)
+KEEP = dict(slower=float("inf"), trial_replays=0, tier_trial_calls=1 << 30, tier_after_replays=0)
+
+
+def scale_into_source():
+    @pl.jit
+    def scale_into(x: pl.Tensor[[ROWS, COLS], pl.FP32], acc: pl.InOut[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+            acc[:, :] = pl.add(pl.mul(acc[:, :], 0.5), pl.exp(x[:, :]))
+        return acc
+    return scale_into
+
+
+def want_scale_into(x, acc):
+    return acc * 0.5 + torch.exp(x)
+
+
+@pl.jit
+def by_flag(x: pl.Tensor[[ROWS, COLS], pl.FP32], flag: pl.Tensor[[1], pl.INT32],
+            y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    on = pl.read(flag, [0])   # read again by each call; the branch taken is a guard
+    if on > 0:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="up"):
+            y[:, :] = pl.add(pl.mul(x, 3.0), 1.0)
+    else:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="down"):
+            y[:, :] = pl.sub(x, 1.0)
+    return y
+
+
+@pl.jit
+def gather_row(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[1], pl.INT32],
+               out: pl.Out[pl.Tensor[[1, COLS], pl.FP32]]):
+    row = pl.read(index, [0])   # an offset read from data: the body depends on it
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_row"):
+        out[0:1, :] = pl.mul(src[row : row + 1, :], 2.0)
+    return out
+
+
+def in_context(fn):
+    """`fn` run in a copy of this context (threads do not inherit policy scopes or knob overrides)."""
+    context = contextvars.copy_context()
+    return lambda *args: context.run(fn, *args)
+
+
+@pytest.fixture(scope="module")
+def flag_compiled():
+    """`by_flag` with its flag-on specialisation compiled (eager: at its first replay) and in its trial."""
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        x = torch.randn(ROWS, COLS)
+        for _ in range(WARM):
+            by_flag(x, torch.tensor([1], dtype=torch.int32), torch.empty(ROWS, COLS))
+    (found,) = tiers(by_flag)
+    assert found.state == TRIAL and found.tiered is not None, found.text
+    return found
+
+
+def test_calls_during_the_swap_from_several_threads_are_right():
+    scale_into = scale_into_source()
+    errors, seen = [], set()
+    done = threading.Event()
+
+    def caller(seed):
+        g = torch.Generator().manual_seed(seed)
+        while not done.is_set():
+            x, acc = torch.randn(ROWS, COLS, generator=g), torch.randn(ROWS, COLS, generator=g)
+            want = want_scale_into(x, acc)
+            out = scale_into(x, acc)
+            if out is not acc or not torch.allclose(acc, want, rtol=1e-5, atol=1e-6):
+                errors.append(f"thread {seed}: wrong result or not the caller's tensor")
+            for t in tiers(scale_into):
+                seen.add(t.state)
+            time.sleep(0.002)   # (let the compiling thread have the interpreter too)
+
+    with config.scope(TIER="background"), policy_scope(**KEEP):
+        threads = [threading.Thread(target=in_context(caller), args=(s,)) for s in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(t.state == TRIAL for t in tiers(scale_into)):
+            time.sleep(0.05)
+        time.sleep(0.3)   # calls alternate compiled and replayed under the threads
+        done.set()
+        for t in threads:
+            t.join(30)
+    (found,) = tiers(scale_into)
+    assert found.state == TRIAL, found.text
+    assert not errors, errors[:3]
+    assert COMPILING in seen and TRIAL in seen, seen   # calls went on while it compiled, then with it swapped in
+    assert len(found.trial_ns[0]) > 2, "the compiled function was hardly called"
+
+
+def test_an_inout_argument_is_written_in_place_and_returned_as_itself(flag_compiled):
+    scale_into = scale_into_source()
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        for i in range(WARM + 3):
+            x, acc = torch.randn(ROWS, COLS), torch.randn(ROWS, COLS)
+            want = want_scale_into(x, acc)
+            view = acc[2:4]
+            out = scale_into(x, acc)
+            assert out is acc and torch.allclose(acc, want, rtol=1e-5, atol=1e-6), f"call {i}"
+            assert torch.equal(view, acc[2:4]), "the result did not land in the caller's memory"
+    (found,) = tiers(scale_into)
+    assert found.state == TRIAL and found.trial_ns[0], found.text   # compiled calls ran among those
+    (decision,) = replay.decisions(scale_into)   # what PYPTO_STATS prints with the replay's line
+    assert decision.kind == REPLAYED and "tier trial (compiled in " in decision.reason, decision
+
+
+def test_a_guard_miss_after_the_swap_runs_the_engine_and_reads_the_flag_again(flag_compiled, monkeypatch):
+    monkeypatch.setattr(flag_compiled, "chosen", flag_compiled.tiered)   # swapped in: every call runs it
+    x = torch.randn(ROWS, COLS)
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        for on in (1, 1, 0, 1, 0):
+            y = torch.empty(ROWS, COLS)
+            with run_stats.collect() as stats:
+                by_flag(x, torch.tensor([on], dtype=torch.int32), y)
+            want = x * 3.0 + 1.0 if on else x - 1.0
+            assert torch.allclose(y, want, rtol=1e-6, atol=1e-6), f"flag {on}"
+            assert stats.replay.kind == (REPLAYED if on else GUARD_MISS), stats.replay
+
+
+def test_values_read_from_data_as_offsets_keep_the_replay_and_say_why():
+    src = torch.randn(ROWS, COLS)
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        for i in range(WARM):
+            row = (3 * i + 1) % ROWS
+            out = torch.empty(1, COLS)
+            with run_stats.collect() as stats:
+                gather_row(src, torch.tensor([row], dtype=torch.int32), out)
+            assert torch.equal(out, src[row : row + 1] * 2.0), f"call {i} read row {row}"
+    (found,) = tiers(gather_row)
+    assert found.state == REPLAY and "pl.read" in found.why and found.tiered is None, found.text
+    assert "pl.read" in stats.replay.reason, stats.replay
+
+
+def _warm_fresh(tier_mode, **policy):
+    """A fresh `scale_into`, called into its steady replay with `tier_mode`; its tier."""
+    scale_into = scale_into_source()
+    with config.scope(TIER=tier_mode), policy_scope(**KEEP, **policy):
+        for i in range(WARM):
+            x, acc = torch.randn(ROWS, COLS), torch.randn(ROWS, COLS)
+            want = want_scale_into(x, acc)
+            scale_into(x, acc)
+            assert torch.allclose(acc, want, rtol=1e-5, atol=1e-6), f"call {i}"
+    (found,) = tiers(scale_into)
+    return found
+
+
+def test_a_failing_compile_keeps_the_replay_and_stats_say_why(monkeypatch, capsys):
+    def broken(*args):
+        raise RuntimeError("injected: the C++ compiler is missing")
+    monkeypatch.setattr(tier_module, "_compile", broken)
+    with config.scope(STATS="1"):
+        found = _warm_fresh("eager")
+    assert found.state == FAILED and "injected" in found.why and found.chosen is not None, found.text
+    assert "tier failed (the torch compiler failed: RuntimeError: injected" in capsys.readouterr().err
+
+
+def test_a_compiled_function_that_disagrees_with_the_replay_is_not_swapped_in(monkeypatch):
+    def wrong(split, inputs, threads):
+        prologue, body, positions, outputs_from = split
+
+        def off_by_one(*args):
+            outs = body(*[args[i] for i in positions])
+            args[positions[-1]].add_(1.0)
+            return outs
+        return off_by_one
+    monkeypatch.setattr(tier_module, "_compile", wrong)
+    found = _warm_fresh("eager")
+    assert found.state == FAILED and "differs from the replay" in found.why, found.text
+
+
+def test_a_compile_past_the_timeout_keeps_the_replay(monkeypatch):
+    release = threading.Event()
+
+    def slow(split, inputs, threads):
+        release.wait(30)
+        raise RuntimeError("released")
+    monkeypatch.setattr(tier_module, "_compile", slow)
+    try:
+        # steady after one replay: queued at the next call, timed out at the one after
+        found = _warm_fresh("background", tier_timeout_s=0.0)
+    finally:
+        release.set()
+        assert tier_module.wait_idle(30)
+    assert found.state == FAILED and "timed out" in found.why, found.text
+
+
+def test_off_never_compiles():
+    found = _warm_fresh("off")
+    assert found.state == REPLAY and found.tiered is None and not found.why, found.text
+
+
+FRESH = r"""
+import sys, torch
+sys.path.insert(0, {repo!r})
+from torch._dynamo.utils import counters
+from pypto_rt import config
+from pypto_rt.replay.policy import policy_scope
+from pypto_rt.replay.tier import tiers
+from tests.replay.test_tier import by_flag, KEEP, WARM, ROWS, COLS
+x = torch.randn(ROWS, COLS)
+with config.scope(TIER="eager"), policy_scope(**KEEP):
+    for _ in range(WARM):
+        by_flag(x, torch.tensor([1], dtype=torch.int32), torch.empty(ROWS, COLS))
+(found,) = tiers(by_flag)
+print("STATE", found.state, "HITS", counters["inductor"]["fxgraph_cache_hit"],
+      "MISSES", counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+def test_a_fresh_process_loads_the_compiled_code_from_disk(flag_compiled):
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYPTO_TIER="off")   # (the script asks for eager itself)
+    assert env.get("TORCHINDUCTOR_CACHE_DIR"), "the compile in this process set inductor's cache folder"
+    done = subprocess.run([sys.executable, "-c", FRESH.format(repo=repo)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=repo)
+    assert done.returncode == 0, done.stderr[-2000:]
+    words = done.stdout.split()
+    state, hits, misses = (words[words.index(w) + 1] for w in ("STATE", "HITS", "MISSES"))
+    assert state == TRIAL and int(hits) >= 1 and int(misses) == 0, done.stdout
+
+
+def test_arguments_sharing_memory_are_compiled_for_that_sharing():
+    scale_into = scale_into_source()
+    with config.scope(TIER="eager"), policy_scope(**KEEP), warnings.catch_warnings():
+        warnings.simplefilter("ignore", InWriteWarning)   # (x shares acc's memory: the kernel says so)
+        for i in range(WARM + 3):
+            whole = torch.randn(2 * ROWS, COLS)
+            x, acc = whole[:ROWS], whole[ROWS:]
+            want = want_scale_into(x.clone(), acc.clone())
+            scale_into(x, acc)
+            assert torch.allclose(acc, want, rtol=1e-5, atol=1e-6) and torch.equal(whole[ROWS:], acc), f"call {i}"
+    (found,) = tiers(scale_into)
+    assert found.state == TRIAL and found.trial_ns[0], found.text
