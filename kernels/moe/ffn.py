@@ -103,10 +103,12 @@ def _dequantize(acc, row_scale, channel_scale):
                              channel_scale)
 
 
-def bf16_ffn(shape: FfnShape):
-    """An inline `(x [ROW_TILE, H] dtype, w_gate [I, H], w_up [I, H], w_down [H, I]) -> y [ROW_TILE, H] FP32`."""
-    from_hidden = projection(shape.hidden, shape.hidden_step, pl.FP32)
-    from_inter = projection(shape.inter, shape.inter_step, pl.FP32)
+def bf16_ffn(shape: FfnShape, project=None):
+    """An inline `(x [ROW_TILE, H] dtype, w_gate [I, H], w_up [I, H], w_down [H, I]) -> y [ROW_TILE, H] FP32`;
+    `project` (default `projection`) makes its matmuls, e.g. `batched_projection` for every expert at once."""
+    project = project or projection
+    from_hidden = project(shape.hidden, shape.hidden_step, pl.FP32)
+    from_inter = project(shape.inter, shape.inter_step, pl.FP32)
     swiglu, to_dtype = _swiglu(shape.swiglu_limit), cast_to(pl.FP32, PL_DTYPES[shape.dtype])
 
     @pl.jit.inline
@@ -156,16 +158,7 @@ def batched_projection(contracted: int, step: int, acc_dtype):
 def batched_bf16_ffn(shape: FfnShape):
     """bf16_ffn over every expert at once: `(x [E, R, H] dtype, w_gate [E, I, H], w_up, w_down [E, H, I]) ->
     y [E, R, H] FP32`, expert e's rows against expert e's weights (batched matmuls)."""
-    from_hidden = batched_projection(shape.hidden, shape.hidden_step, pl.FP32)
-    from_inter = batched_projection(shape.inter, shape.inter_step, pl.FP32)
-    swiglu, to_dtype = _swiglu(shape.swiglu_limit), cast_to(pl.FP32, PL_DTYPES[shape.dtype])
-
-    @pl.jit.inline
-    def ffn(x, w_gate, w_up, w_down):
-        h = to_dtype(swiglu(from_hidden(x, w_gate), from_hidden(x, w_up)))
-        return from_inter(h, w_down)
-
-    return ffn
+    return bf16_ffn(shape, batched_projection)
 
 
 def batched_int8_ffn(shape: FfnShape, experts: int, rows: int):
