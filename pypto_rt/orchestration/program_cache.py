@@ -9,6 +9,7 @@ modes). A stale or foreign entry is a miss. Where entries live and whom they tru
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import marshal
 import os
@@ -26,6 +27,7 @@ from pypto_rt.incore_compiler.torch_backend import RUNTIME_NAMES
 from pypto_rt.language import _runtime
 from pypto_rt.language.decorators import ProgramNamespace
 from pypto_rt.ops import OPS
+from pypto_rt.replay import tier
 
 _FORMAT = 6   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired;
               # 5: accesses say which are atomic adds; 6: entries carry their compile's style warnings
@@ -121,3 +123,7 @@ def _artifact(d: dict, env: Env, module_globals: dict) -> KernelArtifact:
     (accesses,) = accesses_factory.instantiate(env.closure, module_globals)
     compiled = GeneratedKernel(ir, run, d["source"], "torch", run_factory, d["ops"])
     return KernelArtifact(compiled, accesses, factory=accesses_factory)
+
+
+# the compiled tier keeps inductor's caches beside ours (replay may not import the disk cache)
+tier.cache_folder = functools.partial(disk_cache.private_subfolder, "inductor")

@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from pypto_rt import config, disk_cache
+from pypto_rt import config
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
 
@@ -255,11 +255,16 @@ def _compile(split, inputs: list, threads: int):
     return tiered
 
 
+# `() -> folder or None`: where inductor's caches go, set by the layer that owns the disk cache
+# (orchestration.program_cache: `<PYPTO_CACHE_DIR>/inductor`); replay does not import the disk cache itself
+cache_folder = None
+
+
 def _use_our_cache() -> None:
-    """Inductor's caches under the disk cache's folder (`inductor`), unless the user (or inductor, already
-    loaded) chose a folder; kept for the process (inductor reads the variable per compile)."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        where = disk_cache.private_subfolder("inductor")
+    """Inductor's caches under the disk cache's folder, unless the user (or inductor, already loaded) chose a
+    folder; kept for the process (inductor reads the variable per compile)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ and cache_folder is not None:
+        where = cache_folder()
         if where is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = where
 
