@@ -18,8 +18,8 @@ rank's window). Semantics:
   `allgather(out, inp)`, `reduce_scatter(out, inp, op=)`, `all_to_all(out, inp)`,
   `all_to_all_v(out, inp, send_counts, recv_counts)`, `broadcast(data, root=)`, `barrier()`; a `signal=`
   window, as the real collectives take, is accepted and not needed.
-notify, wait, remote_store and put resolve their window, peer and box first, then apply their effect through
-`recording.communicate`, so a run recorded for replay records the effect as one call (replay.comm_block).
+notify, wait, remote_store and put apply their effect on their operands (window tensors, peer, offsets, values)
+through `recording.communicate`, so a run recorded for replay records it as one call (replay.comm_block).
 """
 from __future__ import annotations
 
@@ -96,34 +96,30 @@ def _cell(name: str, x, offsets, what: str):
 
 @op("pld.system.notify")
 def notify(target, peer, offsets, value=1, op=NotifyOp.AtomicAdd):
-    def resolve():
-        buf, offset, _ = _cell("system.notify", target, offsets, "target")
-        kind = "set" if op in (NotifyOp.Set, "set") else "atomic_add"
-        return buf, _peer("system.notify", buf, peer), offset, kind
-    recording.communicate("pld.system.notify communicates with other ranks", _notify_cell, resolve,
-                          (peer, offsets), (value,))
+    kind = "set" if op in (NotifyOp.Set, "set") else "atomic_add"
+    recording.communicate("pld.system.notify communicates with other ranks", _notify_cell,
+                          (_tensor(target), peer, offsets, kind, value))
 
 
-def _notify_cell(buf, peer: int, offset: int, kind: str, value) -> None:
-    buf.comm.notify(buf.window, peer, offset, int(value), kind)
+def _notify_cell(target, peer, offsets, kind: str, value) -> None:
+    buf, offset, _ = _cell("system.notify", target, offsets, "target")
+    buf.comm.notify(buf.window, _peer("system.notify", buf, peer), offset, int(value), kind)
 
 
 @op("pld.system.wait")
 def wait(signal, offsets, expected, cmp=WaitCmp.Ge):
-    def resolve():
-        buf, offset, cell = _cell("system.wait", signal, offsets, "signal")
-        kind = "eq" if cmp in (WaitCmp.Eq, "eq") else "ge"
-        # the [NR, ...] signal convention: row r is the cell rank r notifies (named in a hang's wait-for picture)
-        rows = _tensor(signal).shape[0] if _tensor(signal).dim() else 0
-        rank = buf.comm.rank
-        peers = [cell[0]] if rows == buf.comm.world_size and cell and cell[0] != rank else None
-        return buf, offset, kind, process.current_label(), cell, peers
-    recording.communicate("pld.system.wait communicates with other ranks", _wait_cell, resolve, (offsets,),
-                          (expected,))
+    kind = "eq" if cmp in (WaitCmp.Eq, "eq") else "ge"
+    recording.communicate("pld.system.wait communicates with other ranks", _wait_cell,
+                          (_tensor(signal), offsets, kind, process.current_label(), expected))
 
 
-def _wait_cell(buf, offset: int, kind: str, label, cell: list, peers, expected) -> None:
-    buf.comm.wait(buf.window, offset, int(expected), kind, label=label, cell=cell, peers=peers)
+def _wait_cell(signal, offsets, kind: str, label, expected) -> None:
+    buf, offset, cell = _cell("system.wait", signal, offsets, "signal")
+    comm = buf.comm
+    # the [NR, ...] signal convention: row r is the cell rank r notifies (named in a hang's wait-for picture)
+    rows = signal.shape[0] if signal.dim() else 0
+    peers = [cell[0]] if rows == comm.world_size and cell and cell[0] != comm.rank else None
+    comm.wait(buf.window, offset, int(expected), kind, label=label, cell=cell, peers=peers)
 
 
 # ------------------------------------------------------------------------------------------ one-sided access
@@ -161,32 +157,27 @@ def remote_load(target, peer, offsets, shape, valid_shape=None):
 
 @op("pld.tile.remote_store", "pld.tensor.remote_store")
 def remote_store(src, target, peer, offsets, atomic=None):
-    values = _tensor(src)
+    recording.communicate("pld.remote_store communicates with other ranks", _store_box,
+                          (_tensor(target), peer, offsets, _is_add(atomic), _tensor(src)))
 
-    def resolve():
-        buf, _ = _window("remote_store", target, "target")
-        view = _box("remote_store", _tensor(target), offsets, list(values.shape), "target")
-        return buf, _peer("remote_store", buf, peer), view, _is_add(atomic)
-    recording.communicate("pld.remote_store communicates with other ranks", _store, resolve, (peer, offsets),
-                          (values,))
+
+def _store_box(target, peer, offsets, atomic: bool, values: torch.Tensor) -> None:
+    buf, _ = _window("remote_store", target, "target")
+    view = _box("remote_store", target, offsets, list(values.shape), "target")
+    _store(buf, _peer("remote_store", buf, peer), view, atomic, values)
 
 
 @op("pld.tensor.put")
 def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=None, **_hints):
-    local = _tensor(src)
-    src_offsets = src_offsets or [0] * local.dim()
-
-    def resolve():
-        buf, _ = _window("tensor.put", dst, "dst")
-        size = list(_box("tensor.put", local, src_offsets, shape, "src").shape)
-        view = _box("tensor.put", _tensor(dst), dst_offsets or [0] * _tensor(dst).dim(), size, "dst")
-        return buf, _peer("tensor.put", buf, peer), view, _is_add(atomic), src_offsets, size
-    recording.communicate("pld.tensor.put communicates with other ranks", _put_box, resolve,
-                          (peer, dst_offsets, src_offsets, shape), (local,))
+    recording.communicate("pld.tensor.put communicates with other ranks", _put_box,
+                          (_tensor(dst), peer, _tensor(src), dst_offsets, src_offsets, shape, _is_add(atomic)))
 
 
-def _put_box(buf, peer: int, view: torch.Tensor, atomic: bool, src_offsets, size, local: torch.Tensor) -> None:
-    _store(buf, peer, view, atomic, _box("tensor.put", local, src_offsets, size, "src"))
+def _put_box(dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
+    buf, _ = _window("tensor.put", dst, "dst")
+    values = _box("tensor.put", local, src_offsets or [0] * local.dim(), shape, "src")
+    view = _box("tensor.put", dst, dst_offsets or [0] * dst.dim(), list(values.shape), "dst")
+    _store(buf, _peer("tensor.put", buf, peer), view, atomic, values)
 
 
 @op("pld.tensor.get", writes="dst")

@@ -46,19 +46,18 @@ def refuse(reason: str) -> None:
         recorder.refuse(reason)
 
 
-def communicate(reason: str, effect, resolve, fixed: tuple = (), values: tuple = ()):
-    """A `pld` op's effect outside torch, `effect(*resolve(), *values)`: `resolve()` finds its windows, peer and
-    offsets (from `fixed`, which a recording keeps as they were), `values` are what may change per call (a signal
-    value, the source tensor). A run recorded on this thread records it as one call where it can (a signalling
-    block: replay.comm_block) and refuses with `reason` elsewhere."""
+def communicate(reason: str, effect, args: tuple):
+    """A `pld` op's effect outside torch, `effect(*args)` on its operands (window tensors, peer, offsets, values).
+    A run recorded on this thread records it as one call where it can (a signalling block: replay.comm_block) and
+    refuses with `reason` elsewhere."""
     recorder = _this_thread.recorder
     if recorder is None:
-        return effect(*resolve(), *values)
+        return effect(*args)
     take = getattr(recorder, "communicate", None)
     if take is None:
         recorder.refuse(reason)
-        return effect(*resolve(), *values)
-    return take(reason, effect, resolve, fixed, values)
+        return effect(*args)
+    return take(reason, effect, args)
 
 
 def recording() -> bool:

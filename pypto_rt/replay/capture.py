@@ -156,10 +156,10 @@ class Recorder(TorchFunctionMode):
         self.communicates |= communicates
         return opaque.record_block(self, call, inputs, block, written)
 
-    def communicate(self, reason: str, effect, resolve, fixed: tuple, values: tuple):
+    def communicate(self, reason: str, effect, args: tuple):
         """A `pld` op: recorded as one call of its effect in a signalling block, refused elsewhere
         (replay.comm_block)."""
-        return comm_block.communicate(self, reason, effect, resolve, fixed, values)
+        return comm_block.communicate(self, reason, effect, args)
 
     def refuse(self, reason: str) -> None:
         """The recording cannot be replayed; refused inside a block (`block`), the next recording may take that
