@@ -18,6 +18,8 @@ rank's window). Semantics:
   `allgather(out, inp)`, `reduce_scatter(out, inp, op=)`, `all_to_all(out, inp)`,
   `all_to_all_v(out, inp, send_counts, recv_counts)`, `broadcast(data, root=)`, `barrier()`; a `signal=`
   window, as the real collectives take, is accepted and not needed.
+notify, wait, remote_store and put apply their effect on their operands (window tensors, peer, offsets, values)
+through `recording.communicate`, so a run recorded for replay records it as one call (replay.comm_block).
 """
 from __future__ import annotations
 
@@ -94,20 +96,30 @@ def _cell(name: str, x, offsets, what: str):
 
 @op("pld.system.notify")
 def notify(target, peer, offsets, value=1, op=NotifyOp.AtomicAdd):
-    buf, offset, _ = _cell("system.notify", target, offsets, "target")
     kind = "set" if op in (NotifyOp.Set, "set") else "atomic_add"
+    recording.communicate("pld.system.notify communicates with other ranks", _notify_cell,
+                          (_tensor(target), peer, offsets, kind, value))
+
+
+def _notify_cell(target, peer, offsets, kind: str, value) -> None:
+    buf, offset, _ = _cell("system.notify", target, offsets, "target")
     buf.comm.notify(buf.window, _peer("system.notify", buf, peer), offset, int(value), kind)
 
 
 @op("pld.system.wait")
 def wait(signal, offsets, expected, cmp=WaitCmp.Ge):
-    buf, offset, cell = _cell("system.wait", signal, offsets, "signal")
     kind = "eq" if cmp in (WaitCmp.Eq, "eq") else "ge"
+    recording.communicate("pld.system.wait communicates with other ranks", _wait_cell,
+                          (_tensor(signal), offsets, kind, process.current_label(), expected))
+
+
+def _wait_cell(signal, offsets, kind: str, label, expected) -> None:
+    buf, offset, cell = _cell("system.wait", signal, offsets, "signal")
     comm = buf.comm
     # the [NR, ...] signal convention: row r is the cell rank r notifies (named in a hang's wait-for picture)
-    rows = _tensor(signal).shape[0] if _tensor(signal).dim() else 0
+    rows = signal.shape[0] if signal.dim() else 0
     peers = [cell[0]] if rows == comm.world_size and cell and cell[0] != comm.rank else None
-    comm.wait(buf.window, offset, int(expected), kind, label=process.current_label(), cell=cell, peers=peers)
+    comm.wait(buf.window, offset, int(expected), kind, label=label, cell=cell, peers=peers)
 
 
 # ------------------------------------------------------------------------------------------ one-sided access
@@ -122,7 +134,7 @@ def _load(buf, peer: int, view: torch.Tensor) -> torch.Tensor:
     return span.as_strided(view.shape, view.stride()).clone()
 
 
-def _store(buf, peer: int, view: torch.Tensor, src: torch.Tensor, atomic: bool) -> None:
+def _store(buf, peer: int, view: torch.Tensor, atomic: bool, src: torch.Tensor) -> None:
     """Write (or atomically add) `src` into rank `peer`'s bytes under `view`, one contiguous run at a time."""
     src = src.to(view.dtype).expand(view.shape).contiguous()
     for piece, values in _pieces(view, src):
@@ -145,19 +157,27 @@ def remote_load(target, peer, offsets, shape, valid_shape=None):
 
 @op("pld.tile.remote_store", "pld.tensor.remote_store")
 def remote_store(src, target, peer, offsets, atomic=None):
+    recording.communicate("pld.remote_store communicates with other ranks", _store_box,
+                          (_tensor(target), peer, offsets, _is_add(atomic), _tensor(src)))
+
+
+def _store_box(target, peer, offsets, atomic: bool, values: torch.Tensor) -> None:
     buf, _ = _window("remote_store", target, "target")
-    values = _tensor(src)
-    view = _box("remote_store", _tensor(target), offsets, list(values.shape), "target")
-    _store(buf, _peer("remote_store", buf, peer), view, values, _is_add(atomic))
+    view = _box("remote_store", target, offsets, list(values.shape), "target")
+    _store(buf, _peer("remote_store", buf, peer), view, atomic, values)
 
 
 @op("pld.tensor.put")
 def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=None, **_hints):
+    recording.communicate("pld.tensor.put communicates with other ranks", _put_box,
+                          (_tensor(dst), peer, _tensor(src), dst_offsets, src_offsets, shape, _is_add(atomic)))
+
+
+def _put_box(dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
     buf, _ = _window("tensor.put", dst, "dst")
-    local = _tensor(src)
     values = _box("tensor.put", local, src_offsets or [0] * local.dim(), shape, "src")
-    view = _box("tensor.put", _tensor(dst), dst_offsets or [0] * _tensor(dst).dim(), list(values.shape), "dst")
-    _store(buf, _peer("tensor.put", buf, peer), view, values, _is_add(atomic))
+    view = _box("tensor.put", dst, dst_offsets or [0] * dst.dim(), list(values.shape), "dst")
+    _store(buf, _peer("tensor.put", buf, peer), view, atomic, values)
 
 
 @op("pld.tensor.get", writes="dst")

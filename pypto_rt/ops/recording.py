@@ -1,7 +1,8 @@
 """How ops talk to a run being recorded for replay (pypto_rt.replay), if any: the op library's whole view of it.
 
 Replaying a recorded run repeats its torch calls only. An op whose effect lies outside them (communication with
-other ranks, printing) calls `refuse(reason)`: the run is then not replayed. `pl.read` asks `read_scalar` for a
+other ranks, printing) calls `refuse(reason)`: the run is then not replayed; the signal and store ops go through
+`communicate`, which the recorder of a signalling block records as calls of their effects. `pl.read` asks `read_scalar` for a
 number the replay can read again itself instead of reading tensor data into Python, which would fix the replay to
 the value seen when recording. Such numbers are `ScalarFromData`s (replay's traced ints and floats subclass it):
 ops take them as they are where an int or float goes, so their code reaches torch. The recorder is whatever
@@ -43,6 +44,20 @@ def refuse(reason: str) -> None:
     recorder = _this_thread.recorder
     if recorder is not None:
         recorder.refuse(reason)
+
+
+def communicate(reason: str, effect, args: tuple):
+    """A `pld` op's effect outside torch, `effect(*args)` on its operands (window tensors, peer, offsets, values).
+    A run recorded on this thread records it as one call where it can (a signalling block: replay.comm_block) and
+    refuses with `reason` elsewhere."""
+    recorder = _this_thread.recorder
+    if recorder is None:
+        return effect(*args)
+    take = getattr(recorder, "communicate", None)
+    if take is None:
+        recorder.refuse(reason)
+        return effect(*args)
+    return take(reason, effect, args)
 
 
 def recording() -> bool:

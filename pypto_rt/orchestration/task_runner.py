@@ -22,9 +22,10 @@ always runs on a worker (never inline on the host, which must keep submitting in
 nothing for this.
 
 In a run recorded for replay (on the host thread, under a replay.capture.Recorder), each block of a
-communication task that calls `pld` ops, and of a kernel whose course an earlier recording found to depend on data,
-is run by the recorder as one `BlockCall` (the kernel's own run function) that the replay calls again
-(replay.opaque); other blocks run their kernel with the recorder told which kernel runs (`recorder.block`). A
+communication task that calls `pld` ops runs *signalling*: its torch calls and `pld` ops are recorded as calls
+(replay.comm_block); once a recording refused that for its kernel, and for a kernel whose course an earlier
+recording found to depend on data, each block is run by the recorder as one `BlockCall` (the kernel's own run
+function) that the replay calls again (replay.opaque); other blocks run their kernel with the recorder told which kernel runs (`recorder.block`). A
 task that only takes windows (reads or writes them with plain ops, after the signal waits of earlier tasks) is
 recorded as torch calls too: a window keeps its memory, so its recorded calls read the peers' latest rows where
 the replay's straight line runs them, after those waits (numbers read from a window stay volatile: replay.capture).
@@ -50,6 +51,7 @@ from pypto_rt.replay.scalars import untraced
 
 OUTLIER = 10   # a block this many times the average is left out of a kernel's RunHistory unless the next one is too
 CHECK_TOL = config.CHECK_TOL
+SIGNALS_REFUSED = "signals_refused"   # on a kernel whose signalling blocks a recording refused: why
 
 
 class CheckMismatchError(PyptoError):
@@ -87,8 +89,12 @@ class TaskRunner:
             run.label = label
             return run
         history = artifact.__dict__.setdefault("history", RunHistory())
-        if label is not None and signals and self.recorder is not None:   # (the recorder runs it: replay.opaque)
-            return _Run(self.binding, _opaque_body(self.recorder, artifact, label), inputs, blocks, history, False)
+        if label is not None and signals and self.recorder is not None:
+            if id(artifact) in self.recorder.opaque_kernels or SIGNALS_REFUSED in artifact.__dict__:
+                # (the recorder runs it as one call: replay.opaque)
+                return _Run(self.binding, _opaque_body(self.recorder, artifact, label), inputs, blocks, history, False)
+            return _CommRun(self.binding, _signalling_body(self.recorder, artifact), inputs, blocks, history, False,
+                            label)
         if label is not None:   # (recorded: its kernel watched by the recorder, or called as it is)
             body = _kernel_body(artifact.kernel.run) if self.recorder is None else self._body(artifact)
             run = _CommRun(self.binding, body, inputs, blocks, history, False, label)
@@ -281,6 +287,23 @@ def _written(artifact, inputs: tuple) -> list[int]:
     except Exception:  # noqa: BLE001 - a plan the host cannot evaluate: every input may be written
         return list(range(len(inputs)))
     return sorted({index for index, mode, _, _, _ in plan if mode != "r"})
+
+
+def _signalling_body(recorder, artifact):
+    """A communication task's kernel watched by the recorder, its `pld` ops recorded as calls of their effects
+    (replay.comm_block). A refusal inside is noted on the kernel (`SIGNALS_REFUSED`): its blocks are called as they
+    are by every later recording, of any specialisation (the next one of this specialisation: replay.entry)."""
+    watched = _watched_body(recorder, artifact)
+
+    def body(binding, inputs, block, nblocks):
+        recorder.signalling, recorder.communicates = True, True
+        try:
+            return watched(binding, inputs, block, nblocks)
+        finally:
+            recorder.signalling = False
+            if id(artifact) in recorder.escaped:
+                artifact.__dict__.setdefault(SIGNALS_REFUSED, recorder.escaped[id(artifact)])
+    return body
 
 
 def _watched_body(recorder, artifact):

@@ -27,8 +27,9 @@ way the prologue cannot check:
 - an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
   memory with an entry tensor (a view made before the run; a window excepted, see below), or an op that declares
   itself non-replayable (`pypto_rt.ops.recording.refuse`: communication on the host, printing).
-Communication blocks: orchestration hands each block of a communication task to `opaque_block`, which runs it
-muted and records it as one call of its kernel (replay.opaque). Windows (views of `pld.alloc_window_buffer`,
+Communication blocks: orchestration runs each block of a communication task *signalling* (its `pld` ops recorded
+as calls of their effects, replay.comm_block) or, once that was refused for its kernel, hands it to `opaque_block`,
+which runs it muted and records it as one call of its kernel (replay.opaque). Windows (views of `pld.alloc_window_buffer`,
 entry or outside tensors) are *volatile*: peers write them at any time, so a number read from one is read where
 the run read it (never in the prologue, and a guard on it refuses the recording, as for computed data), and no
 call reading one shares another's result (passes); nothing is assumed about which window views share memory.
@@ -48,7 +49,7 @@ from torch.overrides import TorchFunctionMode
 
 from pypto_rt.collective import process
 from pypto_rt.ops import recording
-from pypto_rt.replay import opaque, passes
+from pypto_rt.replay import comm_block, opaque, passes
 from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETITEM, IN_PLACE_DUNDERS,
                                    KEY_BOUNDS, METADATA, METADATA_TYPES, RANDOM, READABLE, SCALAR_OPERANDS,
                                    SETITEM, SIMPLE, WINDOWS, Refused, storage_id, tensors_of, traced_of,
@@ -105,6 +106,8 @@ class Recorder(TorchFunctionMode):
         self.opaque_calls = 0                                # blocks recorded as one call (replay.opaque)
         self.communicates = False                            # ... communication blocks among them
         self.volatile: set[int] = set()                      # window storages: peers write them at any time
+        self.signalling = False                              # a signalling block runs now (replay.comm_block)
+        self.signal_calls = 0                                # its `pld` ops recorded as calls of their effects
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)
@@ -152,6 +155,11 @@ class Recorder(TorchFunctionMode):
         value."""
         self.communicates |= communicates
         return opaque.record_block(self, call, inputs, block, written)
+
+    def communicate(self, reason: str, effect, args: tuple):
+        """A `pld` op: recorded as one call of its effect in a signalling block, refused elsewhere
+        (replay.comm_block)."""
+        return comm_block.communicate(self, reason, effect, args)
 
     def refuse(self, reason: str) -> None:
         """The recording cannot be replayed; refused inside a block (`block`), the next recording may take that

@@ -33,7 +33,8 @@ they are kept, since the block's torch calls replay fastest while its data keeps
 dropped for misses, the specialisation is recorded again with the blocks that made guards called as they are
 (their course then follows the data with no guard). Up to `max_recordings` recordings per specialisation.
 
-Communicating runs: each block of a communication task that calls a `pld` op is recorded as one opaque call of
+Communicating runs: each block of a communication task that calls a `pld` op is recorded op by op, its signals and
+stores as calls of their effects (replay.comm_block), or, where that is refused inside it, as one opaque call of
 its kernel (a task that only takes windows is recorded as torch calls on the windows' memory, after the waits
 before it in the straight line), which the replay calls again with its inputs as code:
 an epoch or a row count read with `pl.read` changes per replay, and what the block writes is data the run

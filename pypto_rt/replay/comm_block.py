@@ -1,0 +1,51 @@
+"""Signalling blocks recorded op by op: a communication block's `pld` ops as recorded calls of their effects.
+
+A block of a communication task that calls `pld` ops runs *signalling* under the recorder (orchestration sets
+`Recorder.signalling` while it runs): its plain torch calls are recorded as any block's, and each `pld` op
+(notify, wait, remote_store, put: pypto_rt.ops.distributed) becomes one line calling the op's effect on its
+operands, `communicate(rec, reason, effect, args)` below: e.g. `f3(a14, 1, [0, 0], 'set', s2)` for a notify of
+value `s2` (an epoch read with `pl.read`) on the entry window `a14`. The operands are code of the replay: window
+tensors by name (an entry window, or a view the run made of one: a replay with other windows of the same shapes
+signals on those), numbers read from data as code (a peer, an offset, a value change per replay); the effect
+finds the window buffer, the peer's bytes and the cell at replay, as the op does, and a wait keeps its region
+label, deadline and multi-rank report. The effect runs unseen by the recorder (its torch calls are its own). The
+lines keep program order: each is an effect on data the run computed (windows are volatile, replay.capture).
+
+What cannot be recorded so refuses the recording inside the block, and the next recording calls the kernel's
+blocks as they are (replay.opaque, replay.entry; PYPTO_STATS says why): an op with no recorded form (remote_load,
+get, collectives: they refuse as before), and the usual cases (a course depending on data the run computed or on a
+window: a guard would come too late; a box whose extent follows such data).
+"""
+from __future__ import annotations
+
+import torch
+
+from pypto_rt.replay import opaque
+from pypto_rt.replay.calls import SIMPLE, Refused
+from pypto_rt.replay.records import Call, Ref, joined
+from pypto_rt.replay.scalars import TRACED
+
+
+def communicate(rec, reason: str, effect, args: tuple):
+    """Run a `pld` op's `effect(*args)`, recorded as one line when `rec` records a signalling block (see the module
+    text); otherwise the recording is refused with `reason`."""
+    if rec.refused is None and not rec.signalling:
+        rec.refuse(reason)
+    if rec.refused is None:
+        try:
+            code = (rec._const(effect, "f"), "(") + joined([_code(rec, v) for v in args]) + (")",)
+        except Refused as r:
+            rec.refuse(str(r))
+        else:
+            rec.recorded.append(Call(code, [t for t in code if type(t) is Ref], True, tainted=True))
+            rec.signal_calls += 1
+    with opaque.muted(rec):
+        return effect(*opaque._plain(args))
+
+
+def _code(rec, value):
+    """An argument of an effect as code: tensors by name, numbers read from data as code, plain values as
+    literals, anything else (a window buffer, an enum) as a constant."""
+    if isinstance(value, torch.Tensor) or type(value) in TRACED or isinstance(value, SIMPLE + (float, tuple, list)):
+        return rec._render(value)
+    return (rec._const(value, "k"),)
