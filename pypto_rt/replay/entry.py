@@ -333,10 +333,10 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
 
 def _untierable(spec: _Specialisation) -> str | None:
     """Why the replay is not compiled (replay.tier), or None."""
-    if spec.communicates:
-        return "it communicates: its blocks are called as they are"
     if spec.opaque:
         return f"it calls {spec.opaque} kernel blocks as they are"
+    if spec.communicates:
+        return "it communicates: its window signals and stores run in order between its torch calls"
     return None
 
 
