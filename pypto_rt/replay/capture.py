@@ -107,7 +107,6 @@ class Recorder(TorchFunctionMode):
         self.communicates = False                            # ... communication blocks among them
         self.volatile: set[int] = set()                      # window storages: peers write them at any time
         self.signalling = False                              # a signalling block runs now (replay.comm_block)
-        self.signal_calls = 0                                # its `pld` ops recorded as calls of their effects
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)

@@ -18,12 +18,9 @@ window: a guard would come too late; a box whose extent follows such data).
 """
 from __future__ import annotations
 
-import torch
-
 from pypto_rt.replay import opaque
-from pypto_rt.replay.calls import SIMPLE, Refused
+from pypto_rt.replay.calls import Refused
 from pypto_rt.replay.records import Call, Ref, joined
-from pypto_rt.replay.scalars import TRACED
 
 
 def communicate(rec, reason: str, effect, args: tuple):
@@ -33,19 +30,11 @@ def communicate(rec, reason: str, effect, args: tuple):
         rec.refuse(reason)
     if rec.refused is None:
         try:
-            code = (rec._const(effect, "f"), "(") + joined([_code(rec, v) for v in args]) + (")",)
+            code = (rec._const(effect, "f"), "(") + joined([opaque.code_of(rec, v) for v in args]) + (")",)
         except Refused as r:
             rec.refuse(str(r))
         else:
             rec.recorded.append(Call(code, [t for t in code if type(t) is Ref], True, tainted=True))
-            rec.signal_calls += 1
     with opaque.muted(rec):
-        return effect(*opaque._plain(args))
+        return effect(*opaque.plain_inputs(args))
 
-
-def _code(rec, value):
-    """An argument of an effect as code: tensors by name, numbers read from data as code, plain values as
-    literals, anything else (a window buffer, an enum) as a constant."""
-    if isinstance(value, torch.Tensor) or type(value) in TRACED or isinstance(value, SIMPLE + (float, tuple, list)):
-        return rec._render(value)
-    return (rec._const(value, "k"),)

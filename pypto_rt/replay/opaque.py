@@ -38,15 +38,15 @@ def record_block(rec, call, inputs: tuple, block: int, written) -> object:
     """Run `call(block, *inputs)` muted and record it as one line of `rec`'s trace; its return value."""
     if rec.refused is not None:
         with muted(rec):
-            return call(block, *_plain(inputs))
+            return call(block, *plain_inputs(inputs))
     try:
-        code = (rec._const(call, "o"), "(", str(block), ", ") + joined([_code(rec, v) for v in inputs]) + (")",)
+        code = (rec._const(call, "o"), "(", str(block), ", ") + joined([code_of(rec, v) for v in inputs]) + (")",)
     except Refused as r:
         rec.refuse(str(r))
         with muted(rec):
-            return call(block, *_plain(inputs))
+            return call(block, *plain_inputs(inputs))
     with muted(rec):
-        result = call(block, *_plain(inputs))
+        result = call(block, *plain_inputs(inputs))
     line = Call(code, [t for t in code if type(t) is Ref], True, tainted=True)
     for index in written:
         value = inputs[index] if index < len(inputs) else None
@@ -81,24 +81,25 @@ def muted(rec):
         rec.active = active and rec.refused is None
 
 
-def _code(rec, value) -> Code:
-    """An input of the block as code of the replay (see the module text)."""
+def code_of(rec, value) -> Code:
+    """An input of the block (or an operand of a recorded `pld` effect, replay.comm_block) as code of the
+    replay (see the module text)."""
     kind = type(value)
     if kind is TensorValue:
         parts = [rec._render(value.data), (rec._const(value.dtype, "k"),), rec._render(value.valid),
-                 (repr(value.is_tile),), _code(rec, value.pad)]
+                 (repr(value.is_tile),), code_of(rec, value.pad)]
         return (rec._const(TensorValue, "f"), "(") + joined(parts) + (")",)
-    if kind in TRACED or isinstance(value, SIMPLE + (float,)) and not isinstance(value, enum.Enum):
+    if kind in TRACED or isinstance(value, (torch.Tensor, float) + SIMPLE) and not isinstance(value, enum.Enum):
         return rec._render(value)
     if kind is tuple or kind is list:
-        inner = joined([_code(rec, v) for v in value])
+        inner = joined([code_of(rec, v) for v in value])
         return ("(",) + inner + (",)",) if kind is tuple else ("[",) + inner + ("]",)
     if isinstance(value, _CONSTANTS):
         return (rec._const(value, "k"),)
     raise Refused(f"a communication block takes a {kind.__name__}, which the trace cannot write down")
 
 
-def _plain(inputs: tuple) -> tuple:
+def plain_inputs(inputs: tuple) -> tuple:
     """The inputs with numbers read from data as plain numbers (the block runs as any replay will run it)."""
     return tuple(_plain_value(v) for v in inputs)
 
