@@ -57,11 +57,14 @@ def _mask(name: str, mask, shape) -> torch.Tensor:
     return mask.data != 0
 
 
-def _same_dtype_select(m: torch.Tensor, lhs, rhs):
-    """Select between two values of one dtype in their storage (a select is exact in any dtype: no round trip
-    through the compute dtype); None for anything else."""
-    if not isinstance(rhs, TensorValue) or rhs.dtype != lhs.dtype or rhs.data.dtype is not lhs.data.dtype:
-        return None
+def _stored_alike(lhs, rhs) -> bool:
+    """Whether `rhs` is a value of `lhs`'s dtype, stored alike (then a select needs no compute dtype)."""
+    return isinstance(rhs, TensorValue) and rhs.dtype == lhs.dtype and rhs.data.dtype is lhs.data.dtype
+
+
+def _select_in_storage(m: torch.Tensor, lhs: TensorValue, rhs: TensorValue) -> TensorValue:
+    """Select between two values stored alike, in their storage (a select is exact in any dtype: no round trip
+    through the compute dtype)."""
     out = torch.where(m, lhs.data, rhs.data)
     box = lhs.valid if tuple(out.shape) == lhs.shape else None   # lhs broadcast: its box no longer applies
     return TensorValue(out, lhs.dtype, box, lhs.is_tile or rhs.is_tile)
@@ -71,11 +74,9 @@ def _same_dtype_select(m: torch.Tensor, lhs, rhs):
 def sel(mask, lhs, rhs, tmp=None):
     need_value("sel", lhs, "lhs")
     m = _mask("sel", mask, lhs.shape)
-    if isinstance(rhs, TensorValue):
+    if _stored_alike(lhs, rhs):
         check_broadcast("sel", lhs, rhs)
-        same = _same_dtype_select(m, lhs, rhs)
-        if same is not None:
-            return same
+        return _select_in_storage(m, lhs, rhs)
     return binary("sel", lhs, rhs, lambda a, b: torch.where(m, a, b), valid=lhs.valid)
 
 
