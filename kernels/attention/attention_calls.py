@@ -31,9 +31,22 @@ def _check_int(name: str, t, shape: list, dtypes=(torch.int32,)) -> None:
         _fail(name, t, f"{' or '.join(str(d) for d in dtypes)} {shape}")
 
 
+def _check_slots(slot_mapping, key_cache) -> None:
+    """Once per call, on the host: every slot is padding (< 0) or inside the pool (the kernel drops any slot past
+    the pool, as it drops -1, so a slot past it would be lost silently)."""
+    pool = key_cache.shape[0] * key_cache.shape[1]
+    low, high = (int(v) for v in torch.aminmax(slot_mapping))
+    if high >= pool or low < -2 ** 31:
+        bad = high if high >= pool else low
+        raise AttentionArgumentError.at_caller(
+            f"slot_mapping holds slot {bad}, outside the pool's {pool} slots ({key_cache.shape[0]} blocks of "
+            f"{key_cache.shape[1]}); a slot must be block * block_size + offset in 0..{pool - 1}, or -1 for padding")
+
+
 def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Write key/value [N, KVH, D] into key_cache/value_cache [num_blocks, block_size, KVH, D] in place at
-    slot_mapping [N] (int64 or int32; slot = block * block_size + offset); a slot of -1 writes nothing."""
+    slot_mapping [N] (int64 or int32; slot = block * block_size + offset); a slot of -1 writes nothing. The live
+    slots of one call must be distinct (as vLLM's): if one repeats, which of its rows lands is unspecified."""
     if not isinstance(key, torch.Tensor) or key.dim() != 3 or key.dtype not in PL_DTYPES:
         _fail("key", key, f"a tensor [N, kv_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
     if not isinstance(value, torch.Tensor) or value.shape != key.shape or value.dtype != key.dtype:
@@ -42,11 +55,9 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     if list(key_cache.shape[2:]) != list(key.shape[1:]):
         _fail("key_cache", key_cache, f"[num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to take key's rows")
     _check_int("slot_mapping", slot_mapping, [key.shape[0]], (torch.int64, torch.int32))
-    if key_cache.shape[0] * key_cache.shape[1] <= key.shape[0]:   # no spare slot for the kernel's -1 rows
-        live = slot_mapping >= 0
-        key, value, slot_mapping = key[live], value[live], slot_mapping[live]
     if key.shape[0] == 0:
         return None
+    _check_slots(slot_mapping, key_cache)
     kernel = cache_write_kernel(key_cache.shape[1], key.shape[1], key.shape[2], PL_DTYPES[key.dtype],
                                 SLOT_DTYPES[slot_mapping.dtype])
     kernel(key, value, key_cache, value_cache, slot_mapping)

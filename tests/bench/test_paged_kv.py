@@ -20,9 +20,9 @@ def _replayed_calls(call) -> int:
     return int(re.search(r"replay of (\d+) torch calls", stats.replay.reason).group(1))
 
 
-def test_the_paged_write_replays_in_few_more_torch_calls_than_the_contiguous_append():
-    """The -1 redirect costs a spare slot, one row gather and a select per cache, not a bounds-checked gather of
-    every row and a no-live-row guard (51 calls against the append's 25 before, 42 now): at most 1.75x."""
+def test_the_paged_write_replays_in_no_more_torch_calls_than_the_contiguous_append():
+    """The write is one row mscatter per cache that skips -1 slots (a spare row found in O(n)) and does not order
+    repeated slots (42 calls against the append's 25 before, 19 now): at most as many as the append's."""
     import torch
     from pypto_rt import config
     from pypto_rt.replay.policy import ReplayPolicy, policy_scope
@@ -32,4 +32,4 @@ def test_the_paged_write_replays_in_few_more_torch_calls_than_the_contiguous_app
         for _ in range(ReplayPolicy().normal_runs + 2 * ReplayPolicy().trial_replays + 2):
             fns["paged"](), fns["dsl_contiguous"]()
         paged, append = _replayed_calls(fns["paged"]), _replayed_calls(fns["dsl_contiguous"])
-    assert paged <= 1.75 * append, (paged, append)
+    assert paged <= append, (paged, append)

@@ -54,9 +54,33 @@ def test_minus_one_slots_write_nothing_and_the_last_slot_survives():
     assert torch.equal(kc[-1, -1], last_k) and torch.equal(vc[-1, -1], last_v)
 
 
-def test_a_slot_written_twice_takes_the_later_row_around_padding():
-    check_write([-1, 3, -1, 3, -1])
-    check_write([9, -1, 9, 2, -1])
+@pytest.mark.parametrize("slots", [[-1, 3, -1, 3, -1], [9, -1, 9, 2, -1]])
+def test_a_slot_written_twice_holds_one_of_its_rows_and_nothing_else_changes(slots):
+    """Live slots of one call must be distinct (as vLLM's); a repeated one holds one of its rows, unspecified which
+    (docs/semantics_decisions.md), and every other slot is as the rows without the repeat leave it."""
+    key, value = rows(len(slots))
+    kc, vc = caches()
+    want_k, want_v = kc.clone(), vc.clone()
+    slot_mapping = torch.tensor(slots)
+    golden.write_kv_cache(key, value, want_k, want_v, slot_mapping)
+    write_kv_cache(key, value, kc, vc, slot_mapping)
+    twice = max((s for s in slots if s >= 0), key=slots.count)
+    at = (twice // BS, twice % BS)
+    writers = [i for i, s in enumerate(slots) if s == twice]
+    assert any(torch.equal(kc[at], key[i]) and torch.equal(vc[at], value[i]) for i in writers)
+    kc[at], vc[at] = want_k[at], want_v[at]
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+def test_a_slot_outside_the_pool_is_named_and_nothing_is_written():
+    key, value = rows(3)
+    kc, vc = caches()
+    before = kc.clone()
+    for bad in (NB * BS, -2 ** 40):
+        with pytest.raises(AttentionArgumentError, match=rf"slot_mapping holds slot {bad}, outside the pool's "
+                                                         rf"{NB * BS} slots .*or -1 for padding"):
+            write_kv_cache(key, value, kc, vc, torch.tensor([1, bad, 2]))
+    assert torch.equal(kc, before)
 
 
 def test_all_padding_slots_leave_the_caches_unchanged():
@@ -87,13 +111,14 @@ def test_a_stacked_pool_takes_a_layer_slice_or_offset_block_ids():
 
 
 def test_padding_next_to_the_low_slots_leaves_the_spare_slot_as_it_was():
-    check_write([0, 1, -1, 4, 2])          # the -1 row rewrites slot 3, the smallest slot no row names
+    check_write([0, 1, -1, 4, 2])          # the -1 row rewrites slot 3, the first slot no live row names
 
 
 def test_a_pool_no_larger_than_the_rows_written_still_skips_padding():
     kc, vc = caches(blocks=1)                      # 4 slots, all written, and a padding row: no spare slot
     check_write([2, -1, 0, 3, 1], key_cache=kc, value_cache=vc)
     check_write([-1] * 5, key_cache=kc, value_cache=vc)
+
 
 def test_empty_writes_are_legal():
     kc, vc = caches()

@@ -59,3 +59,25 @@ def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
                 out = chunked_prefill_attention(q, kc, vc, tables, lens, qsl)
             torch.testing.assert_close(out, golden.chunked_prefill_attention(q, kc, vc, tables, lens, qsl))
     assert stats.replay.kind == REPLAYED, stats.replay
+
+
+def test_cache_writes_with_changing_slots_replay_every_call_after_the_trial_even_with_no_live_row():
+    """Once kept, the write is replayed at every call, whatever its slots: fresh distinct slots, some -1, or all
+    -1 (a step with no live row, which writes nothing)."""
+    gen = torch.Generator().manual_seed(2)
+    kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
+    kinds = []
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for step in range(CALLS + 3):
+            slots = torch.randperm(NB * BS, generator=gen)[:B]
+            slots[step % B] = -1
+            if step == CALLS + 2:
+                slots[:] = -1
+            key, value = (torch.randn(B, KVH, D, generator=gen) for _ in range(2))
+            want_k, want_v = kc.clone(), vc.clone()
+            golden.write_kv_cache(key, value, want_k, want_v, slots)
+            with run_stats.collect() as stats:
+                write_kv_cache(key, value, kc, vc, slots)
+            assert torch.equal(kc, want_k) and torch.equal(vc, want_v), step
+            kinds.append(stats.replay.kind)
+    assert kinds[-5:] == [REPLAYED] * 5, kinds
