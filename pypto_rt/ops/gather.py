@@ -342,18 +342,12 @@ def _scatter_targets(name: str, index: torch.Tensor, limit: int, oob: str, what:
     return raw, raw < limit
 
 
-def _redirect_skipped(targets, keep, values, limit: int, read):
-    """Targets and values where every skipped write rewrites one spare unit with its own value (`read(spare)`):
-    the first of 0..n that no kept write names, so no kept write is disturbed whatever order the writes land in.
-    Shapes never depend on the data, so a recorded run replays it. With no room for a spare (limit <= n) only
-    the kept writes are made (their number depends on the data: such a run is not replayed)."""
+def _spare_unit(targets: torch.Tensor) -> torch.Tensor:
+    """The first of units 0..n (n = targets.numel()) that no target names, as a [1] index (a 0-d one would index
+    a view, not a copy): with one write skipped, at most n - 1 kept targets name units below n, so one of 0..n-1
+    is free. O(n), with data-free shapes."""
     n = targets.numel()
-    if limit <= n:
-        return targets[keep], values[keep]
-    taken = torch.zeros(n + 1, dtype=torch.int8).scatter(0, targets.clamp(max=n), 1)
-    spare = taken.argmin()                     # the first untaken unit (a skipped write leaves one in 0..n-1)
-    kept = keep.unsqueeze(1) if values.dim() == 2 else keep      # per row (coalesce="row") or per element
-    return torch.where(keep, targets, spare), torch.where(kept, values, read(spare))
+    return torch.zeros(n + 1, dtype=torch.int8).scatter(0, targets.clamp(max=n), 1).argmin(0, keepdim=True)
 
 
 @op("mscatter", "tile.mscatter")
@@ -375,7 +369,7 @@ def mscatter(src, idx, output_tensor, coalesce="elem", *, scatter_oob="undefined
     targets, keep = _scatter_targets("mscatter", _index_long("mscatter", idx)[live], out.data.numel(), oob,
                                      f"the destination {_shape(out)} ({out.data.numel()} elements)")
     coords = (lambda t: torch.unravel_index(t, out.shape)) if out.ndim else (lambda t: ())
-    _mscatter_write_units(out.data, targets, src.data[live], keep, conflict, coords, out.data.numel())
+    _mscatter_write_units(out.data, targets, src.data[live], keep, conflict, coords, out.data.numel(), False)
     return output_tensor
 
 
@@ -391,17 +385,29 @@ def _mscatter_rows(src, idx, out, oob: str, conflict: str):
     values = src.data if src.valid is None else src.data[:rows, :cols]
     targets, keep = _scatter_targets("mscatter", index if rows == index.numel() else index[:rows], out.shape[0],
                                      oob, f"the {out.shape[0]} rows of output_tensor {_shape(out)}")
-    _mscatter_write_units(out.data, targets, values, keep, conflict, lambda t: t, out.shape[0])
+    _mscatter_write_units(out.data, targets, values, keep, conflict, lambda t: t, out.shape[0], True)
     return out
 
 
-def _mscatter_write_units(out_data, targets, values, keep, conflict, at, limit: int) -> None:
-    """out_data[at(targets)] = values, skipped writes redirected first; the last write wins under "last"."""
-    if keep is not None:
-        targets, values = _redirect_skipped(targets, keep, values, limit, lambda spare: out_data[at(spare)])
+def _mscatter_write_units(out_data, targets, values, keep, conflict, at, limit: int, rows: bool) -> None:
+    """out_data[at(targets)] = values (index_copy_ along dim 0 for whole rows); the last write wins under "last".
+    Skipped writes (keep False) go to a spare unit no kept write names, whose value is put back after: shapes never
+    depend on the data, so a recorded run replays it. With no room for a spare (limit <= n) only the kept writes
+    are made (their number depends on the data: such a run is not replayed)."""
+    spare = None
+    if keep is not None and limit <= targets.numel():
+        targets, values = targets[keep], values[keep]
+    elif keep is not None:
+        spare = _spare_unit(targets)
+        targets, saved = torch.where(keep, targets, spare), out_data[at(spare)]
     if conflict == "last":
         values = _last_written(targets, values)
-    out_data[at(targets)] = values.to(out_data.dtype)
+    if rows:
+        out_data.index_copy_(0, targets, values.to(out_data.dtype))
+    else:
+        out_data[at(targets)] = values.to(out_data.dtype)
+    if spare is not None:
+        out_data[at(spare)] = saved
 
 
 def _scatter_update_args(args, kwargs):

@@ -21,8 +21,8 @@ def _replayed_calls(call) -> int:
 
 
 def test_the_paged_write_replays_in_no_more_torch_calls_than_the_contiguous_append():
-    """The write is one row mscatter per cache that skips -1 slots (a spare row found in O(n)) and does not order
-    repeated slots (42 calls against the append's 25 before, 19 now): at most as many as the append's."""
+    """The write is one row mscatter per cache that skips -1 slots (through a spare row found in O(n) and put back)
+    and does not order repeated slots (42 calls against the append's 25 before, 18 now): at most the append's."""
     import torch
     from pypto_rt import config
     from pypto_rt.replay.policy import ReplayPolicy, policy_scope
