@@ -33,3 +33,10 @@ def test_the_paged_write_replays_in_no_more_torch_calls_than_the_contiguous_appe
             fns["paged"](), fns["dsl_contiguous"]()
         paged, append = _replayed_calls(fns["paged"]), _replayed_calls(fns["dsl_contiguous"])
     assert paged <= append, (paged, append)
+
+
+def test_the_cpu_time_write_table_runs_at_a_small_context():
+    from pypto_rt.replay.policy import policy_scope
+    with policy_scope(slower=float("inf"), parallel=float("inf")):
+        body = paged_kv.cpu_write(repeats=1, calls=2, contexts=(32,), blocks=(16,))
+    assert "paged write / DSL append (25% -1)" in body and body.count("| 32 | 16 |") == 1
