@@ -399,14 +399,17 @@ def _mscatter_write_units(out_data, targets, values, keep, conflict, at, limit: 
         targets, values = targets[keep], values[keep]
     elif keep is not None:
         spare = _spare_unit(targets)
-        targets, saved = torch.where(keep, targets, spare), out_data[at(spare)]
+        targets = torch.where(keep, targets, spare)
+        saved = out_data.index_select(0, spare) if rows else out_data[at(spare)]
     if conflict == "last":
         values = _last_written(targets, values)
     if rows:
         out_data.index_copy_(0, targets, values.to(out_data.dtype))
     else:
         out_data[at(targets)] = values.to(out_data.dtype)
-    if spare is not None:
+    if spare is not None and rows:
+        out_data.index_copy_(0, spare, saved)
+    elif spare is not None:
         out_data[at(spare)] = saved
 
 
