@@ -171,13 +171,14 @@ def dispatch_kernel(layout: Layout):
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
             now = pl.read(epoch, [0, 0])
             for d in pl.range(world):
+                # the row count is the put's extent, with no `if` on it: a replay reads it where the run did and
+                # puts that call's live rows (none: nothing crosses)
                 n = pl.read(count_row, [0, n_experts + d])
-                if n > 0:
-                    row = pl.read(send_at, [0, n_experts + d])
-                    pld.tile.remote_store(send_x[d * t_max : d * t_max + n, :], target=tokens_in, peer=d,
-                                          offsets=[row, 0])
-                    pld.tile.remote_store(send_meta[d * t_max : d * t_max + n, :], target=meta_in, peer=d,
-                                          offsets=[row, 0])
+                row = pl.read(send_at, [0, n_experts + d])
+                pld.tensor.put(dst=tokens_in, peer=d, src=send_x, dst_offsets=[row, 0], src_offsets=[d * t_max, 0],
+                               shape=[n, hidden])
+                pld.tensor.put(dst=meta_in, peer=d, src=send_meta, dst_offsets=[row, 0],
+                               src_offsets=[d * t_max, 0], shape=[n, 2 * top_k])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, PAYLOAD_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
@@ -250,12 +251,11 @@ def combine_kernel(layout: Layout):
                 if n > 0:
                     sums[0:n, :] = pl.cast(weighted_sums(y, meta_in, n, top_k, hidden), dtype, mode="rint")
                     starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32, mode="trunc")
-            for src in pl.range(world):
+            for src in pl.range(world):   # extents and offsets read from data, as the exchange's
                 count = pl.read(counts_in, [src, n_experts + me])
-                if count > 0:
-                    first = pl.read(starts, [src, 0])
-                    pld.tile.remote_store(sums[first : first + count, :], target=back_in, peer=src,
-                                          offsets=[me * t_max, 0])
+                first = pl.read(starts, [src, 0])
+                pld.tensor.put(dst=back_in, peer=src, src=sums, dst_offsets=[me * t_max, 0], src_offsets=[first, 0],
+                               shape=[count, hidden])
             for peer in pl.range(world):
                 pld.system.notify(signals, peer=peer, offsets=[me, COMBINE_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
