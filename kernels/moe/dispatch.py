@@ -42,12 +42,13 @@ Dispatch:
 3. `moe_expand` (windows, the *fixed* form): the same over every arrival slot, with shapes fixed by the layout
    (slots past a source's count are masked by a tensor compare, never read into the program): an index pass
    gives each receive row its token, then one gather fills the receive rows; and the counts per local expert.
+   The arrival slots' receive rows stay in the buffer's `routes` tensor for the combine.
 The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes), where
 a pass over every slot costs less than the live form; live beyond, where only live rows are touched.
-Combine: `moe_sums` (windows, fixed form) sums, per arrival slot, its routes' expert rows times their weights
-(the weights are applied on the expert's rank, so one row per token and rank travels back): one gather of the
-slots' rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts, weights and
-sums them in FP32 (a slot that lives elsewhere weighs 0 and reads a row its token owns, never a row past the
+Combine: `moe_sums` (windows, fixed form) sums, per arrival slot, its routes' expert rows (the dispatch's `routes`)
+times their weights (the weights are applied on the expert's rank, so one row per token and rank travels back): one
+gather of the slots' rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts,
+weights and sums them in FP32 (a slot that lives elsewhere weighs 0 and reads a row its token owns, never a row past the
 counts, which may hold anything); `moe_return` (signals; the live form sums each source's arrived slots first,
 the same way) puts each source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows)
 gathers, per token, the row each of its ranks sent back and sums them (the same batched matmul, weights 0/1)
@@ -64,9 +65,9 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
-from pypto_rt.kernels.moe.dispatch_parts import (expand_all, expand_arrived, lower_sources, route_layout, route_rows,
-                                                 source_rows, stage_by_destination, sum_returned, weighted_all,
-                                                 weighted_sums)
+from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, expand_arrived, lower_sources,
+                                                 route_layout, route_rows, source_rows, stage_by_destination,
+                                                 sum_returned, weighted_all, weighted_sums)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -131,6 +132,7 @@ def dispatch_kernel(layout: Layout):
         send_meta: pl.InOut[pl.Tensor[[lanes + 1, 2 * top_k], pl.FP32]],
         recv_rows: pl.InOut[pl.Tensor[[e_local * lanes + 1, hidden], dtype]],
         recv_counts: pl.InOut[pl.Tensor[[1, e_local], pl.INT32]],
+        routes: pl.InOut[pl.Tensor[[lanes, top_k], pl.INT32]],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         tokens_in: pld.DistributedTensor[[lanes, hidden], dtype],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
@@ -183,11 +185,9 @@ def dispatch_kernel(layout: Layout):
 
         if fixed:
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only: replayed as torch calls
-                arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
-                recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
-                                            mode="trunc")
-                recv_rows = expand_all(recv_rows, tokens_in, meta_in, arrived, me, world, t_max, n_experts, e_local,
-                                       top_k)
+                recv_counts[:, :] = pl.col_sum(counts_in[:, me * e_local : (me + 1) * e_local])
+                routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
+                recv_rows = expand_all(recv_rows, tokens_in, routes, lanes, e_local * lanes, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -212,6 +212,7 @@ def combine_kernel(layout: Layout):
         addend: pl.Tensor[[T_DYN, hidden], dtype],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
         sums: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
+        routes: pl.Tensor[[lanes, top_k], pl.INT32],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
         back_in: pld.DistributedTensor[[lanes, hidden], dtype],
@@ -224,9 +225,7 @@ def combine_kernel(layout: Layout):
         t_dim = pl.tensor.dim(out, 0)
         if fixed:
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
-                arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
-                sums[:, :] = pl.cast(weighted_all(y, meta_in, arrived, me, world, t_max, n_experts, e_local, top_k,
-                                                  hidden), dtype, mode="rint")
+                sums[:, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             now = pl.read(epoch, [0, 0])
@@ -279,15 +278,16 @@ class WindowTransport:
         self._send_meta = torch.zeros(lanes + 1, 2 * k, dtype=torch.float32)
         self._count_row = torch.zeros(1, n_counts, dtype=torch.int32)
         self._sums = torch.zeros(lanes, hidden, dtype=layout.dtype)      # combine: per arrival slot, its rows' sum
+        self._routes = torch.zeros(lanes, k, dtype=torch.int32)     # fixed form: arrival slots' receive rows
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
         dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, self._epoch, route_pos, slots, members,
                                      self._count_row, self._send_x, self._send_meta, recv_rows, recv_counts,
-                                     self._counts_in, self._tokens_in, self._meta_in, self._signals)
+                                     self._routes, self._counts_in, self._tokens_in, self._meta_in, self._signals)
 
     def combine(self, y, slots, members, addend, out) -> None:
         combine_kernel(self.layout)(y, self.rank, self._epoch, slots, members, addend, out, self._sums,
-                                    self._counts_in, self._meta_in, self._back_in, self._signals)
+                                    self._routes, self._counts_in, self._meta_in, self._back_in, self._signals)
 
     def sent_rows(self, rank: int) -> list[int]:
         """Token rows `rank`'s latest dispatch sent to each rank."""

@@ -61,8 +61,11 @@ def route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e
     rank's routes to its expert, members [T, W] 1 where a token has a route on rank d, slots [T, W] its place
     among the tokens sent to d. Returns the [1, E + W] INT32 count row: routes per global expert, then tokens
     per destination rank."""
-    routed = pl.scatter(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), dim=-1, index=topk_idx,
-                        src=pl.full([t_dim, top_k], dtype=pl.FP32, value=1.0))      # [T, E] 0/1
+    hits = pl.cmp(pl.reshape(topk_idx, [t_dim * top_k, 1]), pl.arange(0, [1, n_experts], dtype=pl.INT32),
+                  cmp_type=0)                                                      # [T * K, E] 0/1 per route
+    routed = pl.reshape(pl.matmul(pl.full([t_dim, 1, top_k], dtype=pl.FP32, value=1.0),
+                                  pl.cast(pl.reshape(hits, [t_dim, top_k, n_experts]), pl.FP32, mode="rint")),
+                        [t_dim, n_experts])                                        # [T, E] 0/1 (ids are distinct)
     prefix = prefix_matrix(t_dim)
     route_pos[:, :] = pl.gather(pl.matmul(prefix, routed), dim=-1, index=topk_idx)  # top-k experts are distinct
     goes = pl.mins(pl.matmul(routed, rank_blocks(n_experts, world, e_local)), 1.0)
@@ -222,34 +225,28 @@ def sum_returned(back, slots, members, first_row, t_dim, hidden, world):
 
 # ------------------------------------------------------------------ fixed-shape forms (small layouts, replayed)
 @pl.jit.inline
-def arrived_routes(meta, arrived, me, world, t_max, n_experts, e_local, top_k):
+def arrived_routes(meta, counts, me, world, t_max, n_experts, e_local, top_k):
     """[LANES, K] INT32: per arrival slot (source s's block from row s * T_MAX) and route slot its row in this
     rank's receive layout, -1 where the route lives elsewhere or no token arrived in that slot this call (slots
-    past a source's count, from `arrived` [W, E + W] FP32, hold an older call's rows: windows are never cleared).
-    Then the [LANES, K] 0/1 FP32 of the live ones."""
+    past a source's count, from `counts` [W, E + W] INT32, hold an older call's rows: windows are never cleared).
+    The dispatch keeps them for its combine (the same windows until the next dispatch)."""
     lanes = world * t_max
     source = repeat_rows(world, t_max)                                     # [LANES, 1]: slot l's source
-    sent = pl.cast(pl.mgather(arrived[:, n_experts + me : n_experts + me + 1], source, coalesce="row"), pl.INT32,
-                   mode="trunc")                                           # [LANES, 1]: tokens slot l's source sent
+    sent = pl.mgather(counts[:, n_experts + me : n_experts + me + 1], source, coalesce="row")   # its tokens here
     token = pl.rems(pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]), t_max)
-    arrived_slot = pl.cmp(pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0), token),
-                          pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0), sent), cmp_type=2)
+    arrived = pl.cmp(token, sent, cmp_type=2)                              # [LANES, 1]: the slot holds a token
+    base = lower_sources(pl.cast(counts, pl.FP32, mode="rint"), me, world, e_local)
     rows = shifted_rows(pl.cast(meta[:, 0:top_k], pl.INT32, mode="trunc"),
-                        pl.mgather(lower_sources(arrived, me, world, e_local), source, coalesce="row"), lanes)
-    rows = pl.sel(arrived_slot, rows, pl.full([lanes, top_k], dtype=pl.INT32, value=-1))
-    return rows, pl.sel(pl.cmps(rows, 0, cmp_type=5), pl.full([lanes, top_k], dtype=pl.FP32, value=1.0),
-                        pl.full([lanes, top_k], dtype=pl.FP32, value=0.0))
+                        pl.mgather(base, source, coalesce="row"), lanes)
+    return pl.sel(arrived, rows, pl.full([lanes, top_k], dtype=pl.INT32, value=-1))
 
 
 @pl.jit.inline
-def expand_all(recv_rows, tokens, meta, arrived, me, world, t_max, n_experts, e_local, top_k):
-    """The fixed-shape form of `expand_arrived`, over every arrival slot (`arrived` [W, E + W] FP32 count rows: a
-    tensor, never read into the program): each receive row's token (an index pass over the route slots; dead
-    slots land on row `layout_rows`, one past the layout), then every receive row gathered at once (rows no route
-    fills get slot 0's row: they are past their expert's count). Returns recv_rows."""
-    lanes = world * t_max
-    layout_rows = e_local * lanes
-    rows, _ = arrived_routes(meta, arrived, me, world, t_max, n_experts, e_local, top_k)
+def expand_all(recv_rows, tokens, rows, lanes, layout_rows, top_k):
+    """The fixed-shape form of `expand_arrived`, over every arrival slot (`rows` from `arrived_routes`): each
+    receive row's token (an index pass over the route slots; dead slots land on row `layout_rows`, one past the
+    layout), then every receive row gathered at once (rows no route fills get slot 0's row: they are past their
+    expert's count). Returns recv_rows."""
     target = pl.sel(pl.cmps(rows, 0, cmp_type=5), rows, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
     token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
                           pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
@@ -261,11 +258,10 @@ def expand_all(recv_rows, tokens, meta, arrived, me, world, t_max, n_experts, e_
 
 
 @pl.jit.inline
-def weighted_all(y, meta, arrived, me, world, t_max, n_experts, e_local, top_k, hidden):
-    """The fixed-shape form of `weighted_sums`, over every arrival slot: [LANES, H] FP32 (rows of dead slots hold
-    anything: no one reads them). Slots that do not live here weigh 0 (their stale weights: any bits)."""
-    lanes = world * t_max
-    rows, live = arrived_routes(meta, arrived, me, world, t_max, n_experts, e_local, top_k)
-    weights = pl.sel(pl.cmps(live, 0.5, cmp_type=4), meta[:, top_k : 2 * top_k],
+def weighted_all(y, meta, rows, lanes, top_k, hidden):
+    """The fixed-shape form of `weighted_sums`, over every arrival slot (`rows`: the dispatch's `arrived_routes`):
+    [LANES, H] FP32 (rows of dead slots hold anything: no one reads them). Slots that do not live here weigh 0
+    (their stale weights: any bits)."""
+    weights = pl.sel(pl.cmps(rows, 0, cmp_type=5), meta[:, top_k : 2 * top_k],
                      pl.full([lanes, top_k], dtype=pl.FP32, value=0.0))
     return weighted_rows(y, stand_in_rows(rows, lanes, top_k), weights, lanes, top_k, hidden)

@@ -50,6 +50,7 @@ def moe_round_trip(
     recv_counts: pl.Tensor[[N, 1, E_LOCAL], pl.INT32],
     y: pl.Tensor[[N, ROWS, H], pl.FP32],
     sums: pl.Tensor[[N, LANES, H], pl.FP32],
+    routes: pl.Tensor[[N, LANES, K], pl.INT32],
 ):
     counts_buf = pld.alloc_window_buffer([N, E + N], dtype=pl.INT32)
     tokens_buf = pld.alloc_window_buffer([LANES, H], dtype=pl.FP32)
@@ -63,10 +64,10 @@ def moe_round_trip(
         back_in = pld.window(back_buf, [LANES, H], dtype=pl.FP32)
         signals = pld.window(signals_buf, [N, SIGNALS], dtype=pl.INT32)
         moe_dispatch(x[r], topk_idx[r], topk_weights[r], r, epoch[r], route_pos[r], slots[r], members[r],
-                     count_row[r], send_x[r], send_meta[r], recv_rows[r], recv_counts[r], counts_in, tokens_in,
-                     meta_in, signals, device=r)
+                     count_row[r], send_x[r], send_meta[r], recv_rows[r], recv_counts[r], routes[r], counts_in,
+                     tokens_in, meta_in, signals, device=r)
         scale_experts(recv_rows[r], y[r], r, device=r)
-        moe_combine(y[r], r, epoch[r], slots[r], members[r], x[r], out[r], sums[r], counts_in, meta_in,
+        moe_combine(y[r], r, epoch[r], slots[r], members[r], x[r], out[r], sums[r], routes[r], counts_in, meta_in,
                     back_in, signals, device=r)
 
 
@@ -94,7 +95,7 @@ specs = [
     scratch("send_x", [N, LANES + 1, H], torch.float32), scratch("send_meta", [N, LANES + 1, 2 * K], torch.float32),
     scratch("recv_rows", [N, ROWS + 1, H], torch.float32), scratch("recv_counts", [N, 1, E_LOCAL], torch.int32),
     scratch("y", [N, ROWS, H], torch.float32),
-    scratch("sums", [N, LANES, H], torch.float32),
+    scratch("sums", [N, LANES, H], torch.float32), scratch("routes", [N, LANES, K], torch.int32),
 ]
 
 if __name__ == "__main__":
