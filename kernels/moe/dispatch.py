@@ -2,16 +2,21 @@
 
 Sizes: W ranks, E experts (E_LOCAL = E // W per rank, global expert e lives on rank e // E_LOCAL), K routes per
 token, T_MAX tokens per rank at most, H hidden, LANES = W * T_MAX. Windows, one per rank, the same layout
-everywhere:
+everywhere; each source rank s owns a fixed block of every receiver's windows (DeepEP's low-latency layout), so
+its counts travel with its payload, in one round:
 
     counts_in  [W, E + W] INT32   row s: what rank s routes, per global expert (E) and per destination rank
-                                  (W: how many of its tokens it sends there); the counts travel first
-    tokens_in  [LANES, H]         the tokens sent here, each once, packed from row 0 in source-rank order
-    meta_in    [LANES, 2K]        FP32, per token: per route slot its row in this rank's receive layout (local
-                                  expert * LANES + offset; -1 when that route is on another rank), then the
-                                  slot's combine weight (0 there)
+                                  (W: how many of its tokens it sends there)
+    tokens_in  [LANES, H]         rows s * T_MAX ..: the tokens rank s sent here, each once, in token order
+    meta_in    [LANES, 2K]        FP32, per token: per route slot its row among its sender's rows here (local
+                                  expert * LANES + the route's rank among the sender's routes to that expert;
+                                  -1 when that route is on another rank), then the slot's combine weight (0 there)
     back_in    [LANES, H]         rows d * T_MAX + slot: rank d's weighted sums for this rank's tokens (combine)
-    signals    [W, 3] INT32       column 0 counts, 1 payload, 2 combine; row s: rank s's latest call
+    signals    [W, 2] INT32       column 0 payload, 1 combine; row s: rank s's latest call
+
+The receiver alone knows where a sender's rows go in its layout (expert j's rows from row 0, in (source rank,
+token) order): a route's receive row is its meta row plus the rows lower sources send to its expert, from the
+count rows that arrived with the payload (`dispatch_parts.shifted_rows`).
 
 Every signal only grows: call i of a buffer sets its cells to i (its *epoch*, kept in the `epoch` tensor and raised
 by the dispatch kernel itself; a `NotifyOp.Set`, since a cell has one writer, the rank of its row) and waits until
@@ -21,40 +26,37 @@ only after its combine of call i saw that peer's combine rows, which the peer se
 call i.
 
 Regions, in program order. Computing regions touch no window; window regions only read or write windows with plain
-ops (a replay runs both as recorded torch calls: replay.capture); only the signalling regions (they call `pld`
-ops) are called as they are by a replay, so they do only what needs the signals or the data's row counts.
+ops; signalling regions call `pld` ops. A replay runs the first two as recorded torch calls (replay.capture) and a
+signalling region as recorded calls of its `pld` ops' effects (replay.comm_block): its row counts, read from
+data, are the puts' extents (no `if` on them), so a replay puts that call's live rows.
 Dispatch:
 1. `moe_route` (computes): routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each
    route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
-   (exclusive prefix counts: a matmul with a strictly lower triangular matrix);
-2. `moe_counts` (signals): the count row to every rank, signal 0, the wait for every rank's counts;
-3. `moe_stage` (windows: it copies the arrived count rows first): the sum of lower ranks' counts gives, per
-   expert, where this rank's rows start in the receiver's layout and, per destination, where its tokens start in
-   that rank's tokens_in; the (token, destination) pairs are staged by destination in one scatter each for the
-   rows and their meta rows;
-4. `moe_exchange` (signals): each destination gets its live rows in one store (tokens and meta), signal 1, the
-   wait for every payload; in the *live* form it then expands the arrived tokens: the route slots that live
-   here are compacted (the compare form of `pl.gather`) and their tokens copied to their rows in one gather and
-   one scatter, and the counts per local expert are summed;
-5. `moe_expand` (windows, the *fixed* form): the same over every arrival slot, with shapes fixed by the layout
-   (slots past the arrived count are masked by a tensor compare, never read into the program): an index pass
-   gives each receive row its token, then one gather fills the receive rows.
+   (exclusive prefix counts: a matmul with a strictly lower triangular matrix); the (token, destination) pairs
+   staged by destination (block d * T_MAX) in one scatter each for the rows and their meta rows;
+2. `moe_exchange` (signals): to each destination, the count row and the live rows (tokens and meta) into this
+   rank's block, signal 0; then the wait for every source (once each). In the *live* form it then expands each
+   source's arrived tokens: the route slots that live here are compacted (the compare form of `pl.gather`) and
+   their tokens copied to their rows in one gather and one scatter (shapes that follow data: this region is
+   called as it is by a replay);
+3. `moe_expand` (windows, the *fixed* form): the same over every arrival slot, with shapes fixed by the layout
+   (slots past a source's count are masked by a tensor compare, never read into the program): an index pass
+   gives each receive row its token, then one gather fills the receive rows; and the counts per local expert.
+   The arrival slots' receive rows stay in the buffer's `routes` tensor for the combine.
 The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes), where
-a pass over every slot costs less than calling the live form as it is; live beyond, where only live rows are
-touched.
-Combine: `moe_sums` (windows, fixed form) sums, per arrival slot, its routes' expert rows times their weights
-(the weights are applied on the expert's rank, so one row per token and rank travels back): one gather of the
-slots' rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts, weights and
-sums them in FP32 (a slot that lives elsewhere weighs 0 and reads a row its token owns, never a row past the
-counts, which may hold anything); `moe_return` (signals; the live form sums the arrived tokens' slots first, the
-same way) stores each source's rows to it, signal 2, and waits for every rank's; `moe_reduce` (windows)
+a pass over every slot costs less than the live form; live beyond, where only live rows are touched.
+Combine: `moe_sums` (windows, fixed form) sums, per arrival slot, its routes' expert rows (the dispatch's `routes`)
+times their weights (the weights are applied on the expert's rank, so one row per token and rank travels back): one
+gather of the slots' rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts,
+weights and sums them in FP32 (a slot that lives elsewhere weighs 0 and reads a row its token owns, never a row past the
+counts, which may hold anything); `moe_return` (signals; the live form sums each source's arrived slots first,
+the same way) puts each source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows)
 gathers, per token, the row each of its ranks sent back and sums them (the same batched matmul, weights 0/1)
 with the token's row of `addend` (e.g. the shared expert's output; zeros when there is none), rounding once.
 
-Only live rows cross: a store carries exactly the rows a destination needs (the row counts are read inside the
-regions, never by the host program). The host program reads no data, so repeated calls with the same shapes
-can replay with any routing.
-"""
+Only live rows cross: a put carries exactly the rows a destination needs, plus the [1, E + W] count row (the row
+counts are read inside the regions, never by the host program). The host program reads no data, so repeated
+calls with the same shapes can replay with any routing."""
 
 import functools
 from dataclasses import dataclass
@@ -63,14 +65,14 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
-from pypto_rt.kernels.moe.dispatch_parts import (expand_all, expand_arrived, lower_ranks_take, prefix_matrix,
-                                                 route_layout, route_rows, stage_by_destination, sum_returned,
-                                                 weighted_all, weighted_sums)
+from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, expand_arrived, lower_sources,
+                                                 route_layout, route_rows, source_rows, stage_by_destination,
+                                                 sum_returned, weighted_all, weighted_sums)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
-COUNTS_SIGNAL, PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1, 2
-SIGNALS = 3
+PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
+SIGNALS = 2
 FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
 
 
@@ -126,12 +128,11 @@ def dispatch_kernel(layout: Layout):
         slots: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
         members: pl.InOut[pl.Tensor[[T_DYN, world], pl.FP32]],
         count_row: pl.InOut[pl.Tensor[[1, n_counts], pl.INT32]],
-        all_counts: pl.InOut[pl.Tensor[[world, n_counts], pl.INT32]],
-        send_at: pl.InOut[pl.Tensor[[1, n_counts], pl.INT32]],
         send_x: pl.InOut[pl.Tensor[[lanes + 1, hidden], dtype]],
         send_meta: pl.InOut[pl.Tensor[[lanes + 1, 2 * top_k], pl.FP32]],
         recv_rows: pl.InOut[pl.Tensor[[e_local * lanes + 1, hidden], dtype]],
         recv_counts: pl.InOut[pl.Tensor[[1, e_local], pl.INT32]],
+        routes: pl.InOut[pl.Tensor[[lanes, top_k], pl.INT32]],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         tokens_in: pld.DistributedTensor[[lanes, hidden], dtype],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
@@ -144,61 +145,49 @@ def dispatch_kernel(layout: Layout):
         slots.bind_dynamic(0, T_DYN)
         members.bind_dynamic(0, T_DYN)
         t_dim = pl.tensor.dim(x, 0)
-        # computing regions touch no window (a replay runs them as recorded torch calls); communicating regions
-        # do only what needs the windows or the data's row counts
+        # computing regions touch no window (a replay runs them as recorded torch calls); the signalling one does
+        # only what needs the windows' signals
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_route"):
             count_row[:, :] = route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local,
                                            top_k)
-
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_counts"):
-            now = pl.read(epoch, [0, 0]) + 1
-            pl.write(epoch, [0, 0], now)
-            for peer in pl.range(world):
-                pld.tile.remote_store(count_row, target=counts_in, peer=peer, offsets=[me, 0])
-                pld.system.notify(signals, peer=peer, offsets=[me, COUNTS_SIGNAL], value=now, op=pld.NotifyOp.Set)
-            for src in pl.range(world):
-                pld.system.wait(signal=signals, offsets=[src, COUNTS_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_stage"):   # windows only: replayed as torch calls
-            all_counts[:, :] = pl.load(counts_in, [0, 0], [world, n_counts])
-            taken = lower_ranks_take(all_counts, me, world)
-            row_ids = route_rows(taken, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
+            row_ids = route_rows(None, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
             by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
             send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
                                                      send_x, send_meta, t_dim, world, e_local, top_k, lanes)
-            send_at[:, :] = pl.cast(taken, pl.INT32, mode="trunc")   # [:, E + d]: after lower ranks' tokens on d
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
-            now = pl.read(epoch, [0, 0])
+            now = pl.read(epoch, [0, 0]) + 1
+            pl.write(epoch, [0, 0], now)
             for d in pl.range(world):
+                # the count row and the live rows in one round, into this rank's block of d's windows; the row
+                # count is the puts' extent, with no `if` on it: a replay reads it where the run did (0: nothing
+                # crosses)
                 n = pl.read(count_row, [0, n_experts + d])
-                if n > 0:
-                    row = pl.read(send_at, [0, n_experts + d])
-                    pld.tile.remote_store(send_x[d * t_max : d * t_max + n, :], target=tokens_in, peer=d,
-                                          offsets=[row, 0])
-                    pld.tile.remote_store(send_meta[d * t_max : d * t_max + n, :], target=meta_in, peer=d,
-                                          offsets=[row, 0])
-            for peer in pl.range(world):
-                pld.system.notify(signals, peer=peer, offsets=[me, PAYLOAD_SIGNAL], value=now, op=pld.NotifyOp.Set)
+                pld.tile.remote_store(count_row, target=counts_in, peer=d, offsets=[me, 0])
+                pld.tensor.put(dst=tokens_in, peer=d, src=send_x, dst_offsets=[me * t_max, 0],
+                               src_offsets=[d * t_max, 0], shape=[n, hidden])
+                pld.tensor.put(dst=meta_in, peer=d, src=send_meta, dst_offsets=[me * t_max, 0],
+                               src_offsets=[d * t_max, 0], shape=[n, 2 * top_k])
+                pld.system.notify(signals, peer=d, offsets=[me, PAYLOAD_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, PAYLOAD_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
             if not fixed:
                 arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
                 recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
                                             mode="trunc")
-                n = pl.read(pl.cast(pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), pl.INT32,
-                                    mode="trunc"), [0, 0])
-                if n > 0:
-                    recv_rows = expand_arrived(recv_rows, tokens_in, meta_in, n, top_k)
+                base = lower_sources(arrived, me, world, e_local)
+                for s in pl.range(world):
+                    n = pl.read(counts_in, [s, n_experts + me])
+                    if n > 0:
+                        rows = source_rows(meta_in, base, s, n, t_max, lanes, top_k, e_local)
+                        recv_rows = expand_arrived(recv_rows, tokens_in[s * t_max : (s + 1) * t_max, :], rows, n,
+                                                   top_k)
 
         if fixed:
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only: replayed as torch calls
-                arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
-                recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
-                                            mode="trunc")
-                recv_rows = expand_all(recv_rows, tokens_in, meta_in,
-                                       pl.col_sum(arrived[:, n_experts + me : n_experts + me + 1]), lanes,
-                                       e_local * lanes, top_k)
+                recv_counts[:, :] = pl.col_sum(counts_in[:, me * e_local : (me + 1) * e_local])
+                routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
+                recv_rows = expand_all(recv_rows, tokens_in, routes, lanes, e_local * lanes, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -223,7 +212,7 @@ def combine_kernel(layout: Layout):
         addend: pl.Tensor[[T_DYN, hidden], dtype],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
         sums: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
-        starts: pl.InOut[pl.Tensor[[world, 1], pl.INT32]],
+        routes: pl.Tensor[[lanes, top_k], pl.INT32],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
         back_in: pld.DistributedTensor[[lanes, hidden], dtype],
@@ -236,28 +225,25 @@ def combine_kernel(layout: Layout):
         t_dim = pl.tensor.dim(out, 0)
         if fixed:
             with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
-                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32, mode="rint")
-                sums[:, :] = pl.cast(weighted_all(y, meta_in, pl.col_sum(arrived), lanes, top_k, hidden), dtype,
-                                     mode="rint")
-                # first row per source
-                starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32, mode="trunc")
+                sums[:, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             now = pl.read(epoch, [0, 0])
             if not fixed:
-                arrived = pl.cast(pl.load(counts_in, [0, n_experts + me], [world, 1]), pl.FP32, mode="rint")
-                n = pl.read(pl.cast(pl.col_sum(arrived), pl.INT32, mode="trunc"), [0, 0])
-                if n > 0:
-                    sums[0:n, :] = pl.cast(weighted_sums(y, meta_in, n, top_k, hidden), dtype, mode="rint")
-                    starts[:, :] = pl.cast(pl.matmul(prefix_matrix(world), arrived), pl.INT32, mode="trunc")
-            for src in pl.range(world):
+                base = lower_sources(pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint"),
+                                     me, world, e_local)
+                for s in pl.range(world):
+                    n = pl.read(counts_in, [s, n_experts + me])
+                    if n > 0:
+                        rows = source_rows(meta_in, base, s, n, t_max, lanes, top_k, e_local)
+                        sums[s * t_max : s * t_max + n, :] = pl.cast(
+                            weighted_sums(y, meta_in[s * t_max : (s + 1) * t_max, :], n, top_k, hidden, rows),
+                            dtype, mode="rint")
+            for src in pl.range(world):   # source src's sums (its block of sums) back to it, as many rows as it sent
                 count = pl.read(counts_in, [src, n_experts + me])
-                if count > 0:
-                    first = pl.read(starts, [src, 0])
-                    pld.tile.remote_store(sums[first : first + count, :], target=back_in, peer=src,
-                                          offsets=[me * t_max, 0])
-            for peer in pl.range(world):
-                pld.system.notify(signals, peer=peer, offsets=[me, COMBINE_SIGNAL], value=now, op=pld.NotifyOp.Set)
+                pld.tensor.put(dst=back_in, peer=src, src=sums, dst_offsets=[me * t_max, 0],
+                               src_offsets=[src * t_max, 0], shape=[count, hidden])
+                pld.system.notify(signals, peer=src, offsets=[me, COMBINE_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, COMBINE_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
 
@@ -282,7 +268,7 @@ class WindowTransport:
         self.layout, self.rank = layout, rank
         world, lanes, k, hidden = layout.world, layout.lanes, layout.top_k, layout.hidden
         n_counts = layout.num_experts + world
-        self._counts_in = _window([world, layout.num_experts + world], pl.INT32)
+        self._counts_in = _window([world, n_counts], pl.INT32)
         self._tokens_in = _window([lanes, hidden], layout.pl_dtype)
         self._meta_in = _window([lanes, 2 * k], pl.FP32)
         self._back_in = _window([lanes, hidden], layout.pl_dtype)
@@ -290,21 +276,18 @@ class WindowTransport:
         self._epoch = torch.zeros(1, 1, dtype=torch.int32)
         self._send_x = torch.zeros(lanes + 1, hidden, dtype=layout.dtype)     # staged by destination + a spill row
         self._send_meta = torch.zeros(lanes + 1, 2 * k, dtype=torch.float32)
-        self._count_row = torch.zeros(1, n_counts, dtype=torch.int32)     # this rank's, then every rank's counts
-        self._all_counts = torch.zeros(world, n_counts, dtype=torch.int32)
-        self._send_at = torch.zeros(1, n_counts, dtype=torch.int32)
-        self._sums = torch.zeros(lanes, hidden, dtype=layout.dtype)      # combine: per arrived token, its rows' sum
-        self._starts = torch.zeros(world, 1, dtype=torch.int32)         # ... and where each source's tokens start
+        self._count_row = torch.zeros(1, n_counts, dtype=torch.int32)
+        self._sums = torch.zeros(lanes, hidden, dtype=layout.dtype)      # combine: per arrival slot, its rows' sum
+        self._routes = torch.zeros(lanes, k, dtype=torch.int32)     # fixed form: arrival slots' receive rows
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
         dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, self._epoch, route_pos, slots, members,
-                                     self._count_row, self._all_counts, self._send_at, self._send_x, self._send_meta,
-                                     recv_rows, recv_counts, self._counts_in, self._tokens_in, self._meta_in,
-                                     self._signals)
+                                     self._count_row, self._send_x, self._send_meta, recv_rows, recv_counts,
+                                     self._routes, self._counts_in, self._tokens_in, self._meta_in, self._signals)
 
     def combine(self, y, slots, members, addend, out) -> None:
-        combine_kernel(self.layout)(y, self.rank, self._epoch, slots, members, addend, out, self._sums, self._starts,
-                                    self._counts_in, self._meta_in, self._back_in, self._signals)
+        combine_kernel(self.layout)(y, self.rank, self._epoch, slots, members, addend, out, self._sums,
+                                    self._routes, self._counts_in, self._meta_in, self._back_in, self._signals)
 
     def sent_rows(self, rank: int) -> list[int]:
         """Token rows `rank`'s latest dispatch sent to each rank."""

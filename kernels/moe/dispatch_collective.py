@@ -97,7 +97,8 @@ def dispatch_kernel(layout: Layout):
             recv_counts[:, :] = pl.cast(pl.col_sum(pl.cast(mine, pl.FP32, mode="rint")), pl.INT32, mode="trunc")
             n = row_total(pl.load(counts, [0, n_experts + me], [world, 1]))
             if n > 0:
-                recv_rows = expand_arrived(recv_rows, recv_x, recv_meta, n, top_k)
+                rows = pl.cast(recv_meta[0:n, 0:top_k], pl.INT32, mode="trunc")
+                recv_rows = expand_arrived(recv_rows, recv_x, rows, n, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch_collective

@@ -7,7 +7,8 @@ The receive layout of a rank: local expert j owns rows j * LANES .., filled from
 order. Only the route slots that live on a rank are copied there (compacted with the compare form of
 `pl.gather`); the weighted sums are segment sums per token (`weighted_rows`). A sent token row travels with a
 [1, 2K] FP32 meta row: per route slot its row in the destination's layout (-1: the route lives elsewhere; rows
-below 2^24 are exact in FP32), then the slot's weight (0 there).
+below 2^24 are exact in FP32), then the slot's weight (0 there). On windows the sender leaves out the rows lower
+ranks take (it never sees their counts), and the receiver adds them (`shifted_rows`).
 """
 import pypto.language as pl
 
@@ -60,8 +61,11 @@ def route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e
     rank's routes to its expert, members [T, W] 1 where a token has a route on rank d, slots [T, W] its place
     among the tokens sent to d. Returns the [1, E + W] INT32 count row: routes per global expert, then tokens
     per destination rank."""
-    routed = pl.scatter(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), dim=-1, index=topk_idx,
-                        src=pl.full([t_dim, top_k], dtype=pl.FP32, value=1.0))      # [T, E] 0/1
+    hits = pl.cmp(pl.reshape(topk_idx, [t_dim * top_k, 1]), pl.arange(0, [1, n_experts], dtype=pl.INT32),
+                  cmp_type=0)                                                      # [T * K, E] 0/1 per route
+    routed = pl.reshape(pl.matmul(pl.full([t_dim, 1, top_k], dtype=pl.FP32, value=1.0),
+                                  pl.cast(pl.reshape(hits, [t_dim, top_k, n_experts]), pl.FP32, mode="rint")),
+                        [t_dim, n_experts])                                        # [T, E] 0/1 (ids are distinct)
     prefix = prefix_matrix(t_dim)
     route_pos[:, :] = pl.gather(pl.matmul(prefix, routed), dim=-1, index=topk_idx)  # top-k experts are distinct
     goes = pl.mins(pl.matmul(routed, rank_blocks(n_experts, world, e_local)), 1.0)
@@ -85,12 +89,40 @@ def lower_ranks_take(all_counts, me, world):
 @pl.jit.inline
 def route_rows(taken, topk_idx, route_pos, t_dim, n_experts, e_local, lanes):
     """[T, K] FP32: each route's row in its destination's receive layout (local expert * LANES + the rows lower
-    ranks take there + the route's rank among this rank's)."""
+    ranks take there + the route's rank among this rank's); `taken` None: the rows lower ranks take are left to the
+    receiver (`shifted_rows`), which alone knows them when the counts travel with the payload."""
     local = pl.cast(pl.muls(pl.rems(pl.arange(0, [1, n_experts], dtype=pl.INT32), e_local), lanes), pl.FP32,
                     mode="rint")
-    base = pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0),
-                         pl.add(taken[:, 0:n_experts], local))
+    if taken is not None:
+        local = pl.add(taken[:, 0:n_experts], local)
+    base = pl.col_expand(pl.full([t_dim, n_experts], dtype=pl.FP32, value=0.0), local)
     return pl.add(pl.gather(base, dim=-1, index=topk_idx), route_pos)
+
+
+@pl.jit.inline
+def shifted_rows(rows, base, lanes):
+    """[m, K] INT32: sender rows `rows` ([m, K] INT32: local expert * LANES + the route's rank among its sender's
+    routes there; -1: elsewhere) moved past the rows lower ranks take, `base` ([m, E_LOCAL] FP32: per line, the
+    rows its sender's lower ranks send to each local expert); -1 stays."""
+    expert = pl.divs(pl.maxs(rows, 0), lanes)
+    shift = pl.cast(pl.gather(base, dim=-1, index=expert), pl.INT32, mode="trunc")
+    return pl.sel(pl.cmps(rows, 0, cmp_type=5), pl.add(rows, shift), rows)
+
+
+@pl.jit.inline
+def lower_sources(arrived, me, world, e_local):
+    """[W, E_LOCAL] FP32: per source rank, the rows lower sources send to each of this rank's experts (arrived
+    [W, E + W] FP32: every source's count row)."""
+    return pl.matmul(prefix_matrix(world), arrived[:, me * e_local : (me + 1) * e_local])
+
+
+@pl.jit.inline
+def source_rows(meta, base, s, n, t_max, lanes, top_k, e_local):
+    """[n, K] INT32: the receive rows of the n tokens source `s` sent (its block of meta from row s * T_MAX;
+    base [W, E_LOCAL] from `lower_sources`), -1 where a route lives elsewhere."""
+    rows = pl.cast(meta[s * t_max : s * t_max + n, 0:top_k], pl.INT32, mode="trunc")
+    return shifted_rows(rows, pl.col_expand(pl.full([n, e_local], dtype=pl.FP32, value=0.0), base[s : s + 1, :]),
+                        lanes)
 
 
 @pl.jit.inline
@@ -119,11 +151,11 @@ def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, fir
 
 
 @pl.jit.inline
-def live_routes(meta, n, top_k):
-    """The route slots of the n arrived tokens that live on this rank, compacted: (slots [1, n * K] INT32 whose
-    first m entries are the live slots' positions in route-slot-major order (slot k of token j at k * n + j),
-    m). Its rows, weights and tokens are then gathered at those positions."""
-    rows = pl.reshape(k_major(pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc"), n, top_k), [1, n * top_k])
+def live_routes(rows, n, top_k):
+    """The route slots of the n arrived tokens (their rows [n, K] INT32, -1 elsewhere) that live on this rank,
+    compacted: (slots [1, n * K] INT32 whose first m entries are the live slots' positions in route-slot-major
+    order (slot k of token j at k * n + j), m). Its rows, weights and tokens are then gathered at those positions."""
+    rows = pl.reshape(k_major(rows, n, top_k), [1, n * top_k])
     slots, count = pl.gather(rows, kvalue=0, cmp_mode=5, out_cols=n * top_k)      # slots whose row is >= 0
     return slots, pl.read(count, [0, 0])
 
@@ -136,12 +168,13 @@ def at_live(block, slots, n, m, top_k):
 
 
 @pl.jit.inline
-def expand_arrived(recv_rows, tokens, meta, n, top_k):
-    """Copy each of the n arrived tokens (rows 0..n of `tokens`, meta rows of `meta`) into the rows of its route
-    slots that live here: one gather and one scatter over the live slots only. Returns recv_rows."""
-    slots, m = live_routes(meta, n, top_k)
+def expand_arrived(recv_rows, tokens, rows, n, top_k):
+    """Copy each of the n arrived tokens (rows 0..n of `tokens`; `rows` [n, K] INT32 their route slots' receive
+    rows, -1 elsewhere) into the rows of its route slots that live here: one gather and one scatter over the live
+    slots only. Returns recv_rows."""
+    slots, m = live_routes(rows, n, top_k)
     if m > 0:
-        targets = at_live(pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc"), slots, n, m, top_k)
+        targets = at_live(rows, slots, n, m, top_k)
         token_of = pl.row_expand(pl.full([n, top_k], dtype=pl.INT32, value=0),
                                  pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1]))
         copies = pl.mgather(tokens, at_live(token_of, slots, n, m, top_k), coalesce="row")
@@ -150,11 +183,13 @@ def expand_arrived(recv_rows, tokens, meta, n, top_k):
 
 
 @pl.jit.inline
-def weighted_sums(y, meta, n, top_k, hidden):
+def weighted_sums(y, meta, n, top_k, hidden, rows=None):
     """[n, H] FP32: per arrived token, the sum over its route slots here of its expert row in y
     ([E_local * LANES, H]) times the slot's weight: a segment sum per token (one gather of its K slots' rows,
-    stood in where a slot lives elsewhere, and one batched matmul), with no [K * n, H] buffer to zero and sum."""
-    rows = pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc")
+    stood in where a slot lives elsewhere, and one batched matmul), with no [K * n, H] buffer to zero and sum.
+    `rows` [n, K] INT32: the slots' receive rows when meta's are the sender's (`source_rows`)."""
+    if rows is None:
+        rows = pl.cast(meta[0:n, 0:top_k], pl.INT32, mode="trunc")
     weights = pl.sel(pl.cmps(rows, 0, cmp_type=5), meta[0:n, top_k : 2 * top_k],
                      pl.full([n, top_k], dtype=pl.FP32, value=0.0))
     return weighted_rows(y, stand_in_rows(rows, n, top_k), weights, n, top_k, hidden)
@@ -190,45 +225,43 @@ def sum_returned(back, slots, members, first_row, t_dim, hidden, world):
 
 # ------------------------------------------------------------------ fixed-shape forms (small layouts, replayed)
 @pl.jit.inline
-def arrived_routes(meta, arrived, lanes, top_k):
-    """[LANES, K] INT32: per arrival slot and route slot its row in this rank's receive layout, -1 where the route
-    lives elsewhere or no token arrived in that slot this call (slots past `arrived`, [1, 1] FP32, hold an older
-    call's rows: windows are never cleared). Then the [LANES, K] 0/1 FP32 of the live ones."""
-    token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
-                          pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
-    count = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
-                          pl.col_expand(pl.full([lanes, 1], dtype=pl.INT32, value=0),
-                                        pl.cast(arrived, pl.INT32, mode="trunc")))
-    rows = pl.cast(meta[:, 0:top_k], pl.INT32, mode="trunc")
-    live = pl.and_(pl.cmp(token, count, cmp_type=2),
-                   pl.cmp(rows, pl.full([lanes, top_k], dtype=pl.INT32, value=0), cmp_type=5))
-    return (pl.sel(live, rows, pl.full([lanes, top_k], dtype=pl.INT32, value=-1)),
-            pl.sel(live, pl.full([lanes, top_k], dtype=pl.FP32, value=1.0),
-                   pl.full([lanes, top_k], dtype=pl.FP32, value=0.0)))
+def arrived_routes(meta, counts, me, world, t_max, n_experts, e_local, top_k):
+    """[LANES, K] INT32: per arrival slot (source s's block from row s * T_MAX) and route slot its row in this
+    rank's receive layout, -1 where the route lives elsewhere or no token arrived in that slot this call (slots
+    past a source's count, from `counts` [W, E + W] INT32, hold an older call's rows: windows are never cleared).
+    The dispatch keeps them for its combine (the same windows until the next dispatch)."""
+    lanes = world * t_max
+    source = repeat_rows(world, t_max)                                     # [LANES, 1]: slot l's source
+    sent = pl.mgather(counts[:, n_experts + me : n_experts + me + 1], source, coalesce="row")   # its tokens here
+    token = pl.rems(pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]), t_max)
+    arrived = pl.cmp(token, sent, cmp_type=2)                              # [LANES, 1]: the slot holds a token
+    base = lower_sources(pl.cast(counts, pl.FP32, mode="rint"), me, world, e_local)
+    rows = shifted_rows(pl.cast(meta[:, 0:top_k], pl.INT32, mode="trunc"),
+                        pl.mgather(base, source, coalesce="row"), lanes)
+    return pl.sel(arrived, rows, pl.full([lanes, top_k], dtype=pl.INT32, value=-1))
 
 
 @pl.jit.inline
-def expand_all(recv_rows, tokens, meta, arrived, lanes, layout_rows, top_k):
-    """The fixed-shape form of `expand_arrived`, over every arrival slot (`arrived` [1, 1] FP32 tokens arrived: a
-    tensor, never read into the program): each receive row's token (an index pass over the route slots; dead
-    slots land on row `layout_rows`, one past the layout), then every receive row gathered at once (rows no route
-    fills get token 0's row: they are past their expert's count). Returns recv_rows."""
-    rows, _ = arrived_routes(meta, arrived, lanes, top_k)
+def expand_all(recv_rows, tokens, rows, lanes, layout_rows, top_k):
+    """The fixed-shape form of `expand_arrived`, over every arrival slot (`rows` from `arrived_routes`): each
+    receive row's token (an index pass over the route slots; dead slots land on row `layout_rows`, one past the
+    layout), then every receive row gathered at once (rows no route fills get slot 0's row: they are past their
+    expert's count). Returns recv_rows."""
     target = pl.sel(pl.cmps(rows, 0, cmp_type=5), rows, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
     token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
                           pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
     source = pl.scatter_update(pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), 0,
                                k_major(target, lanes, top_k), k_major(token, lanes, top_k))
     recv_rows[0:layout_rows, :] = pl.mgather(tokens, source[0:layout_rows, :], coalesce="row")   # (rows past the
-    # counts are unspecified: they copy token 0, with no zeroing pass)
+    # counts are unspecified: they copy slot 0, with no zeroing pass)
     return recv_rows
 
 
 @pl.jit.inline
-def weighted_all(y, meta, arrived, lanes, top_k, hidden):
-    """The fixed-shape form of `weighted_sums`, over every arrival slot: [LANES, H] FP32 (rows past `arrived`
-    hold anything: no one reads them). Slots that do not live here weigh 0 (their stale weights: any bits)."""
-    rows, live = arrived_routes(meta, arrived, lanes, top_k)
-    weights = pl.sel(pl.cmps(live, 0.5, cmp_type=4), meta[:, top_k : 2 * top_k],
+def weighted_all(y, meta, rows, lanes, top_k, hidden):
+    """The fixed-shape form of `weighted_sums`, over every arrival slot (`rows`: the dispatch's `arrived_routes`):
+    [LANES, H] FP32 (rows of dead slots hold anything: no one reads them). Slots that do not live here weigh 0
+    (their stale weights: any bits)."""
+    weights = pl.sel(pl.cmps(rows, 0, cmp_type=5), meta[:, top_k : 2 * top_k],
                      pl.full([lanes, top_k], dtype=pl.FP32, value=0.0))
     return weighted_rows(y, stand_in_rows(rows, lanes, top_k), weights, lanes, top_k, hidden)

@@ -135,7 +135,10 @@ def _load(buf, peer: int, view: torch.Tensor) -> torch.Tensor:
 
 
 def _store(buf, peer: int, view: torch.Tensor, atomic: bool, src: torch.Tensor) -> None:
-    """Write (or atomically add) `src` into rank `peer`'s bytes under `view`, one contiguous run at a time."""
+    """Write (or atomically add) `src` into rank `peer`'s bytes under `view`, one contiguous run at a time; an empty
+    box (a row count read from data may be 0) writes nothing (its flattening has no place in the window)."""
+    if view.numel() == 0:
+        return
     src = src.to(view.dtype).expand(view.shape).contiguous()
     for piece, values in _pieces(view, src):
         buf.comm.remote_store(buf.window, peer, piece.data_ptr() - buf.base, values, atomic_add=atomic)

@@ -128,3 +128,18 @@ def test_collectives_and_get_write_their_output_tensor_so_later_regions_wait_for
     assert {("gathered", "w"), ("part", "w")} <= plans["gather"]
     assert {("swapped", "w"), ("rows", "w"), ("fetched", "w")} <= plans["exchange"]
     assert {("x", "r")} <= plans["gather"] and ("x", "w") not in plans["gather"] | plans["exchange"]
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_a_put_or_store_of_zero_rows_writes_nothing_anywhere_in_the_window(window, rows):
+    """A row count read from data may be 0 (a rank that sends nothing): the empty box is no error, wherever
+    it lies (an empty view's flattening has no place in the window)."""
+    win = window([4, 8])
+    local = torch.arange(32, dtype=torch.float32).reshape(4, 8) + 1
+    OPS["pld.tensor.put"](dst=tv(win), peer=0, src=tv(local), dst_offsets=[3, 0], src_offsets=[1, 4],
+                          shape=[rows, 4])
+    OPS["pld.tile.remote_store"](tv(local[2:2 + rows, 0:4]), tv(win), peer=0, offsets=[1, 4])
+    want = torch.zeros(4, 8)
+    want[3:3 + rows, 0:4] = local[1:1 + rows, 4:8]
+    want[1:1 + rows, 4:8] = local[2:2 + rows, 0:4]
+    assert torch.equal(win, want)

@@ -86,7 +86,7 @@ def test_a_peer_that_never_dispatches_ends_in_the_wait_report():
     assert job.rc != 0
     summary = job.err.split("pypto-launch: job", 1)[-1]
     assert "rank 0 failed first" in summary, job.err[-3000:]
-    assert re.search(r"rank 0 waits in `wait` \(label moe_counts\) for cell \[1, 0\] of window '\w+' \(seen 0, "
+    assert re.search(r"rank 0 waits in `wait` \(label moe_exchange\) for cell \[1, 0\] of window '\w+' \(seen 0, "
                      r"expected >= 1\), which rank 1 would set", summary), summary
 
 

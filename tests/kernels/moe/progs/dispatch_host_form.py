@@ -44,15 +44,13 @@ def moe_round_trip(
     slots: pl.Tensor[[N, T, N], pl.FP32],
     members: pl.Tensor[[N, T, N], pl.FP32],
     count_row: pl.Tensor[[N, 1, E + N], pl.INT32],
-    all_counts: pl.Tensor[[N, N, E + N], pl.INT32],
-    send_at: pl.Tensor[[N, 1, E + N], pl.INT32],
     send_x: pl.Tensor[[N, LANES + 1, H], pl.FP32],
     send_meta: pl.Tensor[[N, LANES + 1, 2 * K], pl.FP32],
     recv_rows: pl.Tensor[[N, ROWS + 1, H], pl.FP32],
     recv_counts: pl.Tensor[[N, 1, E_LOCAL], pl.INT32],
     y: pl.Tensor[[N, ROWS, H], pl.FP32],
     sums: pl.Tensor[[N, LANES, H], pl.FP32],
-    starts: pl.Tensor[[N, N, 1], pl.INT32],
+    routes: pl.Tensor[[N, LANES, K], pl.INT32],
 ):
     counts_buf = pld.alloc_window_buffer([N, E + N], dtype=pl.INT32)
     tokens_buf = pld.alloc_window_buffer([LANES, H], dtype=pl.FP32)
@@ -66,10 +64,10 @@ def moe_round_trip(
         back_in = pld.window(back_buf, [LANES, H], dtype=pl.FP32)
         signals = pld.window(signals_buf, [N, SIGNALS], dtype=pl.INT32)
         moe_dispatch(x[r], topk_idx[r], topk_weights[r], r, epoch[r], route_pos[r], slots[r], members[r],
-                     count_row[r], all_counts[r], send_at[r], send_x[r], send_meta[r], recv_rows[r], recv_counts[r], counts_in, tokens_in, meta_in, signals,
-                     device=r)
+                     count_row[r], send_x[r], send_meta[r], recv_rows[r], recv_counts[r], routes[r], counts_in,
+                     tokens_in, meta_in, signals, device=r)
         scale_experts(recv_rows[r], y[r], r, device=r)
-        moe_combine(y[r], r, epoch[r], slots[r], members[r], x[r], out[r], sums[r], starts[r], counts_in, meta_in,
+        moe_combine(y[r], r, epoch[r], slots[r], members[r], x[r], out[r], sums[r], routes[r], counts_in, meta_in,
                     back_in, signals, device=r)
 
 
@@ -93,12 +91,11 @@ specs = [
     TensorSpec("out", [N, T, H], torch.float32, is_output=True),
     scratch("epoch", [N, 1, 1], torch.int32), scratch("route_pos", [N, T, K], torch.float32),
     scratch("slots", [N, T, N], torch.float32), scratch("members", [N, T, N], torch.float32),
-    scratch("count_row", [N, 1, E + N], torch.int32), scratch("all_counts", [N, N, E + N], torch.int32),
-    scratch("send_at", [N, 1, E + N], torch.int32),
+    scratch("count_row", [N, 1, E + N], torch.int32),
     scratch("send_x", [N, LANES + 1, H], torch.float32), scratch("send_meta", [N, LANES + 1, 2 * K], torch.float32),
     scratch("recv_rows", [N, ROWS + 1, H], torch.float32), scratch("recv_counts", [N, 1, E_LOCAL], torch.int32),
     scratch("y", [N, ROWS, H], torch.float32),
-    scratch("sums", [N, LANES, H], torch.float32), scratch("starts", [N, N, 1], torch.int32),
+    scratch("sums", [N, LANES, H], torch.float32), scratch("routes", [N, LANES, K], torch.int32),
 ]
 
 if __name__ == "__main__":
