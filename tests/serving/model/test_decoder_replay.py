@@ -1,5 +1,6 @@
 """A decode step of MoEDecoder replays its MoE kernels on the compiled executor when the next step routes its tokens
-to other experts: the routed experts' decode form follows no count, so no guard misses."""
+to other experts: in one process the layer is one kernel (local_decode), which follows no count, so no guard
+misses."""
 import torch
 
 from pypto_rt import config, run_stats
@@ -10,7 +11,7 @@ from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.model import DecoderConfig, MoEDecoder, random_state_dict
 
 BATCH, CONTEXT, BLOCK = 4, 6, 4
-MOE_KERNELS = ("router_logits", "gate", "run_experts", "shared_expert")
+MOE_KERNELS = ("local_decode_kernel",)
 # engine runs, the recording, the trial's replays and engine runs, then replays only
 STEPS = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 3
 
@@ -29,12 +30,16 @@ def _decode_step(cfg, gen) -> ForwardBatch:
 def test_decode_steps_with_new_routing_replay_the_moe_kernels(monkeypatch):
     kinds: dict[str, list] = {name: [] for name in MOE_KERNELS}
     for name in MOE_KERNELS:
-        def noted(*args, _name=name, _kernel=getattr(layer_module, name), **kwargs):
-            with run_stats.collect() as stats:
-                result = _kernel(*args, **kwargs)
-            kinds[_name].append(stats.replay.kind)
-            return result
-        monkeypatch.setattr(layer_module, name, noted)
+        def built(*shape, _name=name, _factory=getattr(layer_module, name)):
+            kernel = _factory(*shape)
+
+            def noted(*args):
+                with run_stats.collect() as stats:
+                    result = kernel(*args)
+                kinds[_name].append(stats.replay.kind)
+                return result
+            return noted
+        monkeypatch.setattr(layer_module, name, built)
     cfg = DecoderConfig(vocab_size=64, hidden=32, num_layers=1, num_q_heads=4, num_kv_heads=2, head_dim=8,
                         num_experts=4, top_k=2, moe_intermediate=32, shared_intermediate=32, max_tokens_per_rank=32,
                         block_size=BLOCK)

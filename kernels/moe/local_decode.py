@@ -1,0 +1,152 @@
+"""A whole MoE layer at decode size in one `@pl.jit` kernel, for a job of one rank (every expert is local: serving
+engines run expert parallel 1 too), so nothing is dispatched or combined through a buffer:
+
+    logits = x @ router.T (FP32) -> gate -> topk (idx, weights)            the gate's own inline (gate.route_tile)
+    [g | u] = x @ [W_gate of every expert | shared ; W_up of every expert | shared].T   one GEMM, FP32 accumulation
+    h = swiglu(g, u) rounded to the dtype                                     [T, E * I + I_shared]
+    y_e = h_e @ W_down_e.T (one batched matmul), rounded to the dtype         [E, T, H]
+    out = sum_e w[t, e] * y_e + shared(x) in FP32, rounded once              w[t, e] = 0 off the token's top-k
+
+Every expert runs on every token row (T <= DECODE_ROWS_MAX): the FLOPs of the routed decode form, which computes
+each local expert on its fixed rows, without the staging, the counts read from data or the expert loop; its
+torch calls follow neither the routing nor the expert count, so every call replays. The sum over experts meets
+exact zeros off the top-k, so for top_k = 2 it equals the golden's sum over the two routes bit for bit.
+`counts` gets each expert's routed rows (the metrics' per-expert token counts).
+
+The weights are stored once in the fused layout (`LocalDecodeWeights.of`); the layer's ExpertWeights become
+views of it, so other kernels (prefill's tile-loop form) read the same memory.
+"""
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+
+import pypto.language as pl
+from pypto_rt.kernels.moe import ffn as ffn_module
+from pypto_rt.kernels.moe.ffn import PL_DTYPES, batched_projection, cast_to, k_tile, projection, swiglu_of
+from pypto_rt.kernels.moe.gate import ROW_TILE, GateShape, route_tile
+from pypto_rt.kernels.moe.weights import ExpertWeights, MoEWeights
+
+T_DYN = pl.dynamic("T_DYN")
+MAX_TOKENS = ROW_TILE          # one gate tile: the router and gate run on it padded, the experts on the live rows
+
+
+@dataclass(frozen=True)
+class LocalDecodeShape:
+    gate: GateShape
+    hidden: int
+    inter: int
+    shared_inter: int              # 0: no shared expert
+    dtype: torch.dtype             # activations, expert weights
+    router_dtype: torch.dtype
+    swiglu_limit: float | None
+
+
+@dataclass(frozen=True)
+class LocalDecodeWeights:
+    """The fused layout: gate_up [2 N, H] (every routed expert's gate rows, the shared expert's, then the same for
+    up; N = E * I + I_shared), w_down [E, H, I], shared_down [H, I_shared] (None without a shared expert)."""
+    gate_up: torch.Tensor
+    w_down: torch.Tensor
+    shared_down: torch.Tensor | None
+
+    @classmethod
+    def of(cls, weights: MoEWeights) -> tuple["LocalDecodeWeights", MoEWeights]:
+        """The fused layout of `weights` (bf16/FP32 experts), and `weights` with its expert tensors as views of
+        it (the memory is not doubled)."""
+        routed, shared = weights.experts, weights.shared
+        n, inter, hidden = routed.w_gate.shape
+        parts = [("routed", routed, n * inter)] + ([("shared", shared, shared.inter)] if shared is not None else [])
+        gate_up = torch.cat([getattr(w, proj).reshape(rows, hidden) for proj in ("w_gate", "w_up")
+                             for _, w, rows in parts])
+        views, start = {}, 0
+        for proj in ("w_gate", "w_up"):
+            for name, w, rows in parts:
+                views[(name, proj)] = gate_up[start:start + rows].view(w.w_gate.shape)
+                start += rows
+        routed_views = ExpertWeights(views[("routed", "w_gate")], views[("routed", "w_up")], routed.w_down)
+        shared_views = None if shared is None else ExpertWeights(views[("shared", "w_gate")],
+                                                                 views[("shared", "w_up")], shared.w_down)
+        fused = cls(gate_up, routed.w_down, None if shared is None else shared.w_down[0])
+        return fused, dataclasses.replace(weights, experts=routed_views, shared=shared_views)
+
+
+def _dense_routes(experts: int, top_k: int):
+    """An inline `(chosen [T, K] INT32, weights [T, K] FP32, t_dim) -> (dense [T, E] FP32, hits [T, E] FP32)`:
+    each token's weight for every expert (0 off its top-k) and its routes as ones."""
+
+    @pl.jit.inline
+    def dense_routes(chosen, weights, t_dim):
+        expert = pl.arange(0, [1, experts], dtype=pl.INT32)
+        zeros = pl.full([t_dim, experts], dtype=pl.FP32, value=0.0)
+        ones = pl.full([t_dim, experts], dtype=pl.FP32, value=1.0)
+        for k, (dense, hits) in pl.range(top_k, init_values=(zeros, zeros)):
+            hit = pl.cmp(expert, chosen[:, k : k + 1], cmp_type=0)
+            dense_k = pl.add(dense, pl.sel(hit, pl.row_expand(zeros, weights[:, k : k + 1]), zeros))
+            hits_k = pl.add(hits, pl.sel(hit, ones, zeros))
+            dense_out, hits_out = pl.yield_(dense_k, hits_k)
+        return dense_out, hits_out
+
+    return dense_routes
+
+
+@functools.lru_cache(maxsize=None)
+def local_decode_kernel(shape: LocalDecodeShape):
+    """The compiled-once fused layer for one shape: `(x [T, H], gate_weight [E, H], bias [1, E] FP32, gate_up,
+    w_down, shared_down, out [T, H] out, counts [1, E] INT32 out)`, 1 <= T <= MAX_TOKENS. Without a shared
+    expert `shared_down` is any [H, 1] tensor (not read)."""
+    experts, top_k, hidden, inter = shape.gate.num_experts, shape.gate.top_k, shape.hidden, shape.inter
+    shared_inter = shape.shared_inter
+    routed_cols, width = experts * inter, experts * inter + shared_inter
+    dt, rdt = PL_DTYPES[shape.dtype], PL_DTYPES[shape.router_dtype]
+    mixed = dt != rdt
+    router = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32,
+                        cast_to(dt, pl.FP32) if mixed else None, cast_to(rdt, pl.FP32) if mixed else None)
+    from_hidden = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32)
+    down = batched_projection(inter, k_tile(inter, ffn_module.K_TILE_MAX), pl.FP32)
+    shared_down = projection(max(shared_inter, 1), k_tile(max(shared_inter, 1), ffn_module.K_TILE_MAX), pl.FP32)
+    route, dense_routes = route_tile(shape.gate), _dense_routes(experts, top_k)
+    swiglu, narrow, widen = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt), cast_to(dt, pl.FP32)
+
+    if shared_inter:
+        @pl.jit.inline
+        def add_shared(routed, h, w_shared_down):
+            return pl.add(routed, widen(narrow(shared_down(h[:, routed_cols:width], w_shared_down))))
+    else:
+        @pl.jit.inline
+        def add_shared(routed, h, w_shared_down):
+            return routed
+
+    down_cols = max(shared_inter, 1)
+
+    @pl.jit
+    def moe_local_decode(
+        x: pl.Tensor[[T_DYN, hidden], dt],
+        gate_weight: pl.Tensor[[experts, hidden], rdt],
+        bias: pl.Tensor[[1, experts], pl.FP32],
+        gate_up: pl.Tensor[[2 * width, hidden], dt],
+        w_down: pl.Tensor[[experts, hidden, inter], dt],
+        w_shared_down: pl.Tensor[[hidden, down_cols], dt],
+        out: pl.Out[pl.Tensor[[T_DYN, hidden], dt]],
+        counts: pl.Out[pl.Tensor[[1, experts], pl.INT32]],
+    ):
+        x.bind_dynamic(0, T_DYN)
+        out.bind_dynamic(0, T_DYN)
+        t_dim = pl.tensor.dim(x, 0)
+        for _ in pl.spmd(1, name_hint="moe_local_decode"):
+            x_tile = pl.fillpad(pl.set_validshape(x[0:ROW_TILE, :], t_dim, hidden))
+            chosen, weights = route(router(x_tile, gate_weight), bias)
+            dense, hits = dense_routes(chosen[0:t_dim, :], weights[0:t_dim, :], t_dim)
+            counts[:, :] = pl.cast(pl.col_sum(hits), target_type=pl.INT32, mode="rint")
+            gu = from_hidden(x[0:t_dim, :], gate_up)
+            h = narrow(swiglu(gu[:, 0:width], gu[:, width : 2 * width]))
+            routed_h = pl.transpose(pl.reshape(h[:, 0:routed_cols], [t_dim, experts, inter]), 0, 1)
+            y = widen(narrow(down(routed_h, w_down)))
+            weighted = pl.mul(y, pl.reshape(pl.transpose(dense, 0, 1), [experts, t_dim, 1]))
+            routed = pl.reshape(pl.col_sum(pl.reshape(weighted, [experts, t_dim * hidden])), [t_dim, hidden])
+            out[:, :] = narrow(add_shared(routed, h, w_shared_down))
+        return out, counts
+
+    return moe_local_decode
