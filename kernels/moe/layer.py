@@ -50,10 +50,7 @@ class MoELayer:
                 (weights.shared is None or not weights.shared.quantized):
             fused, weights = LocalDecodeWeights.of(weights)
             bias = torch.zeros(cfg.num_experts) if weights.router.bias is None else weights.router.bias
-            # without a shared expert the kernel takes an [H, 1] stand-in for its down projection (never read)
-            shared_down = fused.shared_down if fused.shared_down is not None else \
-                torch.zeros(cfg.hidden, 1, dtype=cfg.dtype)
-            self._local = (fused, shared_down, bias.float().reshape(1, cfg.num_experts).contiguous(),
+            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous(),
                            torch.zeros(1, cfg.num_experts, dtype=torch.int32))
         self.cfg, self.weights = cfg, weights
         self._expert_rows = torch.zeros(layout.local_experts, layout.lanes, cfg.hidden, dtype=cfg.dtype)
@@ -91,12 +88,12 @@ class MoELayer:
         if x.dim() != 2 or x.shape[1] != cfg.hidden or x.dtype != cfg.dtype:
             raise MoEArgumentError.at_caller(f"MoELayer: x must be a {cfg.dtype} [T, {cfg.hidden}] tensor (the "
                                              f"config's dtype and hidden size), got {describe(x)}")
-        fused, shared_down, bias, counts = self._local
-        shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter,
-                                 0 if fused.shared_down is None else shared_down.shape[1], cfg.dtype,
+        fused, bias, counts = self._local
+        shared_inter = 0 if weights.shared is None else weights.shared.inter
+        shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter, shared_inter, cfg.dtype,
                                  weights.router.weight.dtype, cfg.swiglu_limit)
         out = torch.empty(x.shape[0], cfg.hidden, dtype=cfg.dtype)
         local_decode_kernel(shape)(x.contiguous(), weights.router.weight.contiguous(), bias, fused.gate_up,
-                                   fused.w_down, shared_down, out, counts)
+                                   fused.down, out, counts)
         self.recv_counts = counts[0]
         return out

@@ -4,17 +4,19 @@ engines run expert parallel 1 too), so nothing is dispatched or combined through
     logits = x @ router.T (FP32) -> gate -> topk (idx, weights)            the gate's own inline (gate.route_tile)
     [g | u] = x @ [W_gate of every expert | shared ; W_up of every expert | shared].T   one GEMM, FP32 accumulation
     h = swiglu(g, u) rounded to the dtype                                     [T, E * I + I_shared]
-    y_e = h_e @ W_down_e.T (one batched matmul), rounded to the dtype         [E, T, H]
-    out = sum_e w[t, e] * y_e + shared(x) in FP32, rounded once              w[t, e] = 0 off the token's top-k
+    h_e *= w[t, e] (0 off the token's top-k; the shared expert's columns by 1)
+    out = h @ [W_down of every expert | shared].T, rounded once              one GEMM: the weighted sum over experts
 
 Every expert runs on every token row (T <= DECODE_ROWS_MAX): the FLOPs of the routed decode form, which computes
 each local expert on its fixed rows, without the staging, the counts read from data or the expert loop; its
-torch calls follow neither the routing nor the expert count, so every call replays. The sum over experts meets
-exact zeros off the top-k, so for top_k = 2 it equals the golden's sum over the two routes bit for bit.
-`counts` gets each expert's routed rows (the metrics' per-expert token counts).
+torch calls follow neither the routing nor the expert count, so every call replays. The weights move inside the
+down GEMM (sum_e w_e (h_e W_e) = sum_e (w_e h_e) W_e), so the routes are summed within its FP32 accumulation
+rather than each expert's output rounded first: FP32 results differ from the golden's in the last bits, bf16 ones
+by the rounding of w_e h_e. `counts` gets each expert's routed rows (the metrics' per-expert token counts).
 
-The weights are stored once in the fused layout (`LocalDecodeWeights.of`); the layer's ExpertWeights become
-views of it, so other kernels (prefill's tile-loop form) read the same memory.
+The gate and up weights are stored once in the fused layout (`LocalDecodeWeights.of`): the layer's ExpertWeights
+become views of it, so other kernels (prefill's tile-loop form) read the same memory; the down weights are kept
+twice ([E, H, I] for them, [H, E * I + I_shared] here).
 """
 
 import dataclasses
@@ -25,7 +27,7 @@ import torch
 
 import pypto.language as pl
 from pypto_rt.kernels.moe import ffn as ffn_module
-from pypto_rt.kernels.moe.ffn import PL_DTYPES, batched_projection, cast_to, k_tile, projection, swiglu_of
+from pypto_rt.kernels.moe.ffn import PL_DTYPES, cast_to, k_tile, projection, swiglu_of
 from pypto_rt.kernels.moe.gate import ROW_TILE, GateShape, route_tile
 from pypto_rt.kernels.moe.weights import ExpertWeights, MoEWeights
 
@@ -47,10 +49,9 @@ class LocalDecodeShape:
 @dataclass(frozen=True)
 class LocalDecodeWeights:
     """The fused layout: gate_up [2 N, H] (every routed expert's gate rows, the shared expert's, then the same for
-    up; N = E * I + I_shared), w_down [E, H, I], shared_down [H, I_shared] (None without a shared expert)."""
+    up; N = E * I + I_shared), down [H, N] (every routed expert's down columns, then the shared expert's)."""
     gate_up: torch.Tensor
-    w_down: torch.Tensor
-    shared_down: torch.Tensor | None
+    down: torch.Tensor
 
     @classmethod
     def of(cls, weights: MoEWeights) -> tuple["LocalDecodeWeights", MoEWeights]:
@@ -69,7 +70,9 @@ class LocalDecodeWeights:
         routed_views = ExpertWeights(views[("routed", "w_gate")], views[("routed", "w_up")], routed.w_down)
         shared_views = None if shared is None else ExpertWeights(views[("shared", "w_gate")],
                                                                  views[("shared", "w_up")], shared.w_down)
-        fused = cls(gate_up, routed.w_down, None if shared is None else shared.w_down[0])
+        down = torch.cat([routed.w_down.permute(1, 0, 2).reshape(hidden, n * inter)] +
+                         ([shared.w_down[0]] if shared is not None else []), dim=1).contiguous()
+        fused = cls(gate_up, down)
         return fused, dataclasses.replace(weights, experts=routed_views, shared=shared_views)
 
 
@@ -95,31 +98,26 @@ def _dense_routes(experts: int, top_k: int):
 @functools.lru_cache(maxsize=None)
 def local_decode_kernel(shape: LocalDecodeShape):
     """The compiled-once fused layer for one shape: `(x [T, H], gate_weight [E, H], bias [1, E] FP32, gate_up,
-    w_down, shared_down, out [T, H] out, counts [1, E] INT32 out)`, 1 <= T <= MAX_TOKENS. Without a shared
-    expert `shared_down` is any [H, 1] tensor (not read)."""
+    down, out [T, H] out, counts [1, E] INT32 out)`, 1 <= T <= MAX_TOKENS."""
     experts, top_k, hidden, inter = shape.gate.num_experts, shape.gate.top_k, shape.hidden, shape.inter
-    shared_inter = shape.shared_inter
-    routed_cols, width = experts * inter, experts * inter + shared_inter
+    routed_cols, width = experts * inter, experts * inter + shape.shared_inter
     dt, rdt = PL_DTYPES[shape.dtype], PL_DTYPES[shape.router_dtype]
     mixed = dt != rdt
     router = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32,
                         cast_to(dt, pl.FP32) if mixed else None, cast_to(rdt, pl.FP32) if mixed else None)
     from_hidden = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32)
-    down = batched_projection(inter, k_tile(inter, ffn_module.K_TILE_MAX), pl.FP32)
-    shared_down = projection(max(shared_inter, 1), k_tile(max(shared_inter, 1), ffn_module.K_TILE_MAX), pl.FP32)
+    from_inter = projection(width, width, pl.FP32)      # one GEMM over every expert's columns (no K steps)
     route, dense_routes = route_tile(shape.gate), _dense_routes(experts, top_k)
     swiglu, narrow, widen = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt), cast_to(dt, pl.FP32)
 
-    if shared_inter:
+    if shape.shared_inter:
         @pl.jit.inline
-        def add_shared(routed, h, w_shared_down):
-            return pl.add(routed, widen(narrow(shared_down(h[:, routed_cols:width], w_shared_down))))
+        def with_shared(weighted, h):
+            return pl.concat(weighted, h[:, routed_cols:width])
     else:
         @pl.jit.inline
-        def add_shared(routed, h, w_shared_down):
-            return routed
-
-    down_cols = max(shared_inter, 1)
+        def with_shared(weighted, h):
+            return weighted
 
     @pl.jit
     def moe_local_decode(
@@ -127,8 +125,7 @@ def local_decode_kernel(shape: LocalDecodeShape):
         gate_weight: pl.Tensor[[experts, hidden], rdt],
         bias: pl.Tensor[[1, experts], pl.FP32],
         gate_up: pl.Tensor[[2 * width, hidden], dt],
-        w_down: pl.Tensor[[experts, hidden, inter], dt],
-        w_shared_down: pl.Tensor[[hidden, down_cols], dt],
+        down: pl.Tensor[[hidden, width], dt],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dt]],
         counts: pl.Out[pl.Tensor[[1, experts], pl.INT32]],
     ):
@@ -142,11 +139,9 @@ def local_decode_kernel(shape: LocalDecodeShape):
             counts[:, :] = pl.cast(pl.col_sum(hits), target_type=pl.INT32, mode="rint")
             gu = from_hidden(x[0:t_dim, :], gate_up)
             h = narrow(swiglu(gu[:, 0:width], gu[:, width : 2 * width]))
-            routed_h = pl.transpose(pl.reshape(h[:, 0:routed_cols], [t_dim, experts, inter]), 0, 1)
-            y = widen(narrow(down(routed_h, w_down)))
-            weighted = pl.mul(y, pl.reshape(pl.transpose(dense, 0, 1), [experts, t_dim, 1]))
-            routed = pl.reshape(pl.col_sum(pl.reshape(weighted, [experts, t_dim * hidden])), [t_dim, hidden])
-            out[:, :] = narrow(add_shared(routed, h, w_shared_down))
+            per_expert = pl.reshape(widen(h[:, 0:routed_cols]), [t_dim, experts, inter])
+            weighted = pl.reshape(pl.mul(per_expert, pl.reshape(dense, [t_dim, experts, 1])), [t_dim, routed_cols])
+            out[:, :] = narrow(from_inter(with_shared(narrow(weighted), h), down))
         return out, counts
 
     return moe_local_decode
