@@ -50,12 +50,11 @@ class MoELayer:
                 (weights.shared is None or not weights.shared.quantized):
             fused, weights = LocalDecodeWeights.of(weights)
             bias = torch.zeros(cfg.num_experts) if weights.router.bias is None else weights.router.bias
-            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous(),
-                           torch.zeros(1, cfg.num_experts, dtype=torch.int32))
+            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous())
         self.cfg, self.weights = cfg, weights
         self._expert_rows = torch.zeros(layout.local_experts, layout.lanes, cfg.hidden, dtype=cfg.dtype)
-        self.recv_counts: torch.Tensor | None = None   # [E_local] INT32 rows the last call brought to each local
-        # expert (the buffer's or the layer's tensor: valid until the next call of any layer on the buffer)
+        self._recv_counts: torch.Tensor | None = None   # the buffer's counts after a dispatch, or
+        self._local_routes: torch.Tensor | None = None  # the one-kernel call's topk_idx [T, K]
 
     @classmethod
     def from_state_dict(cls, cfg: MoEConfig, state_dict, *, prefix: str = "", quantize: bool = False,
@@ -72,10 +71,11 @@ class MoELayer:
         if self._local is not None and isinstance(x, torch.Tensor) and 0 < x.dim() and \
                 0 < x.shape[0] <= min(LOCAL_MAX_TOKENS, cfg.max_tokens_per_rank):
             return self._one_kernel(x)
+        self._local_routes = None
         logits = router_logits(weights.router.weight, x)
         topk_idx, topk_weights = gate(cfg, logits, weights.router.bias)
         recv = buf.dispatch(x, topk_idx, topk_weights)
-        self.recv_counts = recv.counts
+        self._recv_counts = recv.counts
         # at decode sizes, experts hold about world * T rows: the decode form replays whatever the routing
         y = run_experts(cfg, weights.experts, recv.x, recv.counts, out=self._expert_rows,
                         rows_hint=buf.layout.world * x.shape[0])
@@ -88,12 +88,21 @@ class MoELayer:
         if x.dim() != 2 or x.shape[1] != cfg.hidden or x.dtype != cfg.dtype:
             raise MoEArgumentError.at_caller(f"MoELayer: x must be a {cfg.dtype} [T, {cfg.hidden}] tensor (the "
                                              f"config's dtype and hidden size), got {describe(x)}")
-        fused, bias, counts = self._local
+        fused, bias = self._local
         shared_inter = 0 if weights.shared is None else weights.shared.inter
         shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter, shared_inter, cfg.dtype,
                                  weights.router.weight.dtype, cfg.swiglu_limit)
         out = torch.empty(x.shape[0], cfg.hidden, dtype=cfg.dtype)
+        routes = torch.empty(x.shape[0], cfg.top_k, dtype=torch.int32)
         local_decode_kernel(shape)(x.contiguous(), weights.router.weight.contiguous(), bias, fused.gate_up,
-                                   fused.down, out, counts)
-        self.recv_counts = counts[0]
+                                   fused.down, out, routes)
+        self._local_routes = routes
         return out
+
+    @property
+    def recv_counts(self) -> torch.Tensor | None:
+        """[E_local] INT32: rows the last call brought to each local expert (the buffer's tensor, valid until the
+        buffer's next dispatch, any layer's; after a one-kernel call counted from its routing when asked)."""
+        if self._local_routes is not None:
+            return torch.bincount(self._local_routes.view(-1), minlength=self.cfg.num_experts).to(torch.int32)
+        return self._recv_counts

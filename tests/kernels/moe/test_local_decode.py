@@ -25,8 +25,8 @@ def _state_dict(gen, shared: bool) -> dict:
     return sd
 
 
-def _layer(dtype, shared: bool, score_func: str = "sigmoid"):
-    cfg = MoEConfig(hidden=H, num_experts=E, top_k=K, max_tokens_per_rank=T_MAX, dtype=dtype,
+def _layer(dtype, shared: bool, score_func: str = "sigmoid", max_tokens: int = T_MAX):
+    cfg = MoEConfig(hidden=H, num_experts=E, top_k=K, max_tokens_per_rank=max_tokens, dtype=dtype,
                     score_func=score_func, intermediate_size=I)
     sd = _state_dict(torch.Generator().manual_seed(11), shared)
     return cfg, MoELayer.from_state_dict(cfg, sd, prefix="mlp."), load_moe_weights(cfg, sd, rank=0, world=1,
@@ -64,9 +64,11 @@ def test_a_decode_call_is_one_kernel_call_and_the_weights_are_stored_once(monkey
     monkeypatch.setattr(KernelFunction, "__call__", counted)
     layer(torch.randn(3, H))
     assert len(entries) == 1 and "moe_local_decode" in entries[0], entries
-    fused = layer._local[0].gate_up
-    for w in (layer.weights.experts.w_gate, layer.weights.experts.w_up, layer.weights.shared.w_up):
-        assert w.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+    fused = layer._local[0]
+    experts, shared = layer.weights.experts, layer.weights.shared
+    for w, store in ((experts.w_gate, fused.gate_up), (experts.w_up, fused.gate_up), (shared.w_up, fused.gate_up),
+                     (experts.w_down, fused.down), (shared.w_down, fused.down)):
+        assert w.untyped_storage().data_ptr() == store.untyped_storage().data_ptr()
 
 
 def test_calls_with_new_routing_replay():
@@ -86,9 +88,18 @@ def test_calls_with_new_routing_replay():
     assert kinds[-3:] == [REPLAYED] * 3, kinds
 
 
-def test_prefill_sizes_and_a_bad_x_take_the_checked_path():
-    cfg, layer, weights = _layer(torch.float32, shared=True)
+@pytest.mark.parametrize("executor", ["reference", "compiled"])
+def test_prefill_sizes_take_the_dispatch_path_over_the_same_weights(executor):
+    """Past one gate tile of tokens the layer dispatches as before, its experts reading views of the fused
+    layout."""
+    tokens = layer_module.LOCAL_MAX_TOKENS + 3
+    cfg, layer, weights = _layer(torch.float32, shared=True, max_tokens=tokens)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(8))
+    with config.scope(EXECUTOR=executor):
+        torch.testing.assert_close(layer(x), moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_bad_x_is_an_error_naming_it():
+    _, layer, _ = _layer(torch.float32, shared=True)
     with pytest.raises(layer_module.MoEArgumentError, match="hidden"):
         layer(torch.randn(2, H + 1))
-    x = torch.randn(T_MAX, H)
-    torch.testing.assert_close(layer(x), moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
