@@ -13,7 +13,7 @@ from pypto_rt.kernels.layers.common import PL_DTYPES, ROW_TILE, cast_to, check, 
 T_DYN = pl.dynamic("T_DYN")
 
 
-def _normalize(hidden: int, eps: float):
+def rms_normalizer(hidden: int, eps: float):
     """An inline `(rows [R, H] FP32, weight [1, H] FP32) -> the RMS-normalised rows times weight, FP32`."""
     inv_hidden = 1.0 / hidden
 
@@ -28,7 +28,7 @@ def _normalize(hidden: int, eps: float):
 @functools.lru_cache(maxsize=None)
 def rms_norm_kernel(hidden: int, dtype: torch.dtype, eps: float):
     dt = PL_DTYPES[dtype]
-    widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), _normalize(hidden, eps)
+    widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, eps)
 
     @pl.jit
     def rms_norm(
@@ -51,7 +51,7 @@ def rms_norm_kernel(hidden: int, dtype: torch.dtype, eps: float):
 @functools.lru_cache(maxsize=None)
 def add_rms_norm_kernel(hidden: int, dtype: torch.dtype, eps: float):
     dt = PL_DTYPES[dtype]
-    widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), _normalize(hidden, eps)
+    widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, eps)
 
     @pl.jit
     def add_rms_norm(

@@ -25,11 +25,29 @@ def rope_cache(head_dim: int, max_positions: int, theta: float = 10000.0) -> tor
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
 
 
+def rotate(heads: int, head_dim: int):
+    """The inline `(rows [R, heads * D] FP32, angles [R, D] FP32: each row's cos | sin) -> the rows rotated, FP32`
+    (the cos|sin row broadcast over the row's heads: [R, 1, D/2] against [R, heads, D/2])."""
+    half, width = head_dim // 2, heads * head_dim
+
+    @pl.jit.inline
+    def rotated_rows(rows, angles, valid):
+        cos = pl.reshape(angles[:, 0:half], [valid, 1, half])
+        sin = pl.reshape(angles[:, half:head_dim], [valid, 1, half])
+        per_head = pl.reshape(rows, [valid, heads, head_dim])
+        x1 = per_head[:, :, 0:half]
+        x2 = per_head[:, :, half:head_dim]
+        rotated = pl.concat(pl.sub(pl.mul(x1, cos), pl.mul(x2, sin)), pl.add(pl.mul(x2, cos), pl.mul(x1, sin)))
+        return pl.reshape(rotated, [valid, width])
+
+    return rotated_rows
+
+
 @functools.lru_cache(maxsize=None)
 def rope_kernel(heads: int, head_dim: int, positions: int, dtype: torch.dtype):
     dt = PL_DTYPES[dtype]
-    half, width = head_dim // 2, heads * head_dim
-    widen, narrow = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt)
+    width = heads * head_dim
+    widen, narrow, rotated_rows = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rotate(heads, head_dim)
 
     @pl.jit
     def rotary_embedding(
@@ -45,15 +63,8 @@ def rope_kernel(heads: int, head_dim: int, positions: int, dtype: torch.dtype):
         for tb in pl.spmd((t_dim + ROW_TILE - 1) // ROW_TILE, name_hint="rotary_embedding"):
             t0 = tb * ROW_TILE
             valid = pl.min(ROW_TILE, t_dim - t0)
-            # one cos|sin row per token, broadcast over its heads ([valid, 1, half] against [valid, heads, half])
             angles = pl.mgather(cos_sin, pos[t0 : t0 + valid, :], coalesce="row")
-            cos = pl.reshape(angles[:, 0:half], [valid, 1, half])
-            sin = pl.reshape(angles[:, half:head_dim], [valid, 1, half])
-            rows = pl.reshape(widen(x[t0 : t0 + valid, :]), [valid, heads, head_dim])
-            x1 = rows[:, :, 0:half]
-            x2 = rows[:, :, half:head_dim]
-            rotated = pl.concat(pl.sub(pl.mul(x1, cos), pl.mul(x2, sin)), pl.add(pl.mul(x2, cos), pl.mul(x1, sin)))
-            out[t0 : t0 + valid, :] = narrow(pl.reshape(rotated, [valid, width]))
+            out[t0 : t0 + valid, :] = narrow(rotated_rows(widen(x[t0 : t0 + valid, :]), angles, valid))
         return out
 
     return rotary_embedding

@@ -56,7 +56,7 @@ def _silu_mul(gate, up):
     return pl.mul(pl.mul(gate, pl.recip(pl.add(pl.exp(pl.neg(gate)), 1.0))), up)
 
 
-def _swiglu(limit: float | None):
+def swiglu_of(limit: float | None):
     """An inline `(gate, up) FP32 -> silu(gate) * up`, clamping the inputs when `limit` is set."""
     if limit is None:
         return _silu_mul
@@ -109,7 +109,7 @@ def bf16_ffn(shape: FfnShape, project=None):
     project = project or projection
     from_hidden = project(shape.hidden, shape.hidden_step, pl.FP32)
     from_inter = project(shape.inter, shape.inter_step, pl.FP32)
-    swiglu, to_dtype = _swiglu(shape.swiglu_limit), cast_to(pl.FP32, PL_DTYPES[shape.dtype])
+    swiglu, to_dtype = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, PL_DTYPES[shape.dtype])
 
     @pl.jit.inline
     def ffn(x, w_gate, w_up, w_down):
@@ -124,7 +124,7 @@ def int8_ffn(shape: FfnShape):
     down_scale [1, H]) -> y [ROW_TILE, H] FP32` (W8A8 with per-row activation scales)."""
     from_hidden = projection(shape.hidden, shape.hidden_step, pl.INT32)
     from_inter = projection(shape.inter, shape.inter_step, pl.INT32)
-    swiglu, to_fp32 = _swiglu(shape.swiglu_limit), cast_to(PL_DTYPES[shape.dtype], pl.FP32)
+    swiglu, to_fp32 = swiglu_of(shape.swiglu_limit), cast_to(PL_DTYPES[shape.dtype], pl.FP32)
 
     @pl.jit.inline
     def ffn(x, wq_gate, gate_scale, wq_up, up_scale, wq_down, down_scale):
@@ -168,7 +168,7 @@ def batched_int8_ffn(shape: FfnShape, experts: int, rows: int):
     hidden, inter = shape.hidden, shape.inter
     from_hidden = batched_projection(hidden, shape.hidden_step, pl.INT32)
     from_inter = batched_projection(inter, shape.inter_step, pl.INT32)
-    swiglu, to_fp32 = _swiglu(shape.swiglu_limit), cast_to(PL_DTYPES[shape.dtype], pl.FP32)
+    swiglu, to_fp32 = swiglu_of(shape.swiglu_limit), cast_to(PL_DTYPES[shape.dtype], pl.FP32)
     flat = experts * rows
 
     @pl.jit.inline

@@ -192,16 +192,33 @@ def _scaled(factor: float):
     return scaled
 
 
+def route_tile(shape: GateShape):
+    """The inline `(logits [ROW_TILE, E] FP32 tile, bias [1, E] FP32) -> (topk_idx [ROW_TILE, K] INT32,
+    topk_weights [ROW_TILE, K] FP32)`: the gate of one tile of token rows (`gate_kernel`'s body; kernels that
+    fuse the gate with what surrounds it call it too)."""
+    expert_pad = _sort_width(shape.num_experts)
+    score_of, sort_experts = SCORES[shape.score_func], _row_sorter(expert_pad, 2 * shape.top_k)
+    limit = _group_limiter(shape) if shape.n_group is not None else _unchanged
+    finish = _renormalised if shape.norm_topk_prob else _unchanged
+    scale = _scaled(shape.routed_scaling_factor)
+
+    @pl.jit.inline
+    def route(logits, bias):
+        score = score_of(logits)
+        choice = limit(pl.col_expand_add(score, bias))
+        padded = pl.fillpad_expand(choice, [ROW_TILE, expert_pad], pad_value=pl.PadValue.min)
+        chosen = pl.gather(sort_experts(padded), mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
+        return chosen, scale(finish(_pick_scores(score, chosen)))
+
+    return route
+
+
 @functools.lru_cache(maxsize=None)
 def gate_kernel(shape: GateShape):
     """The compiled-once `@pl.jit` gate for one GateShape: logits [T, E] FP32 with T a multiple of ROW_TILE,
     bias [1, E] FP32."""
     n_experts, top_k = shape.num_experts, shape.top_k
-    expert_pad = _sort_width(n_experts)
-    score_of, sort_experts = SCORES[shape.score_func], _row_sorter(expert_pad, 2 * top_k)
-    limit = _group_limiter(shape) if shape.n_group is not None else _unchanged
-    finish = _renormalised if shape.norm_topk_prob else _unchanged
-    scale = _scaled(shape.routed_scaling_factor)
+    route = route_tile(shape)
 
     @pl.jit
     def moe_gate(
@@ -216,12 +233,9 @@ def gate_kernel(shape: GateShape):
         t_dim = pl.tensor.dim(logits, 0)
         for tb in pl.spmd(t_dim // ROW_TILE, name_hint="moe_gate"):
             t0 = tb * ROW_TILE
-            score = score_of(logits[t0 : t0 + ROW_TILE, :])
-            choice = limit(pl.col_expand_add(score, bias))
-            padded = pl.fillpad_expand(choice, [ROW_TILE, expert_pad], pad_value=pl.PadValue.min)
-            chosen = pl.gather(sort_experts(padded), mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
+            chosen, weights = route(logits[t0 : t0 + ROW_TILE, :], bias)
             topk_idx[t0 : t0 + ROW_TILE, :] = chosen
-            topk_weights[t0 : t0 + ROW_TILE, :] = scale(finish(_pick_scores(score, chosen)))
+            topk_weights[t0 : t0 + ROW_TILE, :] = weights
         return topk_idx, topk_weights
 
     return moe_gate

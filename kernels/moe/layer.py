@@ -5,7 +5,9 @@
 
 Each step runs the router GEMM, the gate, `MoEBuffer.dispatch`, the routed experts on the dispatch layout
 (int8 when the weights are quantised, else the config's dtype), and `MoEBuffer.combine`, whose reduce also adds
-the shared expert's output (computed on the local tokens), so the result is rounded once. Every stage is a
+the shared expert's output (computed on the local tokens), so the result is rounded once. In a job of one rank
+(every expert local) a decode-sized call of bf16/FP32 experts skips the buffer: the whole layer is one kernel
+(`local_decode.py`). Every stage is a
 `@pl.jit` kernel: nothing is read to the host, and the tensors a step needs are the layer's own, so repeated
 steps with the same token count replay whatever the routing.
 """
@@ -15,9 +17,12 @@ import pypto.language.distributed as pld
 from pypto_rt.kernels.moe.buffer import MoEBuffer
 from pypto_rt.kernels.moe.config import MoEConfig
 from pypto_rt.kernels.moe.experts import run_experts, shared_expert
-from pypto_rt.kernels.moe.gate import gate
+from pypto_rt.kernels.moe.gate import GateShape, gate
 from pypto_rt.kernels.moe.loading import load_moe_weights
-from pypto_rt.kernels.moe.moe_errors import MoEConfigError
+from pypto_rt.kernels.moe.local_decode import (
+    MAX_TOKENS as LOCAL_MAX_TOKENS, LocalDecodeShape, LocalDecodeWeights, local_decode_kernel,
+)
+from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
 from pypto_rt.kernels.moe.router import router_logits
 from pypto_rt.kernels.moe.weights import MoEWeights
 
@@ -39,11 +44,17 @@ class MoELayer:
                 f"rank {self.buffer.rank}: MoELayer: the weights hold experts {weights.first_expert}.."
                 f"{weights.first_expert + weights.experts.experts - 1}, this rank owns {first}..{first + local - 1}",
                 hint="load them with load_moe_weights(cfg, state_dict, rank=pld.rank(), world=pld.world_size())")
-        self.cfg, self.weights = cfg, weights
         layout = self.buffer.layout
+        self._local = None      # the one-kernel layer's (fused weights, bias, counts) in a job of one rank
+        if layout.world == 1 and not weights.experts.quantized and \
+                (weights.shared is None or not weights.shared.quantized):
+            fused, weights = LocalDecodeWeights.of(weights)
+            bias = torch.zeros(cfg.num_experts) if weights.router.bias is None else weights.router.bias
+            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous())
+        self.cfg, self.weights = cfg, weights
         self._expert_rows = torch.zeros(layout.local_experts, layout.lanes, cfg.hidden, dtype=cfg.dtype)
-        self.recv_counts: torch.Tensor | None = None   # [E_local] INT32 rows the last call's dispatch brought to
-        # each local expert (the buffer's tensor: valid until the buffer's next dispatch, any layer's)
+        self._recv_counts: torch.Tensor | None = None   # the buffer's counts after a dispatch, or
+        self._local_routes: torch.Tensor | None = None  # the one-kernel call's topk_idx [T, K]
 
     @classmethod
     def from_state_dict(cls, cfg: MoEConfig, state_dict, *, prefix: str = "", quantize: bool = False,
@@ -57,12 +68,41 @@ class MoELayer:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] in cfg.dtype (T <= max_tokens_per_rank, may differ per rank, may be 0) -> [T, H]."""
         cfg, weights, buf = self.cfg, self.weights, self.buffer
+        if self._local is not None and isinstance(x, torch.Tensor) and 0 < x.dim() and \
+                0 < x.shape[0] <= min(LOCAL_MAX_TOKENS, cfg.max_tokens_per_rank):
+            return self._one_kernel(x)
+        self._local_routes = None
         logits = router_logits(weights.router.weight, x)
         topk_idx, topk_weights = gate(cfg, logits, weights.router.bias)
         recv = buf.dispatch(x, topk_idx, topk_weights)
-        self.recv_counts = recv.counts
+        self._recv_counts = recv.counts
         # at decode sizes, experts hold about world * T rows: the decode form replays whatever the routing
         y = run_experts(cfg, weights.experts, recv.x, recv.counts, out=self._expert_rows,
                         rows_hint=buf.layout.world * x.shape[0])
         shared = shared_expert(cfg, weights.shared, x) if weights.shared is not None else None
         return buf.combine(y, recv.handle, add=shared)
+
+    def _one_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole layer as one kernel (one rank, 1 <= T <= LOCAL_MAX_TOKENS, bf16/FP32 experts)."""
+        cfg, weights = self.cfg, self.weights
+        if x.dim() != 2 or x.shape[1] != cfg.hidden or x.dtype != cfg.dtype:
+            raise MoEArgumentError.at_caller(f"MoELayer: x must be a {cfg.dtype} [T, {cfg.hidden}] tensor (the "
+                                             f"config's dtype and hidden size), got {describe(x)}")
+        fused, bias = self._local
+        shared_inter = 0 if weights.shared is None else weights.shared.inter
+        shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter, shared_inter, cfg.dtype,
+                                 weights.router.weight.dtype, cfg.swiglu_limit)
+        out = torch.empty(x.shape[0], cfg.hidden, dtype=cfg.dtype)
+        routes = torch.empty(x.shape[0], cfg.top_k, dtype=torch.int32)
+        local_decode_kernel(shape)(x.contiguous(), weights.router.weight.contiguous(), bias, fused.gate_up,
+                                   fused.down, out, routes)
+        self._local_routes = routes
+        return out
+
+    @property
+    def recv_counts(self) -> torch.Tensor | None:
+        """[E_local] INT32: rows the last call brought to each local expert (the buffer's tensor, valid until the
+        buffer's next dispatch, any layer's; after a one-kernel call counted from its routing when asked)."""
+        if self._local_routes is not None:
+            return torch.bincount(self._local_routes.view(-1), minlength=self.cfg.num_experts).to(torch.int32)
+        return self._recv_counts

@@ -7,7 +7,10 @@ serving model protocol (`allocate_kv_cache`, `forward`).
 
 A step: embedding -> per layer [RMSNorm (fused residual add) -> QKV GEMM -> neox RoPE -> write_kv_cache ->
 paged decode / chunked-prefill attention -> O proj -> RMSNorm (+ residual) -> MoELayer (+ shared expert)] ->
-the last token of each request -> final RMSNorm (+ residual) -> LM head (FP32 logits) -> greedy.
+the last token of each request -> final RMSNorm (+ residual) -> LM head (FP32 logits) -> greedy. Stages that run
+back to back on the same rows are one kernel each: [embedding or residual add, norm, QKV, RoPE], the cache write,
+the attention, [O proj, residual add, norm], the MoE layer (one kernel on one rank at decode size), [final norm,
+LM head, greedy]: six kernel calls per layer and one more per step.
 
 Attention is data-parallel: each rank serves its own requests over its own KV pools. The experts are
 expert-parallel: MoELayer's dispatch is collective, so every rank steps together, and a rank with no live
@@ -21,7 +24,10 @@ from __future__ import annotations
 import torch
 
 from pypto_rt.kernels import attention as attention_kernels
-from pypto_rt.kernels.layers import embedding, greedy, linear, rms_norm, rope_cache, rotary_embedding
+from pypto_rt.kernels.layers import rope_cache
+from pypto_rt.kernels.layers.attention_input import embed_norm_qkv_rope, norm_qkv_rope
+from pypto_rt.kernels.layers.lm_head import norm_head_greedy
+from pypto_rt.kernels.layers.out_norm import out_proj_add_norm
 from pypto_rt.kernels.moe import MoEBuffer, MoELayer
 from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
@@ -69,31 +75,35 @@ class MoEDecoder:
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """[B] int64: the greedy next token of each request (padding rows: unspecified)."""
-        return greedy(self.forward_logits(batch))
+        return self._step(batch)[0]
 
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
         """[B, V] FP32: the logits of each request's last token of this step (row qsl[b + 1] - 1)."""
+        return self._step(batch)[1]
+
+    def _step(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(greedy tokens [B] int64, logits [B, V] FP32) of each request's last token of this step."""
         self._check(batch)
         cfg, w = self.cfg, self.weights
+        heads, eps = (cfg.num_q_heads, cfg.num_kv_heads), cfg.rms_eps
         tokens, requests = batch.num_tokens, batch.num_requests
-        hidden = embedding(batch.input_ids, w.embed)
         live = _live_tokens(batch)
-        residual = None
+        hidden = residual = None
         for layer, lw in enumerate(w.layers):
-            if residual is None:
-                normed, residual = rms_norm(hidden, lw.input_norm, cfg.rms_eps), hidden
+            if residual is None:     # the embedding rows start the residual stream
+                q, k, v, residual = embed_norm_qkv_rope(batch.input_ids, w.embed, lw.input_norm, lw.w_qkv,
+                                                        batch.positions, self.cos_sin, heads, eps)
             else:
-                normed = rms_norm(hidden, lw.input_norm, cfg.rms_eps, residual=residual)
-            hidden = linear(self._attend(layer, linear(normed, lw.w_qkv), batch), lw.w_o)
-            normed = rms_norm(hidden, lw.post_norm, cfg.rms_eps, residual=residual)
+                q, k, v = norm_qkv_rope(hidden, residual, lw.input_norm, lw.w_qkv, batch.positions, self.cos_sin,
+                                        heads, eps)
+            normed = out_proj_add_norm(self._attend(layer, q, k, v, batch), lw.w_o, residual, lw.post_norm, eps)
             hidden = self._moe(layer, normed, live)
             if self.on_expert_counts is not None:
                 self.on_expert_counts(self.moe[layer].recv_counts, layer=layer)
         if tokens == 0 or requests == 0:
-            return torch.zeros(requests, cfg.vocab_size, dtype=torch.float32)
+            return torch.zeros(requests, dtype=torch.int64), torch.zeros(requests, cfg.vocab_size)
         last = (batch.query_start_loc[1:].to(torch.int64) - 1).clamp_min(0)
-        normed = rms_norm(embedding(last, hidden), w.final_norm, cfg.rms_eps, residual=embedding(last, residual))
-        return linear(normed, w.lm_head, out_dtype=torch.float32)
+        return norm_head_greedy(hidden, residual, last, w.final_norm, w.lm_head, eps)
 
     def _moe(self, layer: int, x: torch.Tensor, live: tuple[int, torch.Tensor | None]) -> torch.Tensor:
         """The layer's MoE on the live tokens only (padding is neither routed nor counted per expert: T = live
@@ -108,16 +118,15 @@ class MoEDecoder:
             out[rows] = self.moe[layer](x[rows])
         return out
 
-    def _attend(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """qkv [T, (QH + 2 KVH) * D] -> the attention output [T, QH * D]; writes the step's K/V into the cache."""
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                batch: ForwardBatch) -> torch.Tensor:
+        """q [T, QH * D], k, v [T, KVH * D] (rotated) -> the attention output [T, QH * D]; writes the step's K/V
+        into the cache."""
         cfg, tokens = self.cfg, batch.num_tokens
         qh, kvh, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
         if tokens == 0:
-            return qkv.new_zeros(0, qh * d)
-        rotated = rotary_embedding(qkv[:, :(qh + kvh) * d], batch.positions, self.cos_sin)
-        query = rotated[:, :qh * d].reshape(tokens, qh, d)
-        key = rotated[:, qh * d:].reshape(tokens, kvh, d)
-        value = qkv[:, (qh + kvh) * d:].reshape(tokens, kvh, d)
+            return q.new_zeros(0, qh * d)
+        query, key, value = q.view(tokens, qh, d), k.view(tokens, kvh, d), v.view(tokens, kvh, d)
         key_cache, value_cache = self.kv_cache(layer)
         ops = self.attention
         ops.write_kv_cache(key, value, key_cache, value_cache, batch.slot_mapping)

@@ -1,0 +1,105 @@
+"""MoELayer in a job of one rank at decode size: the whole layer (router, gate, every expert, shared expert, the
+weighted sum) is one kernel, reading the token rows directly: no dispatch or combine staging."""
+import pytest
+import torch
+
+from pypto_rt import config, run_stats
+from pypto_rt.kernels.moe import MoEConfig, MoELayer, load_moe_weights
+from pypto_rt.kernels.moe import layer as layer_module
+from pypto_rt.kernels.moe.golden import moe_layer_golden
+from pypto_rt.language import _runtime
+from pypto_rt.language.decorators import KernelFunction
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import REPLAYED
+
+H, I, I_SHARED, E, K, T_MAX = 16, 24, 8, 4, 2, 6
+
+
+def _state_dict(gen, shared: bool) -> dict:
+    sd = {"mlp.gate.weight": torch.randn(E, H, generator=gen) * 0.5,
+          "mlp.gate.e_score_correction_bias": torch.randn(E, generator=gen) * 0.1}
+    experts = [(f"experts.{e}", I) for e in range(E)] + ([("shared_experts", I_SHARED)] if shared else [])
+    for name, inter in experts:
+        for proj, shape in (("gate_proj", (inter, H)), ("up_proj", (inter, H)), ("down_proj", (H, inter))):
+            sd[f"mlp.{name}.{proj}.weight"] = torch.randn(*shape, generator=gen) / shape[1] ** 0.5
+    return sd
+
+
+def _layer(dtype, shared: bool, score_func: str = "sigmoid", max_tokens: int = T_MAX):
+    cfg = MoEConfig(hidden=H, num_experts=E, top_k=K, max_tokens_per_rank=max_tokens, dtype=dtype,
+                    score_func=score_func, intermediate_size=I)
+    sd = _state_dict(torch.Generator().manual_seed(11), shared)
+    return cfg, MoELayer.from_state_dict(cfg, sd, prefix="mlp."), load_moe_weights(cfg, sd, rank=0, world=1,
+                                                                                   prefix="mlp.")
+
+
+@pytest.mark.parametrize("executor", ["reference", "compiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "no_shared"])
+def test_one_kernel_layer_matches_the_golden_and_counts_routes(executor, dtype, shared):
+    cfg, layer, weights = _layer(dtype, shared)
+    gen = torch.Generator().manual_seed(3)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    with config.scope(EXECUTOR=executor):
+        for tokens in (1, 5, T_MAX):
+            x = torch.randn(tokens, H, generator=gen).to(dtype)
+            out = layer(x)
+            want = moe_layer_golden(cfg, weights, x)
+            torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
+            logits = x.float() @ weights.router.weight.float().T
+            chosen = (logits.sigmoid() + weights.router.bias).topk(K, dim=-1).indices
+            assert torch.equal(layer.recv_counts, torch.bincount(chosen.flatten(), minlength=E).to(torch.int32))
+
+
+def test_a_decode_call_is_one_kernel_call_and_the_weights_are_stored_once(monkeypatch):
+    cfg, layer, _ = _layer(torch.float32, shared=True)
+    entries = []
+    original = KernelFunction.__call__
+
+    def counted(kernel, *args, **kwargs):
+        if _runtime.active() is None:       # an entry called from plain Python, not a kernel a kernel calls
+            entries.append(kernel.name)
+        return original(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(KernelFunction, "__call__", counted)
+    layer(torch.randn(3, H))
+    assert len(entries) == 1 and "moe_local_decode" in entries[0], entries
+    fused = layer._local[0]
+    experts, shared = layer.weights.experts, layer.weights.shared
+    for w, store in ((experts.w_gate, fused.gate_up), (experts.w_up, fused.gate_up), (shared.w_up, fused.gate_up),
+                     (experts.w_down, fused.down), (shared.w_down, fused.down)):
+        assert w.untyped_storage().data_ptr() == store.untyped_storage().data_ptr()
+
+
+def test_calls_with_new_routing_replay():
+    cfg, layer, weights = _layer(torch.float32, shared=True, score_func="softmax")
+    gen = torch.Generator().manual_seed(5)
+    calls = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 3
+    kinds, routings = [], []
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for _ in range(calls):
+            x = torch.randn(4, H, generator=gen)
+            with run_stats.collect() as stats:
+                out = layer(x)
+            kinds.append(stats.replay.kind)
+            routings.append(tuple(layer.recv_counts.tolist()))
+            torch.testing.assert_close(out, moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
+    assert len(set(routings[-3:])) > 1, routings
+    assert kinds[-3:] == [REPLAYED] * 3, kinds
+
+
+@pytest.mark.parametrize("executor", ["reference", "compiled"])
+def test_prefill_sizes_take_the_dispatch_path_over_the_same_weights(executor):
+    """Past one gate tile of tokens the layer dispatches as before, its experts reading views of the fused
+    layout."""
+    tokens = layer_module.LOCAL_MAX_TOKENS + 3
+    cfg, layer, weights = _layer(torch.float32, shared=True, max_tokens=tokens)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(8))
+    with config.scope(EXECUTOR=executor):
+        torch.testing.assert_close(layer(x), moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_bad_x_is_an_error_naming_it():
+    _, layer, _ = _layer(torch.float32, shared=True)
+    with pytest.raises(layer_module.MoEArgumentError, match="hidden"):
+        layer(torch.randn(2, H + 1))
