@@ -60,9 +60,13 @@ class ArgumentMatch:
     def matches(self, args: tuple) -> bool:
         """Whether `args` have this match's specialisation (may raise RuntimeError for a tensor without storage
         or strides: binding says what is wrong with it)."""
-        if tuple(map(type, args)) != self.kinds:
+        if self.tensor_at is None and self.guard is not None:   # (the guard checks each is exactly a Tensor)
+            if len(args) != len(self.kinds):
+                return False
+            tensors = args
+        elif tuple(map(type, args)) != self.kinds:
             return False
-        if self.tensor_at is None:
+        elif self.tensor_at is None:
             tensors = args
         else:
             if tuple([args[i] for i in self.value_at]) != self.values:
@@ -77,7 +81,6 @@ class ArgumentMatch:
             return False
         storages = tuple(map(_storage_ptr, map(_storage, tensors)))
         return all(storages) and _groups(storages) == self.groups
-
 
     def inputs(self, args: tuple):
         """The replay function's arguments: the tensors in place, None for plain values (the specialisation has

@@ -67,6 +67,7 @@ import time
 import warnings
 
 import torch
+from torch import get_num_threads, set_num_threads
 
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
@@ -79,14 +80,15 @@ from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.policy import ReplayPolicy, current_policy, policy_knobs, scope_changes
 from pypto_rt.replay.tier import Tier
-from pypto_rt.replay.results import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
+from pypto_rt.replay.results import Unreplayable, number_outputs, plain_rebuilder, plain_scalars, rebuild, result_plan
 from pypto_rt.run_stats import DISABLED, ENGINE, RECORDED, REFUSED, REPLAYED, ReplayDecision, note_replay
 from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 
 
 
 class _Specialisation:
-    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "calls", "guards", "hits", "misses",
+    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "plain_results", "calls", "guards", "hits",
+                 "misses",
                  "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels", "recordings",
                  "communicates", "block_guards", "tier", "replayed_tier")
 
@@ -95,6 +97,7 @@ class _Specialisation:
         self.replay_ns: list[int] = []
         self.replay = None          # the generated function, once recorded
         self.results = None         # how to rebuild the entry's return value from the function's outputs
+        self.plain_results = None   # ... as the caller gets it, one function (results.plain_rebuilder)
         self.off: ReplayDecision | None = None   # set: this specialisation always runs on the engine, and why
         self.calls = 0              # torch calls in the replay
         self.guards = 0             # its checks of values read from data
@@ -168,7 +171,9 @@ def by_arguments(kernel, args: tuple):
     if not compiled or not policy.enabled:
         return MISS
     try:
-        match, spec = _matched(matches, args)
+        match, spec = matches[0]   # (the last one matched)
+        if not match.matches(args):
+            match, spec = _matched(matches, args)
     except (RuntimeError, NotImplementedError):   # a tensor without storage or strides (sparse): binding says why
         return MISS
     if spec is None or spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
@@ -177,12 +182,12 @@ def by_arguments(kernel, args: tuple):
 
 
 def _matched(matches: list, args: tuple) -> tuple:
-    """(the ArgumentMatch, its specialisation) that `args` match, or (None, None); the last one matched is tried
-    first."""
-    for i, (match, spec) in enumerate(matches):
+    """(the ArgumentMatch, its specialisation) after the first (tried already) that `args` match, moved to the
+    front, or (None, None)."""
+    for i in range(1, len(matches)):
+        match, spec = matches[i]
         if match.matches(args):
-            if i:
-                matches.insert(0, matches.pop(i))
+            matches.insert(0, matches.pop(i))
             return match, spec
     return None, None
 
@@ -337,6 +342,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         return result
     outputs = []
     spec.results = number_outputs(rebuild, outputs)
+    spec.plain_results = plain_rebuilder(spec.results)
     source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
     spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
     spec.calls, spec.guards, spec.opaque = recorder.calls, recorder.guards, recorder.opaque_calls
@@ -412,7 +418,9 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
             bound: bool = True):
     """Run the recorded function on `args` with `threads` torch threads (`stats`: PYPTO_STATS=1); its return value
     as TensorValues (bound) or as the tensors the caller gets (from `by_arguments`)."""
-    threads = set_torch_threads(threads)
+    previous = get_num_threads()   # (set_torch_threads, inline: a replayed call is the hot path)
+    if previous != threads:
+        set_num_threads(threads)
     tier = spec.tier
     try:
         if tier is None or tier.chosen is not None:
@@ -425,7 +433,8 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
         if tier is not None and tier.chosen is None:
             tier.timed(run, time.perf_counter_ns() - t0, spec.replay, policy)
     finally:
-        set_torch_threads(threads)
+        if previous != threads:
+            set_num_threads(previous)
     if outputs is GUARD_MISS:
         return MISS
     spec.hits += 1
@@ -443,7 +452,7 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
         _decided(kernel, decision, f" · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
     else:
         note_replay(kernel.name, decision)
-    return rebuild(spec.results, outputs, bound)
+    return rebuild(spec.results, outputs) if bound else spec.plain_results(outputs)
 
 
 def _decided(kernel, decision: ReplayDecision, printed: str | None = None) -> None:
