@@ -216,3 +216,12 @@ def test_a_tensor_that_requires_grad_goes_the_bound_way_and_stays_right(fast_cal
     fast_calls.clear()
     kind, right = run_scale(x.clone().requires_grad_())
     assert fast_calls == [False] and kind == REPLAYED and right   # stricter than the key: bound, then replayed
+
+
+def test_a_call_in_inference_mode_goes_the_bound_way_once_then_the_fast_path(fast_calls):
+    x = warm()
+    with torch.inference_mode():
+        fast_calls.clear()
+        kinds = [run_scale(x) for _ in range(3)]
+    # torch's guard also checks the dispatch mode: a new match is made for it (the first call binds, and replays)
+    assert kinds == [(REPLAYED, True)] * 3 and fast_calls == [False, True, True]
