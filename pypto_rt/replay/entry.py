@@ -173,7 +173,7 @@ def by_arguments(kernel, args: tuple):
     try:
         match, spec = matches[0]   # (the last one matched)
         if not match.matches(args):
-            match, spec = _matched(matches, args)
+            match, spec = _matched(kernel, matches, args)
     except (RuntimeError, NotImplementedError):   # a tensor without storage or strides (sparse): binding says why
         return MISS
     if spec is None or spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
@@ -181,13 +181,13 @@ def by_arguments(kernel, args: tuple):
     return _replay(kernel, spec, policy, match.inputs(args), stats, threads, bound=False)
 
 
-def _matched(matches: list, args: tuple) -> tuple:
-    """(the ArgumentMatch, its specialisation) after the first (tried already) that `args` match, moved to the
-    front, or (None, None)."""
+def _matched(kernel, matches: list, args: tuple) -> tuple:
+    """(the ArgumentMatch, its specialisation) after the first (tried already) that `args` match, or (None, None).
+    The one found goes first in a new list (lists are replaced, never changed: other threads may be reading)."""
     for i in range(1, len(matches)):
         match, spec = matches[i]
         if match.matches(args):
-            matches.insert(0, matches.pop(i))
+            kernel.state.replay_by_arguments = [matches[i]] + matches[:i] + matches[i + 1:]
             return match, spec
     return None, None
 
@@ -203,15 +203,12 @@ def _remember_arguments(kernel, spec, binding, args: tuple, policy: ReplayPolicy
                 return
         elif not (arg is value or (type(arg) is type(value) and arg == value)):
             return
-    matches = kernel.state.replay_by_arguments
-    if matches is None:
-        matches = kernel.state.replay_by_arguments = []
+    matches = kernel.state.replay_by_arguments or []
     if any(s is spec and m.matches(args) for m, s in matches):
         return
     match = ArgumentMatch.of(args)
     if match is not None:
-        matches.insert(0, (match, spec))
-        del matches[policy.max_specialisations:]
+        kernel.state.replay_by_arguments = [(match, spec)] + matches[:policy.max_specialisations - 1]
 
 
 def run(kernel, binding, run_on_engine, args: tuple | None = None):

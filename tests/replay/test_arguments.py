@@ -225,3 +225,15 @@ def test_a_call_in_inference_mode_goes_the_bound_way_once_then_the_fast_path(fas
         kinds = [run_scale(x) for _ in range(3)]
     # torch's guard also checks the dispatch mode: a new match is made for it (the first call binds, and replays)
     assert kinds == [(REPLAYED, True)] * 3 and fast_calls == [False, True, True]
+
+
+def test_specialisations_called_in_turn_all_take_the_fast_path(fast_calls):
+    """A serving loop's batch buckets: each layout keeps its own recording, and calls alternating between them
+    all find theirs without binding."""
+    layouts = [torch.randn(N, N), torch.randn(N, N).t(), torch.randn(N * N + 5)[5:].view(N, N)]
+    for x in layouts:
+        warm(x=x)
+    fast_calls.clear()
+    kinds = [run_scale(layouts[i % 3]) for i in range(9)]
+    assert kinds == [(REPLAYED, True)] * 9 and fast_calls == [True] * 9
+    assert len(scale.state.replay_by_arguments) >= 3
