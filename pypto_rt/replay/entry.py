@@ -88,9 +88,8 @@ from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "plain_results", "calls", "guards", "hits",
-                 "misses",
-                 "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels", "recordings",
-                 "communicates", "block_guards", "tier", "replayed_tier")
+                 "misses", "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels",
+                 "recordings", "communicates", "block_guards", "tier", "replayed_tier")
 
     def __init__(self):
         self.engine_ns: list[int] = []
