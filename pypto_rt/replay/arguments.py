@@ -31,6 +31,7 @@ _layout = operator.attrgetter("shape", "dtype", "device")
 
 
 class ArgumentMatch:
+    """What one specialisation's key says about the caller's own arguments, to check in bulk (see the module)."""
     __slots__ = ("kinds", "tensor_at", "value_at", "values", "guard", "layout", "offsets", "groups")
 
     def __init__(self, args: tuple, tensors: list, storages: tuple):
