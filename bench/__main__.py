@@ -24,7 +24,7 @@ os.environ.setdefault("PYPTO_TIER", "off")
 
 BENCHMARKS = ("per_task", "engine_sweep", "kernels", "parallel", "compile_time", "collectives", "determinism",
               "coalesce_memory", "moe_experts", "moe_dispatch", "serving_host", "serving_step",
-              "serving_throughput", "paged_kv", "ray_launch", "tiering")
+              "serving_throughput", "paged_kv", "ray_launch", "tiering", "replay_entry")
 
 
 def header(argv) -> str:

@@ -59,3 +59,29 @@ def matmul_512(
                         acc = pl.matmul_acc(acc, a_tile, b_tile)
                 c[m0 : m0 + M_TILE, n0 : n0 + N_TILE] = acc
     return c
+
+
+# -- the fixed cost of a replayed call: one 8x8 add, with 2 and with 16 tensor arguments -------------------------
+@pl.jit
+def add_one_tile(x: pl.Tensor[[TILE, TILE], pl.FP32], y: pl.Out[pl.Tensor[[TILE, TILE], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_one"):
+        y[:, :] = pl.add(x, 1.0)
+    return y
+
+
+@pl.jit
+def add_one_of_16(
+    a0: pl.Tensor[[TILE, TILE], pl.FP32], a1: pl.Tensor[[TILE, TILE], pl.FP32],
+    a2: pl.Tensor[[TILE, TILE], pl.FP32], a3: pl.Tensor[[TILE, TILE], pl.FP32],
+    a4: pl.Tensor[[TILE, TILE], pl.FP32], a5: pl.Tensor[[TILE, TILE], pl.FP32],
+    a6: pl.Tensor[[TILE, TILE], pl.FP32], a7: pl.Tensor[[TILE, TILE], pl.FP32],
+    a8: pl.Tensor[[TILE, TILE], pl.FP32], a9: pl.Tensor[[TILE, TILE], pl.FP32],
+    a10: pl.Tensor[[TILE, TILE], pl.FP32], a11: pl.Tensor[[TILE, TILE], pl.FP32],
+    a12: pl.Tensor[[TILE, TILE], pl.FP32], a13: pl.Tensor[[TILE, TILE], pl.FP32],
+    a14: pl.Tensor[[TILE, TILE], pl.FP32],
+    y: pl.Out[pl.Tensor[[TILE, TILE], pl.FP32]],
+):
+    """A serving kernel's argument list (weights, caches, tables, outputs) around the smallest body: 16 tensors."""
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="add_one"):
+        y[:, :] = pl.add(a0, 1.0)
+    return y

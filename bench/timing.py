@@ -30,8 +30,9 @@ def sample(fn, calls: int) -> float:
     return (_clock() - start) / calls
 
 
-def interleaved(contenders: dict, repeats: int, warmup: int = 1, min_s: float = 0.002) -> dict[str, float]:
-    """Median seconds per call of each contender; every repeat times each one once, in turn."""
+def interleaved(contenders: dict, repeats: int, warmup: int = 1, min_s: float = 0.002,
+                statistic=statistics.median) -> dict[str, float]:
+    """Median (or `statistic`) seconds per call of each contender; every repeat times each one once, in turn."""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -40,7 +41,7 @@ def interleaved(contenders: dict, repeats: int, warmup: int = 1, min_s: float = 
     for _ in range(repeats):
         for name, fn in contenders.items():
             times[name].append(sample(fn, calls[name]))
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: statistic(ts) for name, ts in times.items()}
 
 
 def line_fit(xs, ys) -> tuple[float, float, float]:

@@ -48,11 +48,10 @@ def compile_entry(kernel, args: tuple, kwargs: dict, settings=None) -> CompiledE
 def run_entry(kernel, args: tuple, kwargs: dict):
     """Run an entry call; Out/InOut tensors are written in place, the kernel's return value is returned."""
     try:
-        if kernel.state.replay_by_arguments is not None and not kwargs and config.EXECUTOR.get() == "compiled":
-            from pypto_rt.orchestration.run import replay_by_arguments   # a call like one replayed before
-            replayed, result = replay_by_arguments(kernel, args)
+        if kernel.state.replay_by_arguments and not kwargs:   # a call like one replayed before (compiled executor)
+            replayed, result = _replay_by_arguments()(kernel, args)
             if replayed:
-                return unwrap(result)
+                return result   # (the caller's tensors already)
         binding = bind_call(kernel, args, kwargs)
         if kernel.kind == "host":   # a multi-rank host program: its body here, its dispatches on rank processes
             from pypto_rt.host_form.host_body import run_host
@@ -68,6 +67,17 @@ def run_entry(kernel, args: tuple, kwargs: dict):
     except PyptoError as e:
         raise e.with_traceback(strip_internal_frames(e.__traceback__)) from None
     return unwrap(result)
+
+
+_by_arguments = None   # orchestration.run.replay_by_arguments, imported when a kernel first has a replay
+
+
+def _replay_by_arguments():
+    global _by_arguments
+    if _by_arguments is None:
+        from pypto_rt.orchestration.run import replay_by_arguments   # the compiled runtime sits above the driver
+        _by_arguments = replay_by_arguments
+    return _by_arguments
 
 
 def unwrap(result):

@@ -32,9 +32,10 @@ class KernelState:
     host_programs: dict = field(default_factory=dict)
     host_programs_traced: dict = field(default_factory=dict)
     inline_warned: bool = False
-    # replay: specialisation -> its recording / policy; argument key -> replay (None until one is recorded)
+    # replay: specialisation -> its recording / policy; (replay.arguments.ArgumentMatch, specialisation) pairs,
+    # the last matched first (None until one is replayed)
     replay: dict = field(default_factory=dict)
-    replay_by_arguments: dict | None = None
+    replay_by_arguments: list | None = None
 
     def clear(self) -> None:
         """Forget everything (as a fresh process would)."""

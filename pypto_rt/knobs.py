@@ -197,8 +197,8 @@ MASTER_PORT = Knob("MASTER_PORT", "", "str", "port of the job's TCPStore", audie
 ALL: tuple[Knob, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Knob))
 BY_ENV: dict[str, Knob] = {k.env: k for k in ALL}
 __all__ = [name for name, v in list(globals().items()) if isinstance(v, Knob)] + [
-    "Knob", "ALL", "BY_ENV", "USER", "LAUNCHER", "CONTRACT", "get_int", "get_float", "current_overrides", "install",
-    "override", "drop_override", "scope"]
+    "Knob", "Snapshot", "ALL", "BY_ENV", "USER", "LAUNCHER", "CONTRACT", "get_int", "get_float", "current_overrides",
+    "install", "override", "drop_override", "scope"]
 assert len(BY_ENV) == len(ALL), "a variable is declared twice"
 assert all(k.kind in KINDS for k in ALL)
 
@@ -218,6 +218,29 @@ def _environ(name: str, default: str) -> str:
         key = _encoded[name] = _encode_key(name)
     raw = _ENV_DATA.get(key)
     return default if raw is None else _decode_value(raw)
+
+
+class Snapshot:
+    """Several knobs read together on a hot path: `values()` is their `get()`s, as a tuple, derived again only
+    when an override or one of their environment variables changed since the last call (the raw environment
+    values are compared, ~1 µs in all). Overrides are compared by identity: `override`, `drop_override` and
+    `install` always set a new dict, never change one in place."""
+
+    def __init__(self, *knobs: Knob):
+        self.knobs = knobs
+        self._names = tuple(k.env for k in knobs)
+        self._keys = None if _ENV_DATA is None or _encode_key is None else tuple(map(_encode_key, self._names))
+        self._last = (self, None, None)   # (overrides, raw environment values, values): `self` matches nothing
+
+    def values(self) -> tuple[str, ...]:
+        overrides = _overrides.get()
+        keys = self._keys
+        raw = tuple(map(_ENV_DATA.get, keys)) if keys is not None else tuple(map(os.environ.get, self._names))
+        last_overrides, last_raw, values = self._last
+        if overrides is not last_overrides or raw != last_raw:
+            values = tuple(knob.get() for knob in self.knobs)
+            self._last = (overrides, raw, values)   # (one assignment: another thread sees the old or the new)
+        return values
 
 
 def get_int(knob: Knob, minimum: int = 0) -> int | None:

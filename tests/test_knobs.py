@@ -109,3 +109,23 @@ def test_an_unknown_override_is_an_error():
     with pytest.raises(PyptoError, match="unknown knob 'PYPTO_EXECUTER'"):
         with knobs.override({"PYPTO_EXECUTER": "reference"}):
             pass
+
+
+def test_a_snapshot_sees_every_change_of_the_environment_and_of_overrides(monkeypatch):
+    monkeypatch.delenv("PYPTO_STATS", raising=False)
+    monkeypatch.delenv("PYPTO_EXECUTOR", raising=False)
+    snap = knobs.Snapshot(knobs.STATS, knobs.EXECUTOR)
+    first = snap.values()
+    assert first == ("0", "compiled") and snap.values() is first   # unchanged: the same tuple, nothing parsed
+    monkeypatch.setenv("PYPTO_STATS", "yes")
+    assert snap.values() == ("1", "compiled")
+    with knobs.scope(EXECUTOR="reference"):
+        assert snap.values() == ("1", "reference")
+        with knobs.scope(STATS="0"):
+            assert snap.values() == ("0", "reference")
+        assert snap.values() == ("1", "reference")
+    monkeypatch.delenv("PYPTO_STATS")
+    assert snap.values() == ("0", "compiled")
+    monkeypatch.setenv("PYPTO_STATS", "maybe")
+    with pytest.raises(PyptoError, match="PYPTO_STATS='maybe' is not a boolean"):
+        snap.values()

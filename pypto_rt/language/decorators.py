@@ -44,6 +44,19 @@ class ProgramNamespace:
         return f"<program namespace of {self._globals.get('__name__', '?')}>"
 
 
+_driver_run_entry = None   # driver.run_entry, imported on the first entry call
+
+
+def _run_entry():
+    """driver.run_entry (deferred: the one upward edge, language -> driver; kept, since a kernel call is a hot
+    path and a `from package import module` costs a microsecond each time)."""
+    global _driver_run_entry
+    if _driver_run_entry is None:
+        from pypto_rt import driver
+        _driver_run_entry = driver.run_entry
+    return _driver_run_entry
+
+
 class KernelFunction:
     """A decorated PyPTO function. `kind`: jit | inline | incore | opaque | host | function | extern.
 
@@ -84,8 +97,7 @@ class KernelFunction:
         if self.kind == "inline":
             raise DSLError(f"{self.name} is a @pl.jit.inline kernel; it runs only when called from a kernel",
                            user_span(2), "call it from a @pl.jit function, or decorate it with @pl.jit")
-        from pypto_rt import driver  # deferred: the one upward edge (language -> driver)
-        return driver.run_entry(self, args, kwargs)
+        return _run_entry()(self, args, kwargs)
 
     def compile(self, *args, config=None, **kwargs):
         """Check the arguments and compile the kernel without running it; returns an entry that runs it:

@@ -67,33 +67,36 @@ import time
 import warnings
 
 import torch
+from torch import get_num_threads, set_num_threads
 
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
 from pypto_rt.errors import InWriteWarning
 from pypto_rt.ops.value import TensorValue
+from pypto_rt.replay.arguments import ArgumentMatch
 from pypto_rt.replay.calls import storage_id
 from pypto_rt.replay.capture import Recorder
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
-from pypto_rt.replay.policy import ReplayPolicy, current_policy
+from pypto_rt.replay.policy import ReplayPolicy, current_policy, policy_knobs, scope_changes
 from pypto_rt.replay.tier import Tier
-from pypto_rt.replay.results import Unreplayable, number_outputs, plain_scalars, rebuild, result_plan
+from pypto_rt.replay.results import Unreplayable, number_outputs, plain_rebuilder, plain_scalars, rebuild, result_plan
 from pypto_rt.run_stats import DISABLED, ENGINE, RECORDED, REFUSED, REPLAYED, ReplayDecision, note_replay
 from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 
 
 
 class _Specialisation:
-    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "calls", "guards", "hits", "misses",
-                 "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels", "recordings",
-                 "communicates", "block_guards", "tier", "replayed_tier")
+    __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "plain_results", "calls", "guards", "hits",
+                 "misses", "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels",
+                 "recordings", "communicates", "block_guards", "tier", "replayed_tier")
 
     def __init__(self):
         self.engine_ns: list[int] = []
         self.replay_ns: list[int] = []
         self.replay = None          # the generated function, once recorded
         self.results = None         # how to rebuild the entry's return value from the function's outputs
+        self.plain_results = None   # ... as the caller gets it, one function (results.plain_rebuilder)
         self.off: ReplayDecision | None = None   # set: this specialisation always runs on the engine, and why
         self.calls = 0              # torch calls in the replay
         self.guards = 0             # its checks of values read from data
@@ -159,26 +162,38 @@ MISS = object()
 def by_arguments(kernel, args: tuple):
     """Replay straight from the caller's positional arguments when they match a recorded specialisation (skipping
     argument binding: a match has the shapes, dtypes and scalars of a call that bound without error); MISS when
-    they do not."""
-    table = kernel.state.replay_by_arguments
-    if not table:
+    they do not, or when the compiled executor is not the one in force."""
+    matches = kernel.state.replay_by_arguments
+    if not matches:
         return MISS
-    policy = current_policy()
-    if not policy.enabled:
+    compiled, stats, threads, policy = _settings()
+    if not compiled or not policy.enabled:
         return MISS
     try:
-        key = _key(args)
+        match, spec = matches[0]   # (the last one matched)
+        if not match.matches(args):
+            match, spec = _matched(kernel, matches, args)
     except (RuntimeError, NotImplementedError):   # a tensor without storage or strides (sparse): binding says why
         return MISS
-    spec = table.get(key) if key is not None else None
     if spec is None or spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
         return MISS
-    return _replay(kernel, spec, policy, [a if type(a) is torch.Tensor else None for a in args], bound=False)
+    return _replay(kernel, spec, policy, match.inputs(args), stats, threads, bound=False)
 
 
-def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
+def _matched(kernel, matches: list, args: tuple) -> tuple:
+    """(the ArgumentMatch, its specialisation) after the first (tried already) that `args` match, or (None, None).
+    The one found goes first in a new list (lists are replaced, never changed: other threads may be reading)."""
+    for i in range(1, len(matches)):
+        match, spec = matches[i]
+        if match.matches(args):
+            kernel.state.replay_by_arguments = [matches[i]] + matches[:i] + matches[i + 1:]
+            return match, spec
+    return None, None
+
+
+def _remember_arguments(kernel, spec, binding, args: tuple, policy: ReplayPolicy) -> None:
     """Let `by_arguments` find `spec` from arguments like `args`: only when each argument is its bound value
-    itself (a tensor bound as its own data, a scalar as itself), so the argument key decides the bound one."""
+    itself (a tensor bound as its own data, a scalar as itself), so the arguments decide the bound key."""
     if args is None or len(args) != len(binding.values):
         return
     for arg, value in zip(args, binding.values):
@@ -187,11 +202,12 @@ def _remember_arguments(kernel, spec, binding, args: tuple) -> None:
                 return
         elif not (arg is value or (type(arg) is type(value) and arg == value)):
             return
-    key = _key(args)
-    if key is not None:
-        if kernel.state.replay_by_arguments is None:
-            kernel.state.replay_by_arguments = {}
-        kernel.state.replay_by_arguments[key] = spec
+    matches = kernel.state.replay_by_arguments or []
+    if any(s is spec and m.matches(args) for m, s in matches):
+        return
+    match = ArgumentMatch.of(args)
+    if match is not None:
+        kernel.state.replay_by_arguments = [(match, spec)] + matches[:policy.max_specialisations - 1]
 
 
 def run(kernel, binding, run_on_engine, args: tuple | None = None):
@@ -209,8 +225,10 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
             spec.engine_turn = False
             _decided(kernel, ReplayDecision(ENGINE, "trial turn: an engine run between replays, timed"))
             return _timed_engine_run(spec, run_on_engine)[0]
-        _remember_arguments(kernel, spec, binding, args)
-        out = _replay(kernel, spec, policy, [v.data if type(v) is TensorValue else None for v in binding.values])
+        _remember_arguments(kernel, spec, binding, args, policy)
+        _, stats, threads, _ = _settings()
+        out = _replay(kernel, spec, policy, [v.data if type(v) is TensorValue else None for v in binding.values],
+                      stats, threads)
         if out is not MISS:
             return out
         return _missed(kernel, spec, policy, run_on_engine)
@@ -278,7 +296,8 @@ def _specialisation(kernel, binding, policy: ReplayPolicy) -> tuple[_Specialisat
 
 
 def _key(values) -> tuple | None:
-    """The specialisation of bound values; of the caller's own arguments too (plain tensors, `by_arguments`)."""
+    """The specialisation of bound values (`by_arguments` finds one from the caller's own arguments by an
+    ArgumentMatch, which holds only where this key would be equal)."""
     parts, storages = [], {}
     for v in values:
         kind = type(v)
@@ -319,6 +338,7 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
         return result
     outputs = []
     spec.results = number_outputs(rebuild, outputs)
+    spec.plain_results = plain_rebuilder(spec.results)
     source = recorder.source(outputs, fn_name=re.sub(r"\W", "_", f"replay_{kernel.name}"))
     spec.replay = compile_trace(source, recorder.constants, f"<pypto-rt replay of {kernel.name}>")
     spec.calls, spec.guards, spec.opaque = recorder.calls, recorder.guards, recorder.opaque_calls
@@ -354,7 +374,7 @@ def _record_again(spec: _Specialisation, kernels: set, policy: ReplayPolicy) -> 
 def _run_recorded(recorder, spec: _Specialisation, run_on_engine):
     """The recorded run's result, its warnings given again as they would have appeared (an InWriteWarning is kept
     for each replay to give again; any other refuses the recording)."""
-    threads = set_torch_threads(_worker_threads())
+    threads = set_torch_threads(_settings()[2])
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -373,21 +393,30 @@ def _run_recorded(recorder, spec: _Specialisation, run_on_engine):
     return result
 
 
-_threads_knob = ("", 1)   # (PYPTO_WORKER_THREADS as read, its value): parsed once per distinct setting
+_knobs = config.Snapshot(config.EXECUTOR, config.STATS, config.WORKER_THREADS, *policy_knobs)
+_settings_made = (None, None, None)   # (knob values, policy scope, settings): made again when either changes
 
 
-def _worker_threads() -> int:
-    global _threads_knob
-    raw = config.WORKER_THREADS.get()
-    if raw != _threads_knob[0]:
-        _threads_knob = (raw, config.get_int(config.WORKER_THREADS, 1) or 1)
-    return _threads_knob[1]
+def _settings() -> tuple[bool, bool, int, ReplayPolicy]:
+    """(the compiled executor is in force, PYPTO_STATS=1, PYPTO_WORKER_THREADS, the replay policy in force)."""
+    global _settings_made
+    values, changes = _knobs.values(), scope_changes()
+    made, made_changes, settings = _settings_made
+    if values is not made or changes is not made_changes:
+        executor, stats = values[:2]
+        settings = (executor == "compiled", stats == "1", config.get_int(config.WORKER_THREADS, 1) or 1,
+                    current_policy())
+        _settings_made = (values, changes, settings)   # (one assignment: another thread sees the old or the new)
+    return settings
 
 
-def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bound: bool = True):
-    """Run the recorded function on `args`; its return value as TensorValues (bound) or as the tensors the
-    caller gets (from `by_arguments`)."""
-    threads = set_torch_threads(_worker_threads())
+def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, stats: bool, threads: int,
+            bound: bool = True):
+    """Run the recorded function on `args` with `threads` torch threads (`stats`: PYPTO_STATS=1); its return value
+    as TensorValues (bound) or as the tensors the caller gets (from `by_arguments`)."""
+    previous = get_num_threads()   # (set_torch_threads, inline: a replayed call is the hot path)
+    if previous != threads:
+        set_num_threads(threads)
     tier = spec.tier
     try:
         if tier is None or tier.chosen is not None:
@@ -400,7 +429,8 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bou
         if tier is not None and tier.chosen is None:
             tier.timed(run, time.perf_counter_ns() - t0, spec.replay, policy)
     finally:
-        set_torch_threads(threads)
+        if previous != threads:
+            set_num_threads(previous)
     if outputs is GUARD_MISS:
         return MISS
     spec.hits += 1
@@ -414,11 +444,11 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, bou
         if len(spec.replay_ns) > policy.trial_replays and timed and spec.engine_ns and \
                 min(timed) > policy.slower * min(spec.engine_ns):
             spec.off, spec.replay = ReplayDecision(ENGINE, "the engine ran it faster"), None
-    if config.STATS.get() == "1":
+    if stats:
         _decided(kernel, decision, f" · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
     else:
         note_replay(kernel.name, decision)
-    return rebuild(spec.results, outputs, bound)
+    return rebuild(spec.results, outputs) if bound else spec.plain_results(outputs)
 
 
 def _decided(kernel, decision: ReplayDecision, printed: str | None = None) -> None:

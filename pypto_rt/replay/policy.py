@@ -60,19 +60,27 @@ class ReplayPolicy:
 
 _changes: contextvars.ContextVar[tuple] = contextvars.ContextVar("pypto_rt_replay_policy", default=())
 _last: tuple = (None, None)   # (key, policy): the policy built last, reused while knobs and scope are the same
+policy_knobs = (config.REPLAY, config.TRACE, config.CHECK, config.KERNEL_REPLAY)   # what the policy reads
+_knobs = config.Snapshot(*policy_knobs)
 
 
 def current_policy() -> ReplayPolicy:
     """The policy in force here: declared defaults, the knobs as set now, and the enclosing `policy_scope`s."""
     global _last
-    key = (config.REPLAY.get(), config.TRACE.get(), config.CHECK.get(), config.KERNEL_REPLAY.get(), _changes.get())
+    key = (_knobs.values(), _changes.get())
     last_key, policy = _last
     if key != last_key:
-        replay, trace, check, kernel, changes = key
+        (replay, trace, check, kernel), changes = key
         policy = dataclasses.replace(ReplayPolicy(enabled=replay == "1" and not trace and check == "",
                                                   kernel_replay=kernel == "1"), **dict(changes))
         _last = (key, policy)   # (one assignment: another thread sees the old pair or the new one)
     return policy
+
+
+def scope_changes() -> tuple:
+    """The changes of the `policy_scope`s around the caller: a new tuple whenever they change (a cache of what
+    `current_policy()` gives may compare it by identity)."""
+    return _changes.get()
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
 """An entry's or a block's return value as a plan: which of the replay function's outputs go where."""
 from __future__ import annotations
 
+import operator
+
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.replay.scalars import TRACED, untraced
 
@@ -53,3 +55,18 @@ def rebuild(plan, outputs, bound: bool = True):
     if plan[0] == "value":
         return plan[1]
     return plan[0](rebuild(p, outputs, bound) for p in plan[1])
+
+
+def plain_rebuilder(plan):
+    """`rebuild(plan, outputs, bound=False)` as one function of the outputs, made once per recording (a replayed
+    call builds its result with the fewest Python operations)."""
+    if plan[0] == "tensor":
+        return operator.itemgetter(plan[1])
+    if plan[0] == "value":
+        value = plan[1]
+        return lambda outputs: value
+    kind, parts = plan[0], plan[1]
+    if kind is tuple and len(parts) > 1 and all(p[0] == "tensor" for p in parts):
+        return operator.itemgetter(*(p[1] for p in parts))   # (a tuple of two or more outputs)
+    builders = [plain_rebuilder(p) for p in parts]
+    return lambda outputs: kind(build(outputs) for build in builders)

@@ -1,0 +1,242 @@
+"""The replayed call's fast path (replay.arguments, replay.entry `by_arguments`): a call like one replayed before
+finds its recording from the caller's own arguments, without binding them.
+
+What users depend on: whatever changes between two calls (a shape, dtype, stride or storage offset, which
+arguments share memory, a scalar, a tensor's own metadata changed in place, a knob, the data's course) is seen
+by the fast path exactly as binding would see it: the call gets its own recording or runs on the engine, and its
+results are right.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import pypto.language as pl
+from pypto_rt import config, run_stats
+from pypto_rt.errors import InWriteWarning, KernelArgumentError
+from pypto_rt.replay import entry as replay
+from pypto_rt.replay import arguments
+from pypto_rt.replay.arguments import ArgumentMatch
+from pypto_rt.replay.policy import ReplayPolicy, policy_scope
+from pypto_rt.run_stats import DISABLED, ENGINE, GUARD_MISS, REPLAYED
+
+N = 8
+POLICY = ReplayPolicy()
+CALLS = POLICY.normal_runs + 1 + 1 + 2 * POLICY.trial_replays + 2   # past recording and the trial
+KEEP = dict(slower=float("inf"))   # keep the recordings, whatever the timing says
+GUARDED = arguments._TensorGuards is not None   # torch has its C tensor guards (else: the Python comparison)
+
+
+@pl.jit
+def scale(x: pl.Tensor[[N, N], pl.FP32], factor: pl.Scalar[pl.FP32], y: pl.Out[pl.Tensor[[N, N], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+        y[:, :] = pl.add(pl.mul(x, factor), 1.0)
+    return y
+
+
+@pl.jit
+def pick_row(x: pl.Tensor[[N, N], pl.FP32], index: pl.Tensor[[1], pl.INT32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]]):
+    row = pl.read(index, [0])
+    if row < N // 2:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="low"):
+            y[0:1, :] = pl.add(x[row : row + 1, :], 0.0)
+    else:
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="high"):
+            y[0:1, :] = pl.add(x[row : row + 1, :], 100.0)
+    return y
+
+
+@pytest.fixture
+def fast_calls(monkeypatch):
+    """How many calls the fast path replayed (a list, appended to per call: True replayed there, False missed)."""
+    seen = []
+    real = replay.by_arguments
+
+    def spy(kernel, args):
+        result = real(kernel, args)
+        seen.append(result is not replay.MISS)
+        return result
+    monkeypatch.setattr(replay, "by_arguments", spy)
+    return seen
+
+
+def decided(fn, *args):
+    with run_stats.collect() as stats:
+        fn(*args)
+    return stats.replay.kind if stats.replay is not None else None
+
+
+def warm(kernel=scale, x=None):
+    x = torch.randn(N, N) if x is None else x
+    with policy_scope(**KEEP):
+        for _ in range(CALLS):
+            kernel(x, 2.0, torch.empty(N, N))
+    return x
+
+
+def run_scale(x, factor=2.0, y=None):
+    """(how the call ran, whether y is right)."""
+    y = torch.empty(x.shape) if y is None else y
+    with policy_scope(**KEEP):
+        kind = decided(scale, x, factor, y)
+    return kind, torch.equal(y, x * factor + 1.0)
+
+
+def test_a_repeated_call_replays_on_the_fast_path(fast_calls):
+    x = warm()
+    fast_calls.clear()
+    assert run_scale(x) == (REPLAYED, True) and fast_calls == [True]
+
+
+@pytest.mark.parametrize("change", ["shape", "strides", "storage offset", "scalar", "scalar type"])
+def test_a_changed_argument_is_not_replayed_by_the_recording_of_another(fast_calls, change):
+    x = warm()
+    fast_calls.clear()
+    args = {"shape": (torch.randn(N + 1, N), 2.0, torch.empty(N + 1, N)),
+            "strides": (torch.randn(N, N).t(),), "storage offset": (torch.randn(N * N + 3)[3:].view(N, N),),
+            "scalar": (x, 3.0), "scalar type": (x, 2)}[change]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (an extent other than the annotation's warns)
+        kind, right = run_scale(*args)
+    # its own specialisation (run 1 before recording); an int for an FP32 scalar binds as the float recorded
+    assert fast_calls == [False] and kind == (REPLAYED if change == "scalar type" else ENGINE) and right
+
+
+def test_a_changed_dtype_is_refused_at_binding_as_on_a_first_call(fast_calls):
+    x = warm()
+    fast_calls.clear()
+    with pytest.raises(KernelArgumentError, match="dtype"):
+        scale(x.double(), 2.0, torch.empty(N, N))
+    assert fast_calls == [False]
+
+
+def test_tensors_sharing_memory_are_not_replayed_by_a_recording_of_separate_ones(fast_calls):
+    warm()
+    fast_calls.clear()
+    x = torch.randn(N, N)
+    y, expect = x.view(N, N), x * 2.0 + 1.0   # another tensor over the same memory: offsets and strides alike
+    with policy_scope(**KEEP), warnings.catch_warnings():
+        warnings.simplefilter("ignore", InWriteWarning)   # (y writes x's memory: it warns)
+        kind = decided(scale, x, 2.0, y)
+    assert fast_calls == [False] and kind == ENGINE and torch.equal(y, expect)
+
+
+def test_metadata_changed_in_place_on_the_same_tensor_is_seen(fast_calls):
+    x = warm()
+    fast_calls.clear()
+    expect = x.t() * 2.0 + 1.0
+    x.t_()   # the same Python object, other strides
+    kind, right = run_scale(x)
+    assert fast_calls == [False] and kind == ENGINE and right
+    assert torch.equal(x * 2.0 + 1.0, expect)
+
+
+def test_knobs_changed_between_calls_take_effect_on_the_fast_path(fast_calls, monkeypatch, capsys):
+    x = warm()
+    monkeypatch.setenv("PYPTO_REPLAY", "0")
+    assert run_scale(x) == (DISABLED, True)
+    monkeypatch.delenv("PYPTO_REPLAY")
+    assert run_scale(x) == (REPLAYED, True)
+    monkeypatch.setenv("PYPTO_STATS", "1")
+    assert run_scale(x) == (REPLAYED, True)
+    assert "pypto-rt stats [scale]: replayed" in capsys.readouterr().err
+    monkeypatch.delenv("PYPTO_STATS")
+    with config.scope(REPLAY="0"):
+        assert run_scale(x) == (DISABLED, True)
+    with config.scope(EXECUTOR="reference"):
+        assert run_scale(x) == (None, True)   # (the reference executor: replay not involved)
+    with policy_scope(enabled=False):
+        assert decided(scale, x, 2.0, torch.empty(N, N)) == DISABLED
+    fast_calls.clear()
+    assert run_scale(x) == (REPLAYED, True) and fast_calls == [True]
+
+
+def test_a_guard_miss_on_the_fast_path_runs_on_the_engine(fast_calls):
+    x = torch.randn(N, N)
+
+    def check(row):
+        y = torch.empty(1, N)
+        with policy_scope(**KEEP):
+            kind = decided(pick_row, x, torch.tensor([row], dtype=torch.int32), y)
+        assert torch.equal(y, x[row:row + 1] + (0.0 if row < N // 2 else 100.0)), row
+        return kind
+
+    assert [check(1) for _ in range(CALLS)][-1] == REPLAYED
+    fast_calls.clear()
+    assert check(2) == REPLAYED and fast_calls == [True]   # another row, the same course: replayed, read again
+    fast_calls.clear()
+    assert check(N - 1) == GUARD_MISS and fast_calls == [False]   # the `if` goes the other way
+
+
+def _variants():
+    base = torch.randn(N, N)
+    shared = torch.randn(3 * N, N)
+    return {
+        "base": (base, 2.0, torch.empty(N, N)),
+        "other data": (torch.randn(N, N), 2.0, torch.empty(N, N)),
+        "transposed": (torch.randn(N, N).t(), 2.0, torch.empty(N, N)),
+        "offset": (shared[N:2 * N], 2.0, torch.empty(N, N)),
+        "sharing": (shared[:N], 2.0, shared[2 * N:]),
+        "aliased": (base, 2.0, base.view(N, N)),
+        "float64": (base.double(), 2.0, torch.empty(N, N)),
+        "int scalar": (base, 2, torch.empty(N, N)),
+        "other scalar": (base, 3.0, torch.empty(N, N)),
+        "wider": (torch.randn(N, N + 1), 2.0, torch.empty(N, N)),
+        "rank 1": (torch.randn(N * N), 2.0, torch.empty(N, N)),
+        "fewer": (base, 2.0),
+        "meta": (torch.empty(N, N, device="meta"), 2.0, torch.empty(N, N)),
+    }
+
+
+def _key(args):
+    try:
+        return replay._key(args)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+@pytest.mark.parametrize("made", sorted(_variants()))
+def test_a_match_holds_only_where_the_specialisation_key_is_equal(made):
+    variants = _variants()
+    match = ArgumentMatch.of(variants[made])
+    if made == "meta":
+        assert match is None or not match.matches(variants[made])
+        return
+    for name, args in variants.items():
+        try:
+            matched = match.matches(args)
+        except (RuntimeError, NotImplementedError):
+            matched = False
+        same = _key(args) is not None and _key(args) == _key(variants[made])
+        assert matched == same, (made, name)
+
+
+def test_a_tensor_that_requires_grad_goes_the_bound_way_and_stays_right(fast_calls):
+    x = warm()
+    fast_calls.clear()
+    kind, right = run_scale(x.clone().requires_grad_())
+    # torch's guard is stricter than the key (bound, then replayed); the Python comparison is the key's
+    assert fast_calls == [not GUARDED] and kind == REPLAYED and right
+
+
+def test_a_call_in_inference_mode_goes_the_bound_way_once_then_the_fast_path(fast_calls):
+    x = warm()
+    with torch.inference_mode():
+        fast_calls.clear()
+        kinds = [run_scale(x) for _ in range(3)]
+    # torch's guard also checks the dispatch mode: a new match is made for it (the first call binds, and replays)
+    assert kinds == [(REPLAYED, True)] * 3 and fast_calls == [not GUARDED, True, True]
+
+
+def test_specialisations_called_in_turn_all_take_the_fast_path(fast_calls):
+    """A serving loop's batch buckets: each layout keeps its own recording, and calls alternating between them
+    all find theirs without binding."""
+    layouts = [torch.randn(N, N), torch.randn(N, N).t(), torch.randn(N * N + 5)[5:].view(N, N)]
+    for x in layouts:
+        warm(x=x)
+    fast_calls.clear()
+    kinds = [run_scale(layouts[i % 3]) for i in range(9)]
+    assert kinds == [(REPLAYED, True)] * 9 and fast_calls == [True] * 9
+    assert len(scale.state.replay_by_arguments) >= 3
