@@ -10,7 +10,7 @@ slot mappings replay. The caller (`write_kv_cache`) checks the slots against the
 
 Skipping costs a spare row (found in O(N), read, and put back in each cache: 18 replayed calls). A call the
 caller found free of padding (`padded=False`: every slot checked inside the pool) needs none: its scatter clamps,
-which moves no in-range slot (12 calls, as many as an append into a contiguous cache).
+which moves no in-range slot (10 calls; an append into a contiguous cache makes 12).
 """
 import functools
 

@@ -108,7 +108,7 @@ def _replayed_calls(stats) -> int:
 
 def test_a_write_with_no_padding_replays_a_kernel_that_skips_nothing():
     """The host's slot check tells whether a call has padding; one without runs a kernel with no spare row to
-    find, read and put back (12 replayed calls against 18), and both replay."""
+    find, read and put back (10 replayed calls against 18), and both replay."""
     gen = torch.Generator().manual_seed(4)
     kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
     calls = {}
@@ -120,4 +120,4 @@ def test_a_write_with_no_padding_replays_a_kernel_that_skips_nothing():
             with run_stats.collect() as stats:
                 write_kv_cache(key, value, kc, vc, steps[-1])
             calls[padded] = _replayed_calls(stats)
-    assert calls[False] + 6 <= calls[True], calls
+    assert calls[False] <= 10 and calls[False] + 6 <= calls[True], calls
