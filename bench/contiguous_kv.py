@@ -2,11 +2,23 @@
 runtime: a cache [B, max_ctx, KVH, D] per request row (no block table), an append of one row per request at its
 position (the cache passed as `pl.InOut`) and decode attention over it. Paged / these is the indirection overhead
 alone (spec §5.2 items 7-8): same tiles, same online softmax, only the block-table gather replaced by a slice.
-max_ctx must be a multiple of KV_TILE (the slices never pass the cache's end)."""
+max_ctx must be a multiple of KV_TILE (the slices never pass the cache's end).
+
+The append is as lean as the paged write: the same unordered row `pl.mscatter` (positions are distinct by
+construction: one row per request), and `append_kv` checks its arguments and positions on the host as
+`write_kv_cache` checks its own and the slots. Its scatter clamps (`scatter_oob="clamp"`, the cheapest policy
+here: 12 replayed calls, against 15 for "undefined", which checks the bounds again, and 20 for "skip"): a
+contiguous cache has no padding slot to skip (a padded request writes its own row, which nothing reads), and the
+host check keeps every position in range."""
 import functools
 
+import torch
+
 import pypto.language as pl
+from pypto_rt.kernels.attention.attention_calls import _check_caches, _check_int, _fail
+from pypto_rt.kernels.attention.attn_errors import AttentionArgumentError
 from pypto_rt.kernels.attention.paged import KV_TILE, NEG_CAP, longest_length
+from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 B_DYN = pl.dynamic("B_DYN")
 
@@ -34,11 +46,37 @@ def append_kernel(max_ctx: int, kv_heads: int, head_dim: int, dtype):
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="contiguous_append"):
             starts = pl.muls(pl.arange(0, [1, batch], dtype=pl.INT32), max_ctx)
             rows = pl.add(pl.reshape(positions, [1, batch]), starts)
-            k_flat = pl.scatter_update(k_flat, 0, rows, pl.reshape(key, [batch, width]))
-            v_flat = pl.scatter_update(v_flat, 0, rows, pl.reshape(value, [batch, width]))
+            k_flat = pl.mscatter(pl.reshape(key, [batch, width]), rows, k_flat, coalesce="row",
+                                 scatter_oob="clamp", scatter_conflict="default")
+            v_flat = pl.mscatter(pl.reshape(value, [batch, width]), rows, v_flat, coalesce="row",
+                                 scatter_oob="clamp", scatter_conflict="default")
         return key_cache
 
     return contiguous_append
+
+
+def append_kv(key, value, key_cache, value_cache, positions) -> None:
+    """Write key/value [B, KVH, D] as row positions[b] of request b's cache key_cache/value_cache
+    [B, max_ctx, KVH, D]: the checks `write_kv_cache` makes, positions for slots (each in 0..max_ctx-1, one
+    aminmax read on the host), then one kernel call."""
+    if not isinstance(key, torch.Tensor) or key.dim() != 3 or key.dtype not in PL_DTYPES:
+        _fail("key", key, f"a tensor [B, kv_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
+    if not isinstance(value, torch.Tensor) or value.shape != key.shape or value.dtype != key.dtype:
+        _fail("value", value, "shaped like key")
+    _check_caches(key_cache, value_cache, key.dtype)
+    if list(key_cache.shape[2:]) != list(key.shape[1:]) or key_cache.shape[0] != key.shape[0]:
+        _fail("key_cache", key_cache, f"[{key.shape[0]}, max_ctx, {key.shape[1]}, {key.shape[2]}] to take key's rows")
+    _check_int("positions", positions, [key.shape[0]])
+    if key.shape[0] == 0:
+        return None
+    max_ctx = key_cache.shape[1]
+    low, high = (int(v) for v in torch.aminmax(positions))
+    if low < 0 or high >= max_ctx:
+        raise AttentionArgumentError.at_caller(f"positions holds {low if low < 0 else high}, outside the cache's "
+                                               f"{max_ctx} rows per request")
+    append_kernel(max_ctx, key.shape[1], key.shape[2], PL_DTYPES[key.dtype])(key, value, key_cache, value_cache,
+                                                                             positions)
+    return None
 
 
 def _decode_batch(q_heads, kv_heads, head_dim, dtype, scale):

@@ -31,9 +31,10 @@ def _check_int(name: str, t, shape: list, dtypes=(torch.int32,)) -> None:
         _fail(name, t, f"{' or '.join(str(d) for d in dtypes)} {shape}")
 
 
-def _check_slots(slot_mapping, key_cache) -> None:
-    """Once per call, on the host: every slot is padding (< 0) or inside the pool (the kernel drops any slot past
-    the pool, as it drops -1, so a slot past it would be lost silently)."""
+def _slot_range(slot_mapping, key_cache) -> tuple[int, int]:
+    """The smallest and largest slot, read once per call on the host (one aminmax), after checking every slot is
+    padding (< 0) or inside the pool (the kernel drops any slot past the pool, as it drops -1, so a slot past it
+    would be lost silently)."""
     pool = key_cache.shape[0] * key_cache.shape[1]
     low, high = (int(v) for v in torch.aminmax(slot_mapping))
     if high >= pool or low < -2 ** 31:
@@ -41,6 +42,7 @@ def _check_slots(slot_mapping, key_cache) -> None:
         raise AttentionArgumentError.at_caller(
             f"slot_mapping holds slot {bad}, outside the pool's {pool} slots ({key_cache.shape[0]} blocks of "
             f"{key_cache.shape[1]}); a slot must be block * block_size + offset in 0..{pool - 1}, or -1 for padding")
+    return low, high
 
 
 def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -57,9 +59,11 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     _check_int("slot_mapping", slot_mapping, [key.shape[0]], (torch.int64, torch.int32))
     if key.shape[0] == 0:
         return None
-    _check_slots(slot_mapping, key_cache)
+    low, high = _slot_range(slot_mapping, key_cache)
+    if high < 0:
+        return None                                 # every row is padding: nothing to write, no kernel call
     kernel = cache_write_kernel(key_cache.shape[1], key.shape[1], key.shape[2], PL_DTYPES[key.dtype],
-                                SLOT_DTYPES[slot_mapping.dtype])
+                                SLOT_DTYPES[slot_mapping.dtype], padded=low < 0)   # (no padding: no skip to pay)
     kernel(key, value, key_cache, value_cache, slot_mapping)
     return None
 

@@ -7,6 +7,10 @@ step with no live row writes nothing), and `scatter_conflict="default"` spends n
 slots, which the caller promises away: the live slots of one call are distinct, as in vLLM (if one repeats,
 which of its rows lands is unspecified). The kernel's course never depends on the slots, so calls with changing
 slot mappings replay. The caller (`write_kv_cache`) checks the slots against the pool once per call.
+
+Skipping costs a spare row (found in O(N), read, and put back in each cache: 18 replayed calls). A call the
+caller found free of padding (`padded=False`: every slot checked inside the pool) needs none: its scatter clamps,
+which moves no in-range slot (10 calls; an append into a contiguous cache makes 12).
 """
 import functools
 
@@ -17,8 +21,8 @@ NB_DYN = pl.dynamic("NB_DYN")
 
 
 @functools.lru_cache(maxsize=None)
-def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slot_dtype):
-    width = kv_heads * head_dim
+def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slot_dtype, padded: bool = True):
+    width, oob = kv_heads * head_dim, "skip" if padded else "clamp"
 
     @pl.jit
     def kv_cache_write(
@@ -39,10 +43,10 @@ def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slo
         v_flat = pl.reshape(value_cache, [cache_rows, width])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="kv_cache_write"):
             slots = pl.reshape(slot_mapping, [1, n])
-            k_flat = pl.mscatter(pl.reshape(key, [n, width]), slots, k_flat, coalesce="row", scatter_oob="skip",
+            k_flat = pl.mscatter(pl.reshape(key, [n, width]), slots, k_flat, coalesce="row", scatter_oob=oob,
                                  scatter_conflict="default")
-            v_flat = pl.mscatter(pl.reshape(value, [n, width]), slots, v_flat, coalesce="row",
-                                 scatter_oob="skip", scatter_conflict="default")
+            v_flat = pl.mscatter(pl.reshape(value, [n, width]), slots, v_flat, coalesce="row", scatter_oob=oob,
+                                 scatter_conflict="default")
         return key_cache
 
     return kv_cache_write

@@ -2,8 +2,12 @@
 recorded once and replayed as torch calls (the lengths, slots and table entries read again by every replay),
 with every call's results equal to the golden's (a prefill's too while its chunks keep their number of query
 tiles)."""
+import re
+
 import pytest
 import torch
+
+import pypto.language as pl
 
 from pypto_rt import config, run_stats
 from pypto_rt.kernels.attention import (cache_write, chunked_prefill_attention, golden, paged,
@@ -61,23 +65,59 @@ def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
     assert stats.replay.kind == REPLAYED, stats.replay
 
 
+def _write_steps(kc, vc, gen, slot_steps, call=write_kv_cache):
+    """Each step's write (fresh rows) checked against the golden; its replay decision (None: no kernel ran)."""
+    kinds = []
+    for slots in slot_steps:
+        key, value = (torch.randn(len(slots), KVH, D, generator=gen) for _ in range(2))
+        want_k, want_v = kc.clone(), vc.clone()
+        golden.write_kv_cache(key, value, want_k, want_v, slots)
+        with run_stats.collect() as stats:
+            call(key, value, kc, vc, slots)
+        assert torch.equal(kc, want_k) and torch.equal(vc, want_v), slots
+        kinds.append(stats.replay and stats.replay.kind)
+    return kinds
+
+
+def _fresh_slots(gen, steps: int, padding) -> list:
+    """`steps` slot mappings of B distinct slots, where padding(step, slots) sets some to -1."""
+    out = []
+    for step in range(steps):
+        slots = torch.randperm(NB * BS, generator=gen)[:B]
+        padding(step, slots)
+        out.append(slots)
+    return out
+
+
 def test_cache_writes_with_changing_slots_replay_every_call_after_the_trial_even_with_no_live_row():
-    """Once kept, the write is replayed at every call, whatever its slots: fresh distinct slots, some -1, or all
-    -1 (a step with no live row, which writes nothing)."""
+    """Once kept, the write is replayed at every call, whatever its slots: fresh distinct slots with some -1, and
+    the kernel with all -1 (a step with no live row writes nothing); `write_kv_cache` makes no kernel call then."""
     gen = torch.Generator().manual_seed(2)
     kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
-    kinds = []
+    kernel = cache_write.cache_write_kernel(BS, KVH, D, pl.FP32, pl.INT64, padded=True)   # write_kv_cache's
     with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
-        for step in range(CALLS + 3):
-            slots = torch.randperm(NB * BS, generator=gen)[:B]
-            slots[step % B] = -1
-            if step == CALLS + 2:
-                slots[:] = -1
-            key, value = (torch.randn(B, KVH, D, generator=gen) for _ in range(2))
-            want_k, want_v = kc.clone(), vc.clone()
-            golden.write_kv_cache(key, value, want_k, want_v, slots)
+        kinds = _write_steps(kc, vc, gen, _fresh_slots(gen, CALLS + 2, lambda step, s: s.__setitem__(step % B, -1)))
+        assert kinds[-4:] == [REPLAYED] * 4, kinds
+        assert _write_steps(kc, vc, gen, [torch.full((B,), -1)], kernel) == [REPLAYED]
+        assert _write_steps(kc, vc, gen, [torch.full((B,), -1)]) == [None]
+
+
+def _replayed_calls(stats) -> int:
+    return int(re.search(r"replay of (\d+) torch calls", stats.replay.reason).group(1))
+
+
+def test_a_write_with_no_padding_replays_a_kernel_that_skips_nothing():
+    """The host's slot check tells whether a call has padding; one without runs a kernel with no spare row to
+    find, read and put back (10 replayed calls against 18), and both replay."""
+    gen = torch.Generator().manual_seed(4)
+    kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
+    calls = {}
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for padded in (False, True):
+            steps = _fresh_slots(gen, CALLS + 1, lambda step, s: padded and s.__setitem__(step % B, -1))
+            assert _write_steps(kc, vc, gen, steps)[-3:] == [REPLAYED] * 3
+            key, value = torch.randn(B, KVH, D, generator=gen), torch.randn(B, KVH, D, generator=gen)
             with run_stats.collect() as stats:
-                write_kv_cache(key, value, kc, vc, slots)
-            assert torch.equal(kc, want_k) and torch.equal(vc, want_v), step
-            kinds.append(stats.replay.kind)
-    assert kinds[-5:] == [REPLAYED] * 5, kinds
+                write_kv_cache(key, value, kc, vc, steps[-1])
+            calls[padded] = _replayed_calls(stats)
+    assert calls[False] <= 10 and calls[False] + 6 <= calls[True], calls
