@@ -1,15 +1,12 @@
 """Gather and scatter: `pl.gather` (index, mask and compare forms), `pl.tile.gather` (flat indices),
-`pl.scatter` (index and mask forms), `pl.scatter_update`, `pl.mscatter`, `pl.gatherb`, `pl.mgather`
+`pl.scatter` (index and mask forms), `pl.scatter_update`, `pl.gatherb`, `pl.mgather`
 and `pl.paged_gather`. Index forms read only the index's valid box and raise OpError for an index
 outside the source; the result of an index gather carries the index's valid box. Mask forms select
 columns by `MaskPattern` (bit k of the pattern keeps columns congruent to k mod 4) and their
 `output_dtype=` is a bit reinterpretation of the same byte width (how top-k reads the uint32 index
 lanes of a sort32 pair row), never a numeric conversion. Duplicate destinations of a scatter are
-resolved deterministically: the last writer in row-major order wins (`pl.mscatter` with
-`scatter_conflict="default"` leaves the survivor unspecified, as the ISA's MSCATTER does, and skips that pass).
-`pl.mscatter` takes the ISA's policies: `coalesce` ("elem": `out.flat[idx[i, j]] = src[i, j]`, the default;
-"row": `out[idx[r], :] = src[r, :]`) and `scatter_oob` (how an index read as uint32 past the target is taken:
-"undefined" raises OpError, "skip" writes nothing, "clamp", "wrap"). Compare form (an assumption
+resolved deterministically: the last writer in row-major order wins (`pl.mscatter`, in `ops.mscatter`,
+may leave it unspecified). Compare form (an assumption
 from the compiler's type rules, never seen in kernels): `cmp_mode` 0..5 = eq, ne, lt, le, gt, ge;
 per row, the columns whose valid element satisfies `x <cmp> kvalue`, in ascending order plus
 `offset`, fill `dst[r, :out_cols]` (zeros after), and `counts[0, r]` is the total number of matches.
@@ -31,8 +28,6 @@ _RAW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CMP = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
 _CMP_NAMES = ("eq", "ne", "lt", "le", "gt", "ge")
 _OOB_MODES = ("undefined", "clamp", "wrap", "zero")
-_SCATTER_OOB = ("undefined", "skip", "clamp", "wrap")      # pto ScatterOOB, in its enum order
-_SCATTER_CONFLICT = ("last", "default")                     # pto ScatterConflict
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -317,100 +312,6 @@ def tile_scatter(dst, src, indexes):
 def tile_scatter_mask(dst, src, mask_pattern):
     _check_value("tile.scatter_mask", "src", src)
     return _scatter_mask("tile.scatter_mask", src, mask_pattern, dst)
-
-
-def _policy(name: str, arg: str, value, choices: tuple) -> str:
-    """A policy given by name or by its enum value (0..len-1)."""
-    value = choices[value] if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(choices) \
-        else value
-    if value not in choices:
-        raise OpError(f"pl.{name}: {arg} must be one of {list(choices)} or 0..{len(choices) - 1}, got {value!r}")
-    return value
-
-
-def _scatter_targets(name: str, index: torch.Tensor, limit: int, oob: str, what: str):
-    """(targets, keep) for int64 `index` into `limit` units under ScatterOOB `oob`; keep is None unless "skip".
-    Past "undefined", an index is read as the ISA reads it, as uint32 (so -1 is past any target)."""
-    if oob == "undefined":
-        _check_bounds(name, index, limit, what)
-        return index, None
-    raw = index & 0xFFFFFFFF
-    if oob == "clamp":
-        return raw.clamp(max=limit - 1), None
-    if oob == "wrap":
-        return raw.remainder(limit), None
-    return raw, raw < limit
-
-
-def _spare_unit(targets: torch.Tensor) -> torch.Tensor:
-    """The first of units 0..n (n = targets.numel()) that no target names, as a [1] index (a 0-d one would index
-    a view, not a copy): with one write skipped, at most n - 1 kept targets name units below n, so one of 0..n-1
-    is free. O(n), with data-free shapes."""
-    n = targets.numel()
-    return torch.zeros(n + 1, dtype=torch.int8).scatter(0, targets.clamp(max=n), 1).argmin(0, keepdim=True)
-
-
-@op("mscatter", "tile.mscatter")
-def mscatter(src, idx, output_tensor, coalesce="elem", *, scatter_oob="undefined", scatter_conflict="last"):
-    for arg, v in (("src", src), ("idx", idx), ("output_tensor", output_tensor)):
-        _check_value("mscatter", arg, v)
-    mode = _policy("mscatter", "coalesce", coalesce, ("row", "elem"))
-    oob = _policy("mscatter", "scatter_oob", scatter_oob, _SCATTER_OOB)
-    conflict = _policy("mscatter", "scatter_conflict", scatter_conflict, _SCATTER_CONFLICT)
-    if mode == "row":
-        return _mscatter_rows(src, idx, output_tensor, oob, conflict)
-    if idx.shape != src.shape:
-        raise OpError(f"pl.mscatter: idx {_shape(idx)} must have the shape of src {_shape(src)}")
-    live = torch.ones(src.shape, dtype=torch.bool)
-    for v in (src, idx):
-        m = valid_mask(v)
-        live = live if m is None else live & m
-    out = output_tensor
-    targets, keep = _scatter_targets("mscatter", _index_long("mscatter", idx)[live], out.data.numel(), oob,
-                                     f"the destination {_shape(out)} ({out.data.numel()} elements)")
-    coords = (lambda t: torch.unravel_index(t, out.shape)) if out.ndim else (lambda t: ())
-    _mscatter_write_units(out.data, targets, src.data[live], keep, conflict, coords, out.data.numel(), False)
-    return output_tensor
-
-
-def _mscatter_rows(src, idx, out, oob: str, conflict: str):
-    """coalesce="row": out[idx[r], :] = src[r, :] over src's valid rows (idx [1, R] or [R, 1], out [rows, C])."""
-    rows, cols = src.valid_shape if src.ndim == 2 else (None, None)
-    if src.ndim != 2 or out.ndim != 2 or idx.ndim != 2 or 1 not in idx.shape or idx.data.numel() != src.shape[0] \
-            or cols != out.shape[1]:
-        raise OpError(f"pl.mscatter: coalesce='row' needs src [R, C] (C valid columns), idx [1, R] or [R, 1] and "
-                      f"output_tensor [rows, C]; got src {_shape(src)}, idx {_shape(idx)}, output_tensor "
-                      f"{_shape(out)}")
-    index = _index_long("mscatter", idx).reshape(-1)
-    values = src.data if src.valid is None else src.data[:rows, :cols]
-    targets, keep = _scatter_targets("mscatter", index if rows == index.numel() else index[:rows], out.shape[0],
-                                     oob, f"the {out.shape[0]} rows of output_tensor {_shape(out)}")
-    _mscatter_write_units(out.data, targets, values, keep, conflict, lambda t: t, out.shape[0], True)
-    return out
-
-
-def _mscatter_write_units(out_data, targets, values, keep, conflict, at, limit: int, rows: bool) -> None:
-    """out_data[at(targets)] = values (index_copy_ along dim 0 for whole rows); the last write wins under "last".
-    Skipped writes (keep False) go to a spare unit no kept write names, whose value is put back after: shapes never
-    depend on the data, so a recorded run replays it. With no room for a spare (limit <= n) only the kept writes
-    are made (their number depends on the data: such a run is not replayed)."""
-    spare = None
-    if keep is not None and limit <= targets.numel():
-        targets, values = targets[keep], values[keep]
-    elif keep is not None:
-        spare = _spare_unit(targets)
-        targets = torch.where(keep, targets, spare)
-        saved = out_data.index_select(0, spare) if rows else out_data[at(spare)]
-    if conflict == "last":
-        values = _last_written(targets, values)
-    if rows:
-        out_data.index_copy_(0, targets, values.to(out_data.dtype))
-    else:
-        out_data[at(targets)] = values.to(out_data.dtype)
-    if spare is not None and rows:
-        out_data.index_copy_(0, spare, saved)
-    elif spare is not None:
-        out_data[at(spare)] = saved
 
 
 def _scatter_update_args(args, kwargs):

@@ -7,6 +7,7 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.language.enums import MaskPattern
 from pypto_rt.ops import gather as G
+from pypto_rt.ops import mscatter as M
 from pypto_rt.ops.dtype_rules import from_torch
 from pypto_rt.ops.value import TensorValue
 
@@ -172,7 +173,7 @@ def test_tile_scatter_and_mscatter_flat_in_place():
     out = tv(torch.zeros(4, 4))
     src = torch.arange(1, 7, dtype=torch.float32).reshape(2, 3)
     idx = torch.tensor([[15, 0, 5], [9, 5, 2]], dtype=torch.int32)
-    assert G.mscatter(tv(src), tv(idx), out) is out
+    assert M.mscatter(tv(src), tv(idx), out) is out
     ref = torch.zeros(16)
     for i in range(2):
         for j in range(3):
@@ -181,7 +182,7 @@ def test_tile_scatter_and_mscatter_flat_in_place():
     dst = tv(torch.zeros(4, 4))
     assert G.tile_scatter(dst, tv(src), tv(idx)) is dst and torch.equal(dst.data, out.data)
     boxed = tv(torch.zeros(4, 4))
-    G.mscatter(tv(src, valid=(1, 3)), tv(idx), boxed)  # only src's valid box is written
+    M.mscatter(tv(src, valid=(1, 3)), tv(idx), boxed)  # only src's valid box is written
     assert boxed.data.flatten()[[15, 0, 5, 9, 2]].tolist() == [1.0, 2.0, 3.0, 0.0, 0.0]
 
 
@@ -189,13 +190,13 @@ def test_mscatter_row_coalesce_writes_whole_rows_at_a_row_or_column_index():
     src = torch.randn(3, 4, generator=GEN)
     for idx in (torch.tensor([[5, 0, 2]], dtype=torch.int32), torch.tensor([[5], [0], [2]], dtype=torch.int32)):
         out = tv(torch.zeros(6, 4))
-        assert G.mscatter(tv(src), tv(idx), out, "row") is out
+        assert M.mscatter(tv(src), tv(idx), out, "row") is out
         assert torch.equal(out.data[[5, 0, 2]], src) and not out.data[[1, 3, 4]].any()
     boxed = tv(torch.zeros(6, 4))
-    G.mscatter(tv(src, valid=(2, 4)), tv(torch.tensor([[5, 0, 2]], dtype=torch.int32)), boxed, coalesce=0)
+    M.mscatter(tv(src, valid=(2, 4)), tv(torch.tensor([[5, 0, 2]], dtype=torch.int32)), boxed, coalesce=0)
     assert torch.equal(boxed.data[[5, 0]], src[:2]) and not boxed.data[2].any()   # src's valid rows only
     with pytest.raises(OpError, match="coalesce='row' needs"):
-        G.mscatter(tv(src), tv(torch.tensor([[1, 2, 3]], dtype=torch.int32)), tv(torch.zeros(6, 5)), "row")
+        M.mscatter(tv(src), tv(torch.tensor([[1, 2, 3]], dtype=torch.int32)), tv(torch.zeros(6, 5)), "row")
 
 
 def test_mscatter_skip_drops_every_index_past_the_target_read_as_uint32():
@@ -203,13 +204,13 @@ def test_mscatter_skip_drops_every_index_past_the_target_read_as_uint32():
     for dtype in (torch.int32, torch.int64):
         before = torch.randn(8, 3, generator=GEN)
         out = tv(before.clone())
-        G.mscatter(tv(src), tv(torch.tensor([[6, -1, 0, 8]], dtype=dtype)), out, "row", scatter_oob="skip")
+        M.mscatter(tv(src), tv(torch.tensor([[6, -1, 0, 8]], dtype=dtype)), out, "row", scatter_oob="skip")
         want = before.clone()
         want[6], want[0] = src[0], src[2]
         assert torch.equal(out.data, want)      # -1 reaches neither the last row (pitfall 1) nor any other
     before = torch.randn(2, 4, generator=GEN)
     flat = tv(before.clone())         # coalesce="elem": element 0 is the spare the skipped writes rewrite
-    G.mscatter(tv(torch.tensor([1.0, 2.0, 3.0])), tv(torch.tensor([7, -2, 9])), flat, scatter_oob=1)
+    M.mscatter(tv(torch.tensor([1.0, 2.0, 3.0])), tv(torch.tensor([7, -2, 9])), flat, scatter_oob=1)
     assert torch.equal(flat.data.flatten(), torch.cat([before.flatten()[:7], torch.tensor([1.0])]))
 
 
@@ -217,27 +218,27 @@ def test_mscatter_skip_leaves_the_spare_row_its_own_value_and_a_small_target_all
     src = torch.randn(3, 2, generator=GEN)
     before = torch.randn(5, 2, generator=GEN)
     out = tv(before.clone())          # rows 0 and 2 written: row 1 is the spare the skipped write rewrites
-    G.mscatter(tv(src), tv(torch.tensor([[0, -1, 2]])), out, "row", scatter_oob="skip", scatter_conflict="default")
+    M.mscatter(tv(src), tv(torch.tensor([[0, -1, 2]])), out, "row", scatter_oob="skip", scatter_conflict="default")
     assert torch.equal(out.data[1], before[1]) and torch.equal(out.data[[0, 2]], src[[0, 2]])
     small = tv(before[:2].clone())    # no room for a spare (2 rows, 3 writes): only the kept rows are written
-    G.mscatter(tv(src), tv(torch.tensor([[1, -1, 0]])), small, "row", scatter_oob="skip")
+    M.mscatter(tv(src), tv(torch.tensor([[1, -1, 0]])), small, "row", scatter_oob="skip")
     assert torch.equal(small.data, src[[2, 0]])
     empty = tv(before.clone())
-    G.mscatter(tv(src), tv(torch.tensor([[-1, -1, -1]])), empty, "row", scatter_oob="skip")
+    M.mscatter(tv(src), tv(torch.tensor([[-1, -1, -1]])), empty, "row", scatter_oob="skip")
     assert torch.equal(empty.data, before)
 
 
 def test_mscatter_clamp_wrap_and_an_undefined_index_past_the_target():
     src = torch.tensor([[1.0], [2.0]])
     clamped, wrapped = tv(torch.zeros(4, 1)), tv(torch.zeros(4, 1))
-    G.mscatter(tv(src), tv(torch.tensor([[9, 1]])), clamped, "row", scatter_oob="clamp")
-    G.mscatter(tv(src), tv(torch.tensor([[6, 1]])), wrapped, "row", scatter_oob="wrap")
+    M.mscatter(tv(src), tv(torch.tensor([[9, 1]])), clamped, "row", scatter_oob="clamp")
+    M.mscatter(tv(src), tv(torch.tensor([[6, 1]])), wrapped, "row", scatter_oob="wrap")
     assert clamped.data.flatten().tolist() == [0.0, 2.0, 0.0, 1.0] == wrapped.data[[0, 1, 3, 2]].flatten().tolist()
     with pytest.raises(OpError, match="index -1 is outside the 4 rows"):
-        G.mscatter(tv(src), tv(torch.tensor([[-1, 1]])), tv(torch.zeros(4, 1)), "row")
+        M.mscatter(tv(src), tv(torch.tensor([[-1, 1]])), tv(torch.zeros(4, 1)), "row")
     for arg, bad in (("coalesce", "col"), ("scatter_oob", "zero"), ("scatter_conflict", 2)):
         with pytest.raises(OpError, match=f"{arg} must be one of"):
-            G.mscatter(tv(src), tv(torch.tensor([[0, 1]])), tv(torch.zeros(4, 1)), **{"coalesce": "row", arg: bad})
+            M.mscatter(tv(src), tv(torch.tensor([[0, 1]])), tv(torch.zeros(4, 1)), **{"coalesce": "row", arg: bad})
 
 
 def test_mscatter_default_conflict_makes_no_last_write_pass():
@@ -245,11 +246,11 @@ def test_mscatter_default_conflict_makes_no_last_write_pass():
     idx = tv(torch.tensor([[2, 4, 2]], dtype=torch.int32))
     with _Calls() as calls:
         last = tv(torch.zeros(6, 4))
-        G.mscatter(tv(src), idx, last, "row")
+        M.mscatter(tv(src), idx, last, "row")
     assert torch.equal(last.data[2], src[2]) and "searchsorted" in calls.names    # "last": the later row
     with _Calls() as calls:
         anyone = tv(torch.zeros(6, 4))
-        G.mscatter(tv(src), idx, anyone, "row", scatter_conflict="default")
+        M.mscatter(tv(src), idx, anyone, "row", scatter_conflict="default")
     assert "searchsorted" not in calls.names and "sort" not in calls.names, calls.names
     assert any(torch.equal(anyone.data[2], src[i]) for i in (0, 2)) and torch.equal(anyone.data[4], src[1])
 
