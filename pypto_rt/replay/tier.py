@@ -301,7 +301,7 @@ def _carried_values(split, inputs: list) -> tuple:
     prologue, carried = split[0], split[4]
     if not carried:
         return ()
-    values = prologue(*_copy(inputs))
+    values = prologue(*inputs)   # (it only reads)
     if values is GUARD_MISS:
         raise Untierable("its guards did not pass on the call it was to be built from")
     for name, value in zip(carried, values):
