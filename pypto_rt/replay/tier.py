@@ -192,6 +192,33 @@ def _is_guard(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.If) and any(isinstance(s, ast.Return) for s in stmt.body)
 
 
+def _reads_data(stmt: ast.stmt) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr in ("tolist", "item") for n in ast.walk(stmt))
+
+
+def _reads_before(statements: list, entry: set) -> int:
+    """How many leading statements read values from data (`r0 = f0(a1, ...).tolist()`; a large tensor's view
+    `r0 = f0(a1, ...)`, then `s3 = r0[7].item()`) or compute numbers from those alone (`s3 = r0[7]`,
+    `c1 = s3 + 1`), guards among them: the replay's prologue, also where it has no guard. `entry`: the names a
+    view of an entry tensor may use (parameters, globals)."""
+    numbers: set[str] = set()
+    end = 0
+    for i, stmt in enumerate(statements):
+        if _is_guard(stmt):
+            end = i + 1
+            continue
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            break
+        loads = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+        has_call = any(isinstance(n, ast.Call) for n in ast.walk(stmt.value))
+        if _reads_data(stmt) or (not has_call and loads <= numbers):
+            end = i + 1
+        elif not loads <= entry:   # (a view of an entry tensor: the prologue's if a read follows)
+            break
+        numbers.add(stmt.targets[0].id)
+    return end
+
+
 def _split(source: str, constants: dict, args: list):
     """(prologue function or None, body function of the tensor arguments then the carried values, the tensor
     arguments' positions, for each output the position of the argument it is (else -1), the carried names): the
@@ -200,7 +227,11 @@ def _split(source: str, constants: dict, args: list):
     fn = ast.parse(source).body[0]
     params = [a.arg for a in fn.args.args]
     last_guard = max((i for i, s in enumerate(fn.body) if _is_guard(s)), default=-1)
-    prologue, body = fn.body[:last_guard + 1], fn.body[last_guard + 1:]
+    end = max(last_guard + 1, _reads_before(fn.body, set(params) | set(constants)))
+    prologue, body = fn.body[:end], fn.body[end:]
+    if any(_reads_data(s) for s in body):
+        raise Untierable("its torch calls read back data they computed (.item()): kept as a replay (a compiled "
+                         "graph would fix the recorded value)")
     read = [n.id for s in prologue for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
     used = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     carried = list(dict.fromkeys(n for n in read if n in used))   # (in the order the prologue reads them)

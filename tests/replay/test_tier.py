@@ -187,6 +187,26 @@ def test_a_carried_value_outside_what_the_graph_assumed_replays_the_body(monkeyp
             assert found.tiered.outside == outside, f"row {row}: {found.tiered.outside} calls replayed"
 
 
+@pl.jit
+def scale_by(x: pl.Tensor[[ROWS, COLS], pl.FP32], scale: pl.Tensor[[1], pl.FP32],
+             y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    s = pl.read(scale, [0])   # a float operand read from data
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale_by"):
+        y[:, :] = pl.mul(x, s)
+    return y
+
+
+def test_a_float_read_from_data_as_an_operand_keeps_the_replay_and_says_why():
+    x = torch.randn(ROWS, COLS)
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        for i in range(WARM):
+            y = torch.empty(ROWS, COLS)
+            scale_by(x, torch.tensor([0.5 + i], dtype=torch.float32), y)
+            assert torch.allclose(y, x * (0.5 + i)), f"call {i}"
+    (found,) = tiers(scale_by)
+    assert found.state == REPLAY and "float read from data" in found.why and found.tiered is None, found.text
+
+
 def _warm_fresh(tier_mode, **policy):
     """A fresh `scale_into`, called into its steady replay with `tier_mode`; its tier."""
     scale_into = scale_into_source()
