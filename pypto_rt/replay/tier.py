@@ -213,9 +213,9 @@ def _reads_before(statements: list, entry: set) -> int:
         has_call = any(isinstance(n, ast.Call) for n in ast.walk(stmt.value))
         if _reads_data(stmt) or (not has_call and loads <= numbers):
             end = i + 1
-        elif not loads <= entry:   # (a view of an entry tensor: the prologue's if a read follows)
+            numbers.add(stmt.targets[0].id)
+        elif not loads <= entry:   # (else a view of an entry tensor: the prologue's if a read follows)
             break
-        numbers.add(stmt.targets[0].id)
     return end
 
 

@@ -207,6 +207,20 @@ def test_a_float_read_from_data_as_an_operand_keeps_the_replay_and_says_why():
     assert found.state == REPLAY and "float read from data" in found.why and found.tiered is None, found.text
 
 
+def test_the_prologue_is_the_reads_of_data_and_the_numbers_computed_from_them():
+    def split(lines: str):
+        source = "def replay(a0, a1, a2):\n" + "".join(f"    {line}\n" for line in lines.strip().splitlines())
+        constants = {"f0": torch.as_strided, "mul_1": torch.mul, "t_0": torch.t}
+        prologue, body, positions, outputs_from, carried = tier_module._split(source, constants, [1, 2, 3])
+        return prologue, carried
+    # leading slices of entry tensors are the body's: nothing is read from data
+    assert split("v3 = a0[0:4, :]\nv4 = v3[:, 0:2]\nv5 = t_0(v4)\na2[0:2, 0:4] = v5\nreturn (a2,)") == (None, [])
+    # reads without a guard (and a view of a large tensor read by element) are the prologue's all the same
+    prologue, carried = split("r0 = f0(a1, (1,), (1,), 0).tolist()\ns0 = r0[0]\nr1 = f0(a2, (4096,), (1,), 0)\n"
+                              "s1 = r1[7].item()\nc0 = s0 + s1\nv2 = mul_1(a0, c0)\nreturn (v2,)")
+    assert prologue is not None and carried == ["c0"]
+
+
 def _warm_fresh(tier_mode, **policy):
     """A fresh `scale_into`, called into its steady replay with `tier_mode`; its tier."""
     scale_into = scale_into_source()
