@@ -7,9 +7,17 @@ the same path emits Triton on CUDA). Not through dynamo: the replay already guar
 dispatch cost more than a small call.
 
 Split: the replay's *prologue* (values read from data with `pl.read`, and the guards on them) stays Python and
-runs first on every call; the rest, the *body*, is compiled when it uses none of the values the prologue read
-(a body that takes offsets or operands from data stays replayed: the graph would bake in the recorded values).
-Replays calling kernel blocks as they are (opaque or communication blocks) are not compiled.
+runs first on every call; the rest, the *body*, is compiled. Values the prologue read that the body uses (offsets,
+slot positions, expert ids) are *carried*: the prologue returns them and they are the graph's integer inputs,
+traced as symbolic integers (make_fx tracing_mode="symbolic"; tensors keep static sizes), so one graph serves
+every value. What tracing and inductor assumed of them (a range, `end == start + 1`, a value not 0 where a slice
+would be the whole tensor) is checked per call; a call outside it runs the body replayed (`tiered.outside` counts
+them). Measured on this CPU against 0-d/1-d index tensors (index_copy_ on the buffer): a write at a symbolic offset
+is lowered as a pass over the whole written buffer, so a compiled cache write costs O(cache) where the replay costs
+O(rows), and the trial keeps the replay for large buffers; index_copy_ is done in place only into a graph input
+itself (not through the replay's views), which would need the body's slice writes rewritten as index ops.
+Replays calling kernel blocks as they are (opaque or communication blocks) are not compiled; a value carried that
+is not an integer (a float operand) keeps the replay.
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
 (PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background (the default) compiles on one daemon worker
@@ -121,6 +129,7 @@ class Tier:
             try:
                 body = _split(self.source, self.constants, args)
                 inputs = _snapshot(args, policy.tier_max_copy_bytes)
+                _carried_values(body, inputs)
             except Untierable as e:
                 self._settle(REPLAY, str(e), replay)
                 return
@@ -183,18 +192,49 @@ def _is_guard(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.If) and any(isinstance(s, ast.Return) for s in stmt.body)
 
 
+def _reads_data(stmt: ast.stmt) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr in ("tolist", "item") for n in ast.walk(stmt))
+
+
+def _reads_before(statements: list, entry: set) -> int:
+    """How many leading statements read values from data (`r0 = f0(a1, ...).tolist()`; a large tensor's view
+    `r0 = f0(a1, ...)`, then `s3 = r0[7].item()`) or compute numbers from those alone (`s3 = r0[7]`,
+    `c1 = s3 + 1`), guards among them: the replay's prologue, also where it has no guard. `entry`: the names a
+    view of an entry tensor may use (parameters, globals)."""
+    numbers: set[str] = set()
+    end = 0
+    for i, stmt in enumerate(statements):
+        if _is_guard(stmt):
+            end = i + 1
+            continue
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            break
+        loads = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+        has_call = any(isinstance(n, ast.Call) for n in ast.walk(stmt.value))
+        if _reads_data(stmt) or (not has_call and loads <= numbers):
+            end = i + 1
+            numbers.add(stmt.targets[0].id)
+        elif not loads <= entry:   # (else a view of an entry tensor: the prologue's if a read follows)
+            break
+    return end
+
+
 def _split(source: str, constants: dict, args: list):
-    """(prologue function or None, body function of the tensor arguments, their positions, for each output the
-    position of the argument it is, else -1); Untierable when the body uses what the prologue read."""
+    """(prologue function or None, body function of the tensor arguments then the carried values, the tensor
+    arguments' positions, for each output the position of the argument it is (else -1), the carried names): the
+    values read from data that the body uses (offsets, slot positions, expert ids) are carried from the prologue,
+    which returns them, into the body as parameters."""
     fn = ast.parse(source).body[0]
     params = [a.arg for a in fn.args.args]
     last_guard = max((i for i, s in enumerate(fn.body) if _is_guard(s)), default=-1)
-    prologue, body = fn.body[:last_guard + 1], fn.body[last_guard + 1:]
-    read = {n.id for s in prologue for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    end = max(last_guard + 1, _reads_before(fn.body, set(params) | set(constants)))
+    prologue, body = fn.body[:end], fn.body[end:]
+    if any(_reads_data(s) for s in body):
+        raise Untierable("its torch calls read back data they computed (.item()): kept as a replay (a compiled "
+                         "graph would fix the recorded value)")
+    read = [n.id for s in prologue for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
     used = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    if read & used:
-        raise Untierable("its torch calls take offsets or operands from values read from data (pl.read): kept as "
-                         "a replay (a compiled graph would fix the recorded values)")
+    carried = list(dict.fromkeys(n for n in read if n in used))   # (in the order the prologue reads them)
     positions = [i for i, a in enumerate(args) if a is not None]
     if any(params[i] in used for i, a in enumerate(args) if a is None):
         raise Untierable("its body uses an argument that is not a tensor")
@@ -203,13 +243,23 @@ def _split(source: str, constants: dict, args: list):
         raise Untierable("its replay does not end with a tuple of results")
     names = [e.id if isinstance(e, ast.Name) else "" for e in returned.value.elts]
     outputs_from = [params.index(n) if n in params else -1 for n in names]
-    tensor_params = ", ".join(params[i] for i in positions)
-    body_fn = compile_trace(_function("_tier_body", tensor_params, body), constants, "<pypto-rt tier body>")
+    body_params = ", ".join([params[i] for i in positions] + carried)
+    traced = {k: _tensor_of if v is torch.tensor else v for k, v in constants.items()}
+    body_fn = compile_trace(_function("_tier_body", body_params, body), traced, "<pypto-rt tier body>")
     prologue_fn = None
     if prologue:
-        prologue_fn = compile_trace(_function("_tier_prologue", ", ".join(params), prologue + [ast.Return(None)]),
+        gives = ast.parse(f"return ({''.join(n + ', ' for n in carried)})").body
+        prologue_fn = compile_trace(_function("_tier_prologue", ", ".join(params), prologue + gives),
                                     constants, "<pypto-rt tier prologue>")
-    return prologue_fn, body_fn, positions, outputs_from
+    return prologue_fn, body_fn, positions, outputs_from, carried
+
+
+def _tensor_of(data, **kwargs) -> torch.Tensor:
+    """`torch.tensor`, where a carried value traced as a symbolic integer stays symbolic (torch.tensor would fix
+    it to the traced value)."""
+    if isinstance(data, torch.SymInt):
+        return torch.scalar_tensor(data, **kwargs)
+    return torch.tensor(data, **kwargs)
 
 
 def _function(name: str, params: str, body: list) -> str:
@@ -219,40 +269,103 @@ def _function(name: str, params: str, body: list) -> str:
 
 # -- compiling and checking ------------------------------------------------------------------------------------
 def _compile(split, inputs: list, threads: int):
-    """The tiered function: the prologue, then the compiled body on the tensor arguments, its outputs that are
-    arguments given back as the caller's own tensors."""
+    """The tiered function: the prologue, then the compiled body on the tensor arguments and the values carried
+    from the prologue, its outputs that are arguments given back as the caller's own tensors."""
     from torch._inductor import config as inductor
-    from torch._inductor.compile_fx import compile_fx
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     from torch._guards import TracingContext, tracing
+    from torch._inductor.compile_fx import compile_fx
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    prologue, body, positions, outputs_from = split
+    prologue, body, positions, outputs_from, carried = split
     examples = [t for t in _copy(inputs) if t is not None]
+    values = _carried_values(split, inputs)
     # emulate_precision_casts: a cast to bf16/fp16 and back rounds as eager torch does (inductor would keep fp32)
     settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads,
                 "emulate_precision_casts": True}
-    # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, with every size static)
+
     def inductor_compile(changes: dict):
-        fake = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+        # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, sizes static; with carried
+        # values, tensors the replay keeps as constants enter the symbolic trace as they are)
+        shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
+        fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
         with inductor.patch({**settings, **changes}), tracing(TracingContext(fake)):
-            return compile_fx(make_fx(body)(*_copy(examples)), examples)
+            graph, placeholders = _trace(body, examples, values)
+            compiled = compile_fx(graph, placeholders)
+            return compiled, _assumptions(shape_env, placeholders) if values else None
     try:
-        compiled = inductor_compile({})
+        compiled, guards = inductor_compile({})
     except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation:
         if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:   # once more, as scalar C++
             raise
-        compiled = inductor_compile({"cpp.simdlen": 1})
+        compiled, guards = inductor_compile({"cpp.simdlen": 1})
     returns = tuple(enumerate(outputs_from))
+    replay = _body_replay(split)
 
     def tiered(*args):
-        if prologue is not None and prologue(*args) is GUARD_MISS:
+        scalars = prologue(*args) if prologue is not None else ()
+        if scalars is GUARD_MISS:
             return GUARD_MISS
-        outs = compiled(*[args[i] for i in positions])
+        graph_inputs = [*[args[i] for i in positions], *scalars]
+        if guards is not None and not guards(graph_inputs):
+            tiered.outside += 1   # (values the graph was not built for: the body replayed)
+            return replay(args, scalars)
+        outs = compiled(*graph_inputs)
         return tuple(outs[k] if p < 0 else args[p] for k, p in returns)
+    tiered.outside = 0   # calls whose carried values the graph's assumptions did not hold for
     return tiered
+
+
+def _body_replay(split):
+    """`(args, carried values) -> results`: the body run as replayed torch calls."""
+    body, positions, outputs_from = split[1], split[2], split[3]
+    returns = tuple(enumerate(outputs_from))
+
+    def replay(args, scalars):
+        outs = body(*[args[i] for i in positions], *scalars)
+        return tuple(outs[k] if p < 0 else args[p] for k, p in returns)
+    return replay
+
+
+def _carried_values(split, inputs: list) -> tuple:
+    """The values the prologue carries into the body on the call of `inputs`: ints, else Untierable."""
+    prologue, carried = split[0], split[4]
+    if not carried:
+        return ()
+    values = prologue(*inputs)   # (it only reads)
+    if values is GUARD_MISS:
+        raise Untierable("its guards did not pass on the call it was to be built from")
+    for name, value in zip(carried, values):
+        if type(value) is not int:
+            raise Untierable(f"its torch calls take a {type(value).__name__} read from data ({name}) as an "
+                             "operand: kept as a replay (only integers go to the compiled graph)")
+    return values
+
+
+def _trace(body, examples: list, values: tuple):
+    """(aten graph of `body`, its example inputs for the compiler). Tensors keep static sizes; the values carried
+    from the prologue are traced as symbolic integers (none specialised for being 0 or 1 or equal to another), so
+    the graph serves any offsets, slots or expert ids without recompiling."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if not values:
+        return make_fx(body)(*_copy(examples)), examples
+    graph = make_fx(body, tracing_mode="symbolic")(*examples, *values)
+    return graph, [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
+
+
+def _assumptions(shape_env, placeholders: list):
+    """`(graph inputs) -> bool`: whether the carried values meet what tracing and compiling assumed of them
+    (ranges, relations, a value fixed), or None when nothing was assumed. Asked after the compile: inductor's
+    lowering may assume more."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    code = shape_env.produce_guards_expression(placeholders) if shape_env.backed_var_to_val else None
+    if code is None:
+        return None
+    check = compile(code, "<pypto-rt tier assumptions>", "eval")
+    names = [f"t{i}" for i in range(len(placeholders))]   # (as produce_guards_expression names them)
+    return lambda inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, inputs))})
 
 
 # `() -> folder or None`: where inductor's caches go, set by the layer that owns the disk cache

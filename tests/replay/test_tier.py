@@ -60,13 +60,15 @@ def by_flag(x: pl.Tensor[[ROWS, COLS], pl.FP32], flag: pl.Tensor[[1], pl.INT32],
     return y
 
 
-@pl.jit
-def gather_row(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[1], pl.INT32],
-               out: pl.Out[pl.Tensor[[1, COLS], pl.FP32]]):
-    row = pl.read(index, [0])   # an offset read from data: the body depends on it
-    with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_row"):
-        out[0:1, :] = pl.mul(src[row : row + 1, :], 2.0)
-    return out
+def gather_row_source():
+    @pl.jit
+    def gather_row(src: pl.Tensor[[ROWS, COLS], pl.FP32], index: pl.Tensor[[1], pl.INT32],
+                   out: pl.Out[pl.Tensor[[1, COLS], pl.FP32]]):
+        row = pl.read(index, [0])   # an offset read from data: the body depends on it
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="copy_row"):
+            out[0:1, :] = pl.mul(src[row : row + 1, :], 2.0)
+        return out
+    return gather_row
 
 
 def in_context(fn):
@@ -151,18 +153,72 @@ def test_a_guard_miss_after_the_swap_runs_the_engine_and_reads_the_flag_again(fl
             assert stats.replay.kind == (REPLAYED if on else GUARD_MISS), stats.replay
 
 
-def test_values_read_from_data_as_offsets_keep_the_replay_and_say_why():
+def test_values_read_from_data_as_offsets_go_to_the_graph_as_integers(monkeypatch):
+    gather_row = gather_row_source()
     src = torch.randn(ROWS, COLS)
     with config.scope(TIER="eager"), policy_scope(**KEEP):
-        for i in range(WARM):
-            row = (3 * i + 1) % ROWS
+        for i in range(WARM + ROWS):
+            row = (3 * i + 1) % ROWS   # (built on row 1; then every row, 0 and the last included)
             out = torch.empty(1, COLS)
-            with run_stats.collect() as stats:
-                gather_row(src, torch.tensor([row], dtype=torch.int32), out)
+            gather_row(src, torch.tensor([row], dtype=torch.int32), out)
             assert torch.equal(out, src[row : row + 1] * 2.0), f"call {i} read row {row}"
-    (found,) = tiers(gather_row)
-    assert found.state == REPLAY and "pl.read" in found.why and found.tiered is None, found.text
-    assert "pl.read" in stats.replay.reason, stats.replay
+            if i == WARM - 1:   # compiled: from now on every call runs the compiled function
+                (found,) = tiers(gather_row)
+                assert found.state == TRIAL and found.tiered is not None, found.text
+                monkeypatch.setattr(found, "chosen", found.tiered)
+    assert found.tiered.outside < ROWS, "the compiled graph was built for the traced row only"
+
+
+def test_a_carried_value_outside_what_the_graph_assumed_replays_the_body(monkeypatch):
+    def assumed_not_row_5(shape_env, placeholders):   # (as if tracing had assumed row != 5)
+        return lambda inputs: inputs[-2] != 5
+    monkeypatch.setattr(tier_module, "_assumptions", assumed_not_row_5)
+    gather_row = gather_row_source()
+    src = torch.randn(ROWS, COLS)
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        for _ in range(WARM):
+            gather_row(src, torch.tensor([2], dtype=torch.int32), torch.empty(1, COLS))
+        (found,) = tiers(gather_row)
+        monkeypatch.setattr(found, "chosen", found.tiered)
+        for row, outside in ((5, 1), (3, 1), (5, 2)):
+            out = torch.empty(1, COLS)
+            gather_row(src, torch.tensor([row], dtype=torch.int32), out)
+            assert torch.equal(out, src[row : row + 1] * 2.0), f"row {row}"
+            assert found.tiered.outside == outside, f"row {row}: {found.tiered.outside} calls replayed"
+
+
+@pl.jit
+def scale_by(x: pl.Tensor[[ROWS, COLS], pl.FP32], scale: pl.Tensor[[1], pl.FP32],
+             y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]]):
+    s = pl.read(scale, [0])   # a float operand read from data
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale_by"):
+        y[:, :] = pl.mul(x, s)
+    return y
+
+
+def test_a_float_read_from_data_as_an_operand_keeps_the_replay_and_says_why():
+    x = torch.randn(ROWS, COLS)
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        for i in range(WARM):
+            y = torch.empty(ROWS, COLS)
+            scale_by(x, torch.tensor([0.5 + i], dtype=torch.float32), y)
+            assert torch.allclose(y, x * (0.5 + i)), f"call {i}"
+    (found,) = tiers(scale_by)
+    assert found.state == REPLAY and "float read from data" in found.why and found.tiered is None, found.text
+
+
+def test_the_prologue_is_the_reads_of_data_and_the_numbers_computed_from_them():
+    def split(lines: str):
+        source = "def replay(a0, a1, a2):\n" + "".join(f"    {line}\n" for line in lines.strip().splitlines())
+        constants = {"f0": torch.as_strided, "mul_1": torch.mul, "t_0": torch.t}
+        prologue, body, positions, outputs_from, carried = tier_module._split(source, constants, [1, 2, 3])
+        return prologue, carried
+    # leading slices of entry tensors are the body's: nothing is read from data
+    assert split("v3 = a0[0:4, :]\nv4 = v3[:, 0:2]\nv5 = t_0(v4)\na2[0:2, 0:4] = v5\nreturn (a2,)") == (None, [])
+    # reads without a guard (and a view of a large tensor read by element) are the prologue's all the same
+    prologue, carried = split("r0 = f0(a1, (1,), (1,), 0).tolist()\ns0 = r0[0]\nr1 = f0(a2, (4096,), (1,), 0)\n"
+                              "s1 = r1[7].item()\nc0 = s0 + s1\nv2 = mul_1(a0, c0)\nreturn (v2,)")
+    assert prologue is not None and carried == ["c0"]
 
 
 def _warm_fresh(tier_mode, **policy):
@@ -190,7 +246,7 @@ def test_a_failing_compile_keeps_the_replay_and_stats_say_why(monkeypatch, capsy
 
 def test_a_compiled_function_that_disagrees_with_the_replay_is_not_swapped_in(monkeypatch):
     def wrong(split, inputs, threads):
-        prologue, body, positions, outputs_from = split
+        prologue, body, positions, outputs_from, carried = split
 
         def off_by_one(*args):
             outs = body(*[args[i] for i in positions])
