@@ -70,6 +70,20 @@ def current():
     return _this_thread.recorder
 
 
+def fixed(data) -> bool:
+    """Whether a run is recorded on this thread and every replay of it computes torch tensor `data` from constants
+    only, to the contents it holds now: an op may then check or resolve it once, now, under `unrecorded()`,
+    instead of recording that work for every replay."""
+    recorder = _this_thread.recorder
+    take = getattr(recorder, "fixed", None)
+    return take is not None and take(data)
+
+
+def unrecorded():
+    """A context in which this thread's torch calls are not recorded (for work on `fixed` data)."""
+    return _this_thread.recorder.unrecorded()
+
+
 def read_scalar(data, index: tuple):
     """The element of torch tensor `data` at `index` (ints, traced ints) as a ScalarFromData the replay reads
     again, or None when no run is recorded on this thread or the recording cannot read it again (the caller then
