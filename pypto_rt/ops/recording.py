@@ -11,6 +11,7 @@ records.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 
@@ -79,9 +80,15 @@ def fixed(data) -> bool:
     return take is not None and take(data)
 
 
+@contextlib.contextmanager
 def unrecorded():
     """A context in which this thread's torch calls are not recorded (for work on `fixed` data)."""
-    return _this_thread.recorder.unrecorded()
+    recorder = _this_thread.recorder
+    was = recorder.mute(True)
+    try:
+        yield
+    finally:
+        recorder.mute(was)
 
 
 def read_scalar(data, index: tuple):

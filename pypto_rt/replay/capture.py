@@ -40,7 +40,6 @@ constants, op-library caches) are kept by reference.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import types
@@ -242,18 +241,12 @@ class Recorder(TorchFunctionMode):
         self._late.add(symbol)
         return traced(value, symbol, self)
 
-    def fixed(self, t) -> bool:
-        """Whether every replay computes tensor `t` from constants to the contents it holds now (ops.recording)."""
+    def fixed(self, t) -> bool:   # (ops.recording.fixed)
         return self.refused is None and isinstance(t, torch.Tensor) and not self._from_data(t)
 
-    @contextlib.contextmanager
-    def unrecorded(self):
-        """Torch calls made inside are not recorded (an op's work on `fixed` tensors, done once when recording)."""
-        muted, self._muted = self._muted, True
-        try:
-            yield
-        finally:
-            self._muted = muted
+    def mute(self, muted: bool) -> bool:   # (ops.recording.unrecorded) nothing is recorded while muted; was it?
+        was, self._muted = self._muted, muted
+        return was
 
     def _from_data(self, t: torch.Tensor) -> bool:
         """Whether `t`'s contents may differ between runs: computed from an entry tensor or chance, or an outside
