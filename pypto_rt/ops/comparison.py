@@ -29,11 +29,23 @@ def _cmp_fn(name: str, cmp_type):
 
 
 def _compare(name, lhs, rhs, cmp_type):
-    """Tensor form: numeric 0/1 in the promoted operand dtype. Tile form: a BOOL mask for pl.sel."""
+    """Tensor form: numeric 0/1 in the promoted operand dtype, which keeps the comparison's bool result for a
+    `sel` over it (`_mask`). Tile form: a BOOL mask for pl.sel."""
     fn = _cmp_fn(name, cmp_type)
     need_value(name, lhs, "first operand")
     out_dtype = D.BOOL if lhs.is_tile else promote(lhs.dtype, dtype_of(rhs))
-    return binary(name, lhs, rhs, fn, out_dtype=out_dtype, valid=None)
+    made = []
+
+    def compare(a, b):
+        made.append(fn(a, b))
+        return made[0]
+    out = binary(name, lhs, rhs, compare, out_dtype=out_dtype, valid=None)
+    if out.data is not made[0]:
+        setattr(out.data, _KEPT_MASK, (out.data._version, made[0]))
+    return out
+
+
+_KEPT_MASK = "_pl_compare_mask"   # on a numeric cmp result: (its version when made, the bool result)
 
 
 @op(*names_all("cmp"), **ELEMENTWISE, non_operands=_CMP_TYPE)
@@ -54,7 +66,11 @@ def _mask(name: str, mask, shape) -> torch.Tensor:
     except ValueError:
         raise OpError(f"pl.{name}: mask shape {list(mask.shape)} does not match operand shape {list(shape)}") \
             from None
-    return mask.data != 0
+    data = mask.data
+    if data.dtype is torch.bool:
+        return data
+    kept = getattr(data, _KEPT_MASK, None)   # a cmp result not written since: its comparison, no `!= 0` pass
+    return kept[1] if kept is not None and kept[0] == data._version else data != 0
 
 
 def _stored_alike(lhs, rhs) -> bool:

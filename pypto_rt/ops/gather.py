@@ -79,13 +79,23 @@ def _index_long(name: str, idx: TensorValue) -> torch.Tensor:
     return data if mask is None else torch.where(mask, data, 0)
 
 
-def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str) -> None:
+def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str, non_negative: bool = False) -> None:
+    """OpError unless every index lies in 0..bound-1. A recorded run records the check for its replays (asserted,
+    without reading the indices into Python), in fewer calls where `non_negative` (the caller made them so), and
+    checks indices every replay computes from constants once, now."""
     if not index.numel():
         return
-    if recording.recording():   # a replay checks its own indices, without reading them into Python
-        inside = ((index >= 0) & (index < bound)).all()
-        torch._assert_async(inside, f"pl.{name}: an index is outside {what} (valid range 0..{bound - 1})")
+    if recording.fixed(index):
+        with recording.unrecorded():
+            return _check_bounds_now(name, index, bound, what)
+    if recording.recording():
+        inside = (index < bound) if non_negative else (index.clamp(0, bound - 1) == index)
+        torch._assert_async(inside.all(), f"pl.{name}: an index is outside {what} (valid range 0..{bound - 1})")
         return
+    _check_bounds_now(name, index, bound, what)
+
+
+def _check_bounds_now(name: str, index: torch.Tensor, bound: int, what: str) -> None:
     if int(index.min()) < 0 or int(index.max()) >= bound:
         bad = index[(index < 0) | (index >= bound)][0]
         raise OpError(f"pl.{name}: index {int(bad)} is outside {what} (valid range 0..{bound - 1})")
@@ -98,10 +108,23 @@ def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     writes, not the destination's size (a scatter of a few rows into a large cache stays cheap)."""
     if targets.numel() < 2:
         return values
+    if recording.fixed(targets):   # the same targets every replay: resolved once, now; the replay picks at most
+        with recording.unrecorded():
+            winners = _winners(targets)
+        return values if winners is None else values[winners]
+    if recording.recording():      # (a recording reads no index it cannot fix)
+        ordered, order = torch.sort(targets, stable=True)
+        return values[order[torch.searchsorted(ordered, targets, right=True) - 1]]
+    winners = _winners(targets)
+    return values if winners is None else values[winners]
+
+
+def _winners(targets: torch.Tensor) -> torch.Tensor | None:
+    """Per write, the position of the last write to its target; None when the targets are distinct."""
     ordered, order = torch.sort(targets, stable=True)
-    if not recording.recording() and bool((ordered.diff() != 0).all()):   # distinct targets: nothing to resolve
-        return values                                                     # (a recording reads no index)
-    return values[order[torch.searchsorted(ordered, targets, right=True) - 1]]
+    if bool((ordered.diff() != 0).all()):
+        return None
+    return order[torch.searchsorted(ordered, targets, right=True) - 1]
 
 
 def _write_flat(name: str, out: TensorValue, targets: torch.Tensor, values: torch.Tensor) -> None:
@@ -387,7 +410,8 @@ def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, 
     """Apply gather_oob; returns (in-range indices, mask of entries to keep)."""
     mode = _oob_mode(name, mode)
     if mode == "undefined":
-        _check_bounds(name, idx, bound, f"the {bound} gatherable entries (pass gather_oob= to allow it)")
+        _check_bounds(name, idx, bound, f"the {bound} gatherable entries (pass gather_oob= to allow it)",
+                      non_negative=True)   # (read as uint32)
         return idx, torch.ones_like(idx, dtype=torch.bool)
     if mode == "clamp":
         return idx.clamp(0, bound - 1), torch.ones_like(idx, dtype=torch.bool)

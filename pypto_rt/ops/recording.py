@@ -11,6 +11,7 @@ records.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 
@@ -68,6 +69,26 @@ def current():
     """The recorder of the run recorded on this thread, or None (orchestration hands it a communication task's
     blocks to record as opaque calls: the op library itself never needs it)."""
     return _this_thread.recorder
+
+
+def fixed(data) -> bool:
+    """Whether a run is recorded on this thread and every replay of it computes torch tensor `data` from constants
+    only, to the contents it holds now: an op may then check or resolve it once, now, under `unrecorded()`,
+    instead of recording that work for every replay."""
+    recorder = _this_thread.recorder
+    take = getattr(recorder, "fixed", None)
+    return take is not None and take(data)
+
+
+@contextlib.contextmanager
+def unrecorded():
+    """A context in which this thread's torch calls are not recorded (for work on `fixed` data)."""
+    recorder = _this_thread.recorder
+    was = recorder.mute(True)
+    try:
+        yield
+    finally:
+        recorder.mute(was)
 
 
 def read_scalar(data, index: tuple):

@@ -241,6 +241,13 @@ class Recorder(TorchFunctionMode):
         self._late.add(symbol)
         return traced(value, symbol, self)
 
+    def fixed(self, t) -> bool:   # (ops.recording.fixed)
+        return self.refused is None and isinstance(t, torch.Tensor) and not self._from_data(t)
+
+    def mute(self, muted: bool) -> bool:   # (ops.recording.unrecorded) nothing is recorded while muted; was it?
+        was, self._muted = self._muted, muted
+        return was
+
     def _from_data(self, t: torch.Tensor) -> bool:
         """Whether `t`'s contents may differ between runs: computed from an entry tensor or chance, or an outside
         tensor (kept by reference: its contents are read afresh by every replay)."""

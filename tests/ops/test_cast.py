@@ -246,3 +246,100 @@ def test_integers_round_once_to_float_targets(target, mode):
     for v, g in zip(values.tolist(), got):
         assert g == _nearest(v, {D.FP16: torch.float16, D.BF16: torch.bfloat16, D.FP32: torch.float32}[target],
                              mode == "round"), (v, g)
+
+
+# ------------------------------------------------------------------ fewer torch calls, the same bits (issue 14)
+
+class _CountCalls:
+    """Torch calls made inside the block (a replay repeats each one; attribute reads are not calls)."""
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+
+        class Count(TorchFunctionMode):
+            def __torch_function__(mode, func, types, args=(), kwargs=None):
+                name = getattr(func, "__name__", str(func))
+                if name != "__get__":
+                    self.names.append(name)
+                return func(*args, **(kwargs or {}))
+        self.names, self._mode = [], Count()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+
+_ALL_MODES = ["none", "rint", "round", "floor", "ceil", "trunc", "odd"]
+
+
+def _float_to_int_reference(x: torch.Tensor, dtype, mode: str) -> torch.Tensor:
+    """The general form: round in float64, then saturate there."""
+    return C._saturate(C._round_integral(x.to(torch.float64), C._mode(mode)), dtype)
+
+
+@pytest.mark.parametrize("mode", _ALL_MODES)
+def test_float_to_int_in_the_source_format_matches_float64_bit_for_bit(mode):
+    """Every FP16 and BF16 bit pattern (NaN, inf, subnormals, ties) to INT8 / UINT8, and FP32 edges and random bit
+    patterns to 8- and 16-bit targets, rounded in the source's own format: the float64 form's results."""
+    every16 = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    cases = [(every16.view(dt), src, tgt) for dt, src in ((torch.float16, D.FP16), (torch.bfloat16, D.BF16))
+             for tgt in (D.INT8, D.UINT8)]
+    edges = torch.tensor([0.5, -0.5, 1.5, 2.5, -2.5, 127.5, -128.5, 255.5, 32767.5, -32768.5, 65535.5, 3e9, -3e9,
+                          math.inf, -math.inf, math.nan, 1e-45, -0.0], dtype=torch.float32)
+    bits = torch.randint(-2**31, 2**31, (20000,), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    f32_values = torch.cat([edges, bits.to(torch.int32).view(torch.float32), torch.randn(5000) * 70000])
+    cases += [(f32_values, D.FP32, tgt) for tgt in (D.INT8, D.UINT8, D.INT16, D.UINT16, D.INT32)]
+    for values, src, tgt in cases:
+        got = C.cast(TensorValue(values, src), tgt, mode).data
+        assert torch.equal(got, _float_to_int_reference(values, tgt, mode)), (src, tgt)
+
+
+@pytest.mark.parametrize("src", [D.INT8, D.UINT8, D.INT16, D.UINT16, D.INT32, D.INT64, D.UINT32])
+@pytest.mark.parametrize("target", [D.FP16, D.BF16, D.FP32])
+@pytest.mark.parametrize("mode", _ALL_MODES)
+def test_integer_to_float_fast_forms_match_the_general_rounder(src, target, mode):
+    """Each integer source's shortcut (one conversion where no value rounds; RNE plus the moved ties) gives the
+    bits of the general bit-stepping rounder, at the range ends, ties and overflow edges and random values."""
+    lo, hi = C.int_range(src)
+    near = [2049, 2051, 257, 259, 65519, 65520, 65521, (1 << 24) + 1, (1 << 24) + 3, (1 << 31) - 1, 1 << 40,
+            (1 << 53) + 1, 0, 1, 127, 128, 255, 256, 32767]
+    values = [v for w in near for v in (w, -w, lo, hi, lo + 1, hi - 1) if lo <= v <= hi]
+    gen = torch.Generator().manual_seed(7)
+    values += torch.randint(max(lo, -2**62), min(hi, 2**62), (3000,), generator=gen).tolist()
+    data = torch.tensor(values, dtype=torch.int64).to(C.storage_dtype(src))
+    store = C.storage_dtype(target)
+    got = C.cast(TensorValue(data, src), target, mode).data
+    want = C._round_float(data.to(torch.float64), store, C._mode(mode))
+    assert torch.equal(got.view(torch.int16 if store != torch.float32 else torch.int32),
+                       want.view(torch.int16 if store != torch.float32 else torch.int32))
+
+
+@pytest.mark.parametrize("src, target, mode, most", [
+    (D.FP32, D.INT32, "trunc", 4),     # float64, NaN -> 0, clamp, convert (it truncates): no rounding step
+    (D.FP16, D.INT8, "trunc", 3),      # both ends of INT8 exact in FP16: no float64 hop either
+    (D.FP32, D.INT16, "rint", 4),
+    (D.INT32, D.INT64, "round", 1),    # every value fits: one conversion, no saturation
+    (D.UINT32, D.INT64, "round", 1),   # the same storage: one copy
+    (D.INT64, D.INT32, "round", 2),    # saturating, already int64: clamp and convert
+    (D.INT8, D.FP32, "round", 1),      # every value exact in the target: no rounding step
+    (D.INT16, D.BF16, "rint", 1),
+    (D.INT32, D.FP32, "round", 10),    # RNE, then the ties it sent toward zero (20 calls before)
+    (D.INT32, D.FP16, "round", 10),
+])
+def test_casts_make_few_torch_calls(src, target, mode, most):
+    data = torch.tensor([0, 1, -1, 100, -100, 7], dtype=torch.int64).to(C.storage_dtype(src))
+    if src.is_float():
+        data = data.to(C.storage_dtype(src)) + 0.5
+    x = TensorValue(data, src)
+    with _CountCalls() as counted:
+        out = C.cast(x, target, mode)
+    assert len(counted.names) <= most, counted.names
+    assert out.data.data_ptr() != x.data.data_ptr()    # a cast result never shares the input's memory
+
+
+def test_same_storage_integer_cast_is_a_copy():
+    x = TensorValue(torch.tensor([1, 2, 3], dtype=torch.int64), D.UINT32)
+    out = C.cast(x, D.INT64)
+    out.data[0] = 9
+    assert x.data.tolist() == [1, 2, 3] and out.dtype == D.INT64

@@ -331,3 +331,41 @@ def test_row_expand_expdif_flushes_like_exp():
     x = torch.tensor([[0.0, -200.0, -1.0]])
     got = OPS["row_expand_expdif"](TensorValue(x, D.FP32), TensorValue(torch.zeros(1, 1), D.FP32)).data
     assert torch.equal(got, torch.tensor([[1.0, 0.0, float(torch.exp(torch.tensor(-1.0)))]]))
+
+
+def _torch_calls(fn):
+    """The names of the torch calls `fn()` makes (a replay repeats each; attribute reads are not calls)."""
+    from torch.overrides import TorchFunctionMode
+    names = []
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") != "__get__":
+                names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+    with Count():
+        fn()
+    return names
+
+
+@pytest.mark.parametrize("tile", [False, True])
+def test_sel_over_a_compare_reuses_its_comparison(tile):
+    """sel over a cmp / cmps result (numeric 0/1, or a tile's BOOL mask) selects with the comparison itself: no
+    `!= 0` pass (a replay repeats each call); the same values as the `!= 0` form."""
+    a, b = rand(4, 8, seed=30), rand(4, 8, seed=31)
+    for mask in (CS.cmp(tv(a, tile=tile), tv(b, tile=tile), 4), CS.cmps(tv(a, tile=tile), 0.0, 5)):
+        lhs, rhs = tv(a), tv(b)
+        calls = _torch_calls(lambda: CS.sel(mask, lhs, rhs))
+        assert calls == ["where"], calls
+        want = torch.where(mask.data != 0, a, b)
+        assert torch.equal(CS.sel(mask, tv(a), tv(b)).data, want)
+
+
+def test_sel_over_a_compare_result_written_since_reads_the_written_values():
+    a, b = rand(2, 4, seed=32), rand(2, 4, seed=33)
+    mask = CS.cmp(tv(a), tv(b), 4)
+    mask.data.fill_(1.0)      # written after the compare: its kept comparison no longer describes it
+    assert torch.equal(CS.sel(mask, tv(a), tv(b)).data, a)
+    view = CS.cmp(tv(a), tv(b), 4)
+    view.data.view(-1)[0] = 1 - view.data.view(-1)[0]    # through a view (one version counter)
+    assert torch.equal(CS.sel(view, tv(a), tv(b)).data, torch.where(view.data != 0, a, b))

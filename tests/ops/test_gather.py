@@ -341,3 +341,71 @@ def test_paged_gather_translates_through_the_block_table():
     assert torch.equal(out.data[:4], pool[phys, 1:5]) and out.data[4:].abs().sum() == 0
     t = G.paged_gather(tv(pool), tv(idx.reshape(1, 4)), tv(table), 4, 4, 6, col_off=1, is_trans=True)
     assert t.shape == (4, 6) and torch.equal(t.data, out.data.t())
+
+
+# ------------------------------------------ recorded checks and duplicate resolution: fewer replayed calls (issue 14)
+
+def _recorded_scatter_update(make_index, rows: int = 6, n: int = 4):
+    """scatter_update(dst, 0, index, src) recorded with dst, src and `base` (an int32 [n] tensor) as entry tensors;
+    `make_index(base)` makes the index inside the run. Returns (replay source, replay function)."""
+    from pypto_rt.replay.capture import Recorder
+    from pypto_rt.replay.passes import compile_trace
+
+    dst, src, base = torch.zeros(rows, 3), torch.randn(n, 3), torch.tensor([1, 3, 1, 0], dtype=torch.int32)
+    with Recorder([dst, src, base]) as rec:
+        G.scatter_update(tv(dst), 0, tv(make_index(base), D.INT32), tv(src))
+    assert rec.refused is None, rec.refused
+    source = rec.source([rec.name_of(dst)])
+    return source, compile_trace(source, rec.constants)
+
+
+def _eager_scatter_update(dst, index, src):
+    return G.scatter_update(tv(dst.clone()), 0, tv(index, D.INT32), tv(src)).data
+
+
+def test_a_scatter_index_from_data_is_checked_in_one_clamp_and_resolved_every_replay():
+    source, replay = _recorded_scatter_update(lambda base: base)
+    assert source.count("assertasync_") == 1 and "clamp_" in source and "ge_" not in source, source
+    for index in ([2, 2, 5, 2], [0, 1, 2, 3]):      # duplicates: the last write wins, as eagerly
+        dst, src, base = torch.zeros(6, 3), torch.randn(4, 3), torch.tensor(index, dtype=torch.int32)
+        want = _eager_scatter_update(dst, base, src)
+        assert torch.equal(replay(dst, src, base)[0], want)
+    for bad in ([0, 6, 1, 2], [0, -1, 1, 2]):
+        with pytest.raises(RuntimeError, match=r"pl.scatter_update: an index is outside the 6 rows"):
+            replay(torch.zeros(6, 3), torch.randn(4, 3), torch.tensor(bad, dtype=torch.int32))
+
+
+def test_a_scatter_index_from_constants_is_checked_and_resolved_once_when_recording():
+    """An arange-derived index is the same in every replay: neither its bounds check nor the last-write-wins
+    sort is replayed; a fixed index with duplicates replays only the pick of the winning rows."""
+    distinct, replay = _recorded_scatter_update(lambda base: torch.arange(3, -1, -1, dtype=torch.int32))
+    assert "assertasync_" not in distinct and "sort_" not in distinct, distinct
+    dst, src = torch.zeros(6, 3), torch.randn(4, 3)
+    assert torch.equal(replay(dst, src, torch.zeros(4, dtype=torch.int32))[0],
+                       _eager_scatter_update(torch.zeros(6, 3), torch.arange(3, -1, -1, dtype=torch.int32), src))
+    repeated, replay = _recorded_scatter_update(lambda base: torch.arange(4, dtype=torch.int32) // 2)
+    assert "sort_" not in repeated and "searchsorted_" not in repeated, repeated
+    dst, src = torch.zeros(6, 3), torch.randn(4, 3)
+    want = _eager_scatter_update(torch.zeros(6, 3), torch.tensor([0, 0, 1, 1], dtype=torch.int32), src)
+    assert torch.equal(replay(dst, src, torch.zeros(4, dtype=torch.int32))[0], want)
+    assert torch.equal(want[:2], src[[1, 3]])
+
+
+def test_a_fixed_index_outside_the_rows_raises_the_op_error_when_recording():
+    with pytest.raises(OpError, match=r"pl.scatter_update: index 6 is outside the 6 rows"):
+        _recorded_scatter_update(lambda base: torch.arange(4, dtype=torch.int32) + 6)
+
+
+def test_an_mgather_index_read_as_uint32_is_checked_with_one_compare():
+    from pypto_rt.replay.capture import Recorder
+    from pypto_rt.replay.passes import compile_trace
+
+    mem, idx = torch.randn(5, 3), torch.tensor([[4], [0], [2]], dtype=torch.int32)
+    with Recorder([mem, idx]) as rec:
+        out = G.mgather(tv(mem), tv(idx, D.INT32), coalesce="row")
+    source = rec.source([rec.name_of(out.data)])
+    assert "assertasync_" in source and "ge_" not in source and "clamp_" not in source, source
+    replay = compile_trace(source, rec.constants)
+    assert torch.equal(replay(mem, idx)[0], mem[[4, 0, 2]])
+    with pytest.raises(RuntimeError, match=r"pl.mgather: an index is outside the 5 gatherable entries"):
+        replay(mem, torch.tensor([[4], [-1], [2]], dtype=torch.int32))   # -1 read as uint32
