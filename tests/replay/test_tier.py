@@ -26,6 +26,7 @@ from pypto_rt.replay import entry as replay
 from pypto_rt.replay import tier as tier_module
 from pypto_rt.replay.policy import policy_scope
 from pypto_rt.replay.tier import COMPILED, COMPILING, FAILED, REPLAY, TRIAL, tiers
+from pypto_rt.replay.tier_source import split_source
 from pypto_rt.run_stats import GUARD_MISS, REPLAYED
 
 ROWS, COLS = 8, 16
@@ -211,7 +212,7 @@ def test_the_prologue_is_the_reads_of_data_and_the_numbers_computed_from_them():
     def split(lines: str):
         source = "def replay(a0, a1, a2):\n" + "".join(f"    {line}\n" for line in lines.strip().splitlines())
         constants = {"f0": torch.as_strided, "mul_1": torch.mul, "t_0": torch.t}
-        prologue, body, positions, outputs_from, carried = tier_module._split(source, constants, [1, 2, 3])
+        prologue, body, positions, outputs_from, carried = split_source(source, constants, [1, 2, 3])
         return prologue, carried
     # leading slices of entry tensors are the body's: nothing is read from data
     assert split("v3 = a0[0:4, :]\nv4 = v3[:, 0:2]\nv5 = t_0(v4)\na2[0:2, 0:4] = v5\nreturn (a2,)") == (None, [])
