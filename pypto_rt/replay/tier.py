@@ -20,9 +20,9 @@ Replays calling kernel blocks as they are (opaque or communication blocks) are n
 is not an integer (a float operand) keeps the replay.
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
-(PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background (the default) compiles on one daemon worker
-thread (a bounded queue; calls go on replaying meanwhile, never waiting); eager compiles on the caller's thread at
-the first replay (benchmarks, serving warm-up); off never compiles. Before the swap, the compiled body is checked
+(PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background compiles on one daemon worker thread (a
+bounded queue; calls go on replaying meanwhile, never waiting); eager compiles on the caller's thread at the first
+replay (benchmarks, serving warm-up); off (the default) never compiles. Before the swap, the compiled body is checked
 against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
