@@ -26,8 +26,9 @@ replay (benchmarks, serving warm-up); off (the default) never compiles. Before t
 against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
-vector code, is retried once as scalar C++) or a compile past `tier_timeout_s` keeps the replay. A verified build then runs a trial: compiled and replayed calls alternate, timed, and the faster is kept
-(a tiny call loses to the compiled call's fixed cost).
+vector code, is retried once as scalar C++) or a compile past `tier_timeout_s` keeps the replay. A verified build
+then runs a trial: compiled and replayed calls alternate, timed, and the faster is kept (a tiny call loses to the
+compiled call's fixed cost).
 
 In-place writes into the caller's tensors (Out, InOut, scatters into caches) land in their memory: the traced graph
 writes its inputs, and inductor copies the results back into them. Returned arguments come back as the caller's
