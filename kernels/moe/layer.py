@@ -84,8 +84,8 @@ class MoELayer:
         return buf.combine(y, recv.handle, add=shared)
 
     def _one_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        """The whole layer as one kernel (one rank, 1 <= T <= LOCAL_MAX_TOKENS, bf16/FP32 experts); while T * K < E
-        the hit-experts form instead (local_decode_hit.py: a route kernel, then only the hit experts)."""
+        """The whole layer as one kernel (one rank, 1 <= T <= LOCAL_MAX_TOKENS, bf16/FP32 experts); for one token
+        (K < E) the hit-experts form instead (local_decode_hit.py: a route kernel, then only the hit experts)."""
         cfg, weights = self.cfg, self.weights
         if x.dim() != 2 or x.shape[1] != cfg.hidden or x.dtype != cfg.dtype:
             raise MoEArgumentError.at_caller(f"MoELayer: x must be a {cfg.dtype} [T, {cfg.hidden}] tensor (the "
@@ -97,11 +97,10 @@ class MoELayer:
         tokens, x = x.shape[0], x.contiguous()
         out = torch.empty(tokens, cfg.hidden, dtype=cfg.dtype)
         routes = torch.empty(tokens, cfg.top_k, dtype=torch.int32)
-        if uses_hit_experts(shape, tokens):     # a few tokens: read only the hit experts' weights (two kernels)
+        if uses_hit_experts(shape, tokens):     # one token: read only its hit experts' weights (two kernels)
             route_weights = torch.empty(tokens, cfg.top_k, dtype=torch.float32)
             local_route_kernel(shape, tokens)(x, weights.router.weight.contiguous(), bias, routes, route_weights)
-            parts = torch.empty(tokens * cfg.top_k, cfg.hidden, dtype=torch.float32)
-            local_hit_kernel(shape, tokens)(x, routes, route_weights, fused.gate_up, fused.down, parts, out)
+            local_hit_kernel(shape)(x, routes, route_weights, fused.gate_up, fused.down, out)
         else:
             local_decode_kernel(shape)(x, weights.router.weight.contiguous(), bias, fused.gate_up, fused.down,
                                        out, routes)

@@ -1,15 +1,16 @@
-"""The one-rank MoE decode layer for a few tokens (T * K < E): only the hit experts' weights are read.
+"""The one-rank MoE decode layer for one token: only its K hit experts' weights are read.
 
-    route: logits = x @ router.T -> gate -> (topk_idx, topk_weights)               kernel 1 (its outputs are data)
-    slot s = (t, k), e = topk_idx[t, k] read with pl.read:                          kernel 2, one block per slot
-        part[s] = (w[t, k] * swiglu(x_t @ W_gate[e], x_t @ W_up[e])) @ W_down[e]   (FP32, weights as column /
-                                                                                     row slices of the fused layout)
-    out = round(sum_k part[(t, k)] + shared(x))                                     kernel 2, a last block
+    route: logits = x @ router.T -> gate -> (topk_idx, topk_weights)            kernel 1 (its outputs are data)
+    e_k = topk_idx[0, k] read with pl.read; each expert's gate and up columns and down rows are slices of the
+    fused layout (no copy):                                                      kernel 2, one block
+        [g | u] = x @ [W_gate[e_k] ... | shared], x @ [W_up[e_k] ... | shared]  one small GEMM per slice
+        h = swiglu(g, u) rounded; h_k *= w_k, rounded
+        out = round(sum_k h_k @ W_down[e_k] + h_shared @ W_down_shared)          FP32 accumulation
 
 Two kernels, not one: an expert id read from data the same call computed would be fixed in a replay; read from
 an input it stays data, so calls with new routing replay (as experts_decode's hit-experts form). The dense
-one-kernel form (local_decode.py) reads every expert's weights: at T = 1 with 8 experts top-2 that is 4x the
-bytes. Same weights, same rounding points as the dense form (h rounded, w * h rounded, one rounding of the sum).
+one-kernel form (local_decode.py) reads every expert's weights: at 8 experts top-2 that is 4x the bytes. The
+rounding points are the dense form's (h, w * h, the sum once).
 """
 import functools
 
@@ -23,8 +24,8 @@ from pypto_rt.kernels.moe.local_decode import LocalDecodeShape
 
 
 def uses_hit_experts(shape: LocalDecodeShape, tokens: int) -> bool:
-    """The hit-experts form pays off while the slots (T * K) are fewer than the experts."""
-    return tokens * shape.gate.top_k < shape.gate.num_experts
+    """One token whose K routes are fewer than the experts (the dense form computes E / K times the FLOPs)."""
+    return tokens == 1 and shape.gate.top_k < shape.gate.num_experts
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,61 +56,47 @@ def local_route_kernel(shape: LocalDecodeShape, tokens: int):
     return moe_local_route
 
 
-def _shared_part(shape: LocalDecodeShape, tokens: int):
-    """An inline `(x, gate_up, down) -> [T, H] FP32`: the shared expert's output (zeros without one)."""
-    routed_cols, width = shape.gate.num_experts * shape.inter, shape.gate.num_experts * shape.inter + shape.shared_inter
-    dt = PL_DTYPES[shape.dtype]
-    swiglu, narrow = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt)
-    if not shape.shared_inter:
-        @pl.jit.inline
-        def no_shared(x, gate_up, down):
-            return pl.full([tokens, shape.hidden], dtype=pl.FP32, value=0.0)
-        return no_shared
-
-    @pl.jit.inline
-    def shared(x, gate_up, down):
-        g = pl.matmul(x, gate_up[:, routed_cols:width], out_dtype=pl.FP32)
-        u = pl.matmul(x, gate_up[:, width + routed_cols : 2 * width], out_dtype=pl.FP32)
-        return pl.matmul(narrow(swiglu(g, u)), down[routed_cols:width, :], out_dtype=pl.FP32)
-
-    return shared
-
-
 @functools.lru_cache(maxsize=None)
-def local_hit_kernel(shape: LocalDecodeShape, tokens: int):
-    """`(x [T, H], topk_idx [T, K] INT32, topk_weights [T, K] FP32, gate_up, down, parts [T * K, H] FP32 out,
-    out [T, H] out)`: the routed and shared experts of `local_route_kernel`'s routing."""
-    top_k, hidden, inter = shape.gate.top_k, shape.hidden, shape.inter
-    experts, width = shape.gate.num_experts, shape.gate.num_experts * shape.inter + shape.shared_inter
-    slots, dt = tokens * top_k, PL_DTYPES[shape.dtype]
+def local_hit_kernel(shape: LocalDecodeShape):
+    """`(x [1, H], topk_idx [1, K] INT32, topk_weights [1, K] FP32, gate_up, down, out [1, H] out)`: the routed
+    and shared experts of `local_route_kernel`'s routing for one token."""
+    top_k, hidden, inter, shared_inter = shape.gate.top_k, shape.hidden, shape.inter, shape.shared_inter
+    routed_cols = shape.gate.num_experts * inter
+    width, dt = routed_cols + shared_inter, PL_DTYPES[shape.dtype]
     swiglu, narrow, widen = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt), cast_to(dt, pl.FP32)
-    shared = _shared_part(shape, tokens)
+    # the shared expert's columns and rows are fixed: (gate column, up column, down row) of each expert block
+    fixed = [(routed_cols, width + routed_cols, routed_cols, shared_inter)] if shared_inter else []
 
     @pl.jit
     def moe_local_hit(
-        x: pl.Tensor[[tokens, hidden], dt],
-        topk_idx: pl.Tensor[[tokens, top_k], pl.INT32],
-        topk_weights: pl.Tensor[[tokens, top_k], pl.FP32],
+        x: pl.Tensor[[1, hidden], dt],
+        topk_idx: pl.Tensor[[1, top_k], pl.INT32],
+        topk_weights: pl.Tensor[[1, top_k], pl.FP32],
         gate_up: pl.Tensor[[hidden, 2 * width], dt],
         down: pl.Tensor[[width, hidden], dt],
-        parts: pl.Out[pl.Tensor[[slots, hidden], pl.FP32]],
-        out: pl.Out[pl.Tensor[[tokens, hidden], dt]],
+        out: pl.Out[pl.Tensor[[1, hidden], dt]],
     ):
-        for s in pl.spmd(slots, name_hint="moe_local_hit_slots"):
-            t = s // top_k
-            k = s - t * top_k
-            c0 = pl.read(topk_idx, [t, k]) * inter          # the expert's first column / row: data
-            x_t = x[t : t + 1, :]
-            g = pl.matmul(x_t, gate_up[:, c0 : c0 + inter], out_dtype=pl.FP32)
-            u = pl.matmul(x_t, gate_up[:, width + c0 : width + c0 + inter], out_dtype=pl.FP32)
-            h = widen(narrow(swiglu(g, u)))
-            weighted = narrow(pl.mul(h, topk_weights[t : t + 1, k : k + 1]))
-            parts[s : s + 1, :] = pl.matmul(weighted, down[c0 : c0 + inter, :], out_dtype=pl.FP32)
-        for _ in pl.spmd(1, name_hint="moe_local_hit_sum"):
-            by_route = pl.reshape(pl.transpose(pl.reshape(parts[0:slots, :], [tokens, top_k, hidden]), 1, 2),
-                                  [tokens * hidden, top_k])
-            routed = pl.reshape(pl.row_sum(by_route), [tokens, hidden])
-            out[:, :] = narrow(pl.add(routed, shared(x, gate_up, down)))
+        for _ in pl.spmd(1, name_hint="moe_local_hit"):
+            blocks = []
+            for k in range(top_k):       # the expert's first column / row, read from data
+                c0 = pl.read(topk_idx, [0, k]) * inter
+                blocks.append((c0, width + c0, c0, inter))
+            blocks += fixed
+            g = u = None
+            for gate_col, up_col, _, cols in blocks:     # each block's gate | up on its own column slice
+                g_b = pl.matmul(x, gate_up[:, gate_col : gate_col + cols], out_dtype=pl.FP32)
+                u_b = pl.matmul(x, gate_up[:, up_col : up_col + cols], out_dtype=pl.FP32)
+                g, u = (g_b, u_b) if g is None else (pl.concat(g, g_b), pl.concat(u, u_b))
+            h = narrow(swiglu(g, u))                     # [1, K * I + I_shared]: one pass for every block
+            routes = pl.reshape(widen(h[:, 0 : top_k * inter]), [top_k, inter])
+            weighted = narrow(pl.mul(routes, pl.reshape(topk_weights[0:1, :], [top_k, 1])))
+            acc = pl.matmul(weighted[0:1, :], down[blocks[0][2] : blocks[0][2] + inter, :], out_dtype=pl.FP32)
+            for k in range(1, top_k):
+                acc = pl.matmul_acc(acc, weighted[k : k + 1, :], down[blocks[k][2] : blocks[k][2] + inter, :])
+            if shared_inter:
+                acc = pl.matmul_acc(acc, h[:, top_k * inter : top_k * inter + shared_inter],
+                                    down[routed_cols:width, :])
+            out[:, :] = narrow(acc)
         return out
 
     return moe_local_hit
