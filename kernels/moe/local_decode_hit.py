@@ -14,8 +14,6 @@ rounding points are the dense form's (h, w * h, the sum once).
 """
 import functools
 
-import torch
-
 import pypto.language as pl
 from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, cast_to, k_tile, projection, swiglu_of
