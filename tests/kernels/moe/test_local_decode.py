@@ -78,9 +78,9 @@ def test_a_decode_call_is_one_kernel_call_and_the_weights_are_stored_once(monkey
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "no_shared"])
-def test_a_few_tokens_read_only_the_hit_experts(monkeypatch, shared):
-    """T * K < E: a route kernel, then one block per (token, route) on its expert's weight slices; an expert no
-    token chose is not read (its weights poisoned with NaN leave the output finite and equal to the golden's)."""
+def test_one_token_reads_only_its_hit_experts(monkeypatch, shared):
+    """One token (K < E): a route kernel, then a kernel on the hit experts' weight slices only; an expert the token
+    did not choose is not read (its weights poisoned with NaN leave the output finite and equal to the golden's)."""
     cfg, layer, weights = _layer(torch.float32, shared=shared)
     x = torch.randn(1, H, generator=torch.Generator().manual_seed(4))
     want = moe_layer_golden(cfg, weights, x)
