@@ -95,21 +95,34 @@ def test_one_token_reads_only_its_hit_experts(monkeypatch, shared):
 
 
 @pytest.mark.parametrize("tokens", [1, 4], ids=["hit_experts", "every_expert"])
-def test_calls_with_new_routing_replay(tokens):
+def test_calls_with_new_routing_replay(monkeypatch, tokens):
+    """Every kernel of the call replays (the hit-experts kernel's expert ids are data it reads, not constants)."""
+    kinds: dict[str, list] = {}
+    for name in ("local_decode_kernel", "local_route_kernel", "local_hit_kernel"):
+        def built(*shape, _name=name, _factory=getattr(layer_module, name)):
+            kernel = _factory(*shape)
+
+            def noted(*args):
+                with run_stats.collect() as stats:
+                    result = kernel(*args)
+                kinds.setdefault(_name, []).append(stats.replay.kind)
+                return result
+            return noted
+        monkeypatch.setattr(layer_module, name, built)
     cfg, layer, weights = _layer(torch.float32, shared=True, score_func="softmax")
     gen = torch.Generator().manual_seed(5)
     calls = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 3
-    kinds, routings = [], []
+    routings = []
     with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
         for _ in range(calls):
             x = torch.randn(tokens, H, generator=gen)
-            with run_stats.collect() as stats:
-                out = layer(x)
-            kinds.append(stats.replay.kind)
+            out = layer(x)
             routings.append(tuple(layer.recv_counts.tolist()))
             torch.testing.assert_close(out, moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
     assert len(set(routings[-3:])) > 1, routings
-    assert kinds[-3:] == [REPLAYED] * 3, kinds
+    assert set(kinds) == ({"local_route_kernel", "local_hit_kernel"} if tokens == 1 else {"local_decode_kernel"})
+    for name, seen in kinds.items():
+        assert seen[-3:] == [REPLAYED] * 3, (name, seen)
 
 
 @pytest.mark.parametrize("executor", ["reference", "compiled"])
