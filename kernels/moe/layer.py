@@ -7,7 +7,7 @@ Each step runs the router GEMM, the gate, `MoEBuffer.dispatch`, the routed exper
 (int8 when the weights are quantised, else the config's dtype), and `MoEBuffer.combine`, whose reduce also adds
 the shared expert's output (computed on the local tokens), so the result is rounded once. In a job of one rank
 (every expert local) a decode-sized call of bf16/FP32 experts skips the buffer: the whole layer is one kernel
-(`local_decode.py`). Every stage is a
+(`local_decode.py`; for a few tokens the hit experts only, `local_decode_hit.py`). Every stage is a
 `@pl.jit` kernel: nothing is read to the host, and the tensors a step needs are the layer's own, so repeated
 steps with the same token count replay whatever the routing.
 """
@@ -22,6 +22,7 @@ from pypto_rt.kernels.moe.loading import load_moe_weights
 from pypto_rt.kernels.moe.local_decode import (
     MAX_TOKENS as LOCAL_MAX_TOKENS, LocalDecodeShape, LocalDecodeWeights, local_decode_kernel,
 )
+from pypto_rt.kernels.moe.local_decode_hit import local_hit_kernel, local_route_kernel, uses_hit_experts
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
 from pypto_rt.kernels.moe.router import router_logits
 from pypto_rt.kernels.moe.weights import MoEWeights
@@ -83,7 +84,8 @@ class MoELayer:
         return buf.combine(y, recv.handle, add=shared)
 
     def _one_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        """The whole layer as one kernel (one rank, 1 <= T <= LOCAL_MAX_TOKENS, bf16/FP32 experts)."""
+        """The whole layer as one kernel (one rank, 1 <= T <= LOCAL_MAX_TOKENS, bf16/FP32 experts); for one token
+        (K < E) the hit-experts form instead (local_decode_hit.py: a route kernel, then only the hit experts)."""
         cfg, weights = self.cfg, self.weights
         if x.dim() != 2 or x.shape[1] != cfg.hidden or x.dtype != cfg.dtype:
             raise MoEArgumentError.at_caller(f"MoELayer: x must be a {cfg.dtype} [T, {cfg.hidden}] tensor (the "
@@ -92,10 +94,16 @@ class MoELayer:
         shared_inter = 0 if weights.shared is None else weights.shared.inter
         shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter, shared_inter, cfg.dtype,
                                  weights.router.weight.dtype, cfg.swiglu_limit)
-        out = torch.empty(x.shape[0], cfg.hidden, dtype=cfg.dtype)
-        routes = torch.empty(x.shape[0], cfg.top_k, dtype=torch.int32)
-        local_decode_kernel(shape)(x.contiguous(), weights.router.weight.contiguous(), bias, fused.gate_up,
-                                   fused.down, out, routes)
+        tokens, x = x.shape[0], x.contiguous()
+        out = torch.empty(tokens, cfg.hidden, dtype=cfg.dtype)
+        routes = torch.empty(tokens, cfg.top_k, dtype=torch.int32)
+        if uses_hit_experts(shape, tokens):     # one token: read only its hit experts' weights (two kernels)
+            route_weights = torch.empty(tokens, cfg.top_k, dtype=torch.float32)
+            local_route_kernel(shape, tokens)(x, weights.router.weight.contiguous(), bias, routes, route_weights)
+            local_hit_kernel(shape)(x, routes, route_weights, fused.gate_up, fused.down, out)
+        else:
+            local_decode_kernel(shape)(x, weights.router.weight.contiguous(), bias, fused.gate_up, fused.down,
+                                       out, routes)
         self._local_routes = routes
         return out
 

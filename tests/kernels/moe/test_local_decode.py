@@ -6,7 +6,7 @@ import torch
 from pypto_rt import config, run_stats
 from pypto_rt.kernels.moe import MoEConfig, MoELayer, load_moe_weights
 from pypto_rt.kernels.moe import layer as layer_module
-from pypto_rt.kernels.moe.golden import moe_layer_golden
+from pypto_rt.kernels.moe.golden import gate_golden, moe_layer_golden
 from pypto_rt.language import _runtime
 from pypto_rt.language.decorators import KernelFunction
 from pypto_rt.replay.policy import ReplayPolicy, policy_scope
@@ -33,6 +33,20 @@ def _layer(dtype, shared: bool, score_func: str = "sigmoid", max_tokens: int = T
                                                                                    prefix="mlp.")
 
 
+def _entries(monkeypatch) -> list[str]:
+    """The names of the kernel entries called from plain Python from now on."""
+    entries = []
+    original = KernelFunction.__call__
+
+    def counted(kernel, *args, **kwargs):
+        if _runtime.active() is None:       # an entry called from plain Python, not a kernel a kernel calls
+            entries.append(kernel.name)
+        return original(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(KernelFunction, "__call__", counted)
+    return entries
+
+
 @pytest.mark.parametrize("executor", ["reference", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "no_shared"])
@@ -53,15 +67,7 @@ def test_one_kernel_layer_matches_the_golden_and_counts_routes(executor, dtype, 
 
 def test_a_decode_call_is_one_kernel_call_and_the_weights_are_stored_once(monkeypatch):
     cfg, layer, _ = _layer(torch.float32, shared=True)
-    entries = []
-    original = KernelFunction.__call__
-
-    def counted(kernel, *args, **kwargs):
-        if _runtime.active() is None:       # an entry called from plain Python, not a kernel a kernel calls
-            entries.append(kernel.name)
-        return original(kernel, *args, **kwargs)
-
-    monkeypatch.setattr(KernelFunction, "__call__", counted)
+    entries = _entries(monkeypatch)
     layer(torch.randn(3, H))
     assert len(entries) == 1 and "moe_local_decode" in entries[0], entries
     fused = layer._local[0]
@@ -71,21 +77,52 @@ def test_a_decode_call_is_one_kernel_call_and_the_weights_are_stored_once(monkey
         assert w.untyped_storage().data_ptr() == store.untyped_storage().data_ptr()
 
 
-def test_calls_with_new_routing_replay():
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "no_shared"])
+def test_one_token_reads_only_its_hit_experts(monkeypatch, shared):
+    """One token (K < E): a route kernel, then a kernel on the hit experts' weight slices only; an expert the token
+    did not choose is not read (its weights poisoned with NaN leave the output finite and equal to the golden's)."""
+    cfg, layer, weights = _layer(torch.float32, shared=shared)
+    x = torch.randn(1, H, generator=torch.Generator().manual_seed(4))
+    want = moe_layer_golden(cfg, weights, x)
+    chosen, _ = gate_golden(cfg, x @ weights.router.weight.T, weights.router.bias)
+    cold = sorted(set(range(E)) - set(chosen.flatten().tolist()))
+    for e in cold:
+        for w in (layer.weights.experts.w_gate, layer.weights.experts.w_up, layer.weights.experts.w_down):
+            w[e].fill_(float("nan"))
+    entries = _entries(monkeypatch)
+    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+    assert [name.split(".")[-1] for name in entries] == ["moe_local_route", "moe_local_hit"], entries
+
+
+@pytest.mark.parametrize("tokens", [1, 4], ids=["hit_experts", "every_expert"])
+def test_calls_with_new_routing_replay(monkeypatch, tokens):
+    """Every kernel of the call replays (the hit-experts kernel's expert ids are data it reads, not constants)."""
+    kinds: dict[str, list] = {}
+    for name in ("local_decode_kernel", "local_route_kernel", "local_hit_kernel"):
+        def built(*shape, _name=name, _factory=getattr(layer_module, name)):
+            kernel = _factory(*shape)
+
+            def noted(*args):
+                with run_stats.collect() as stats:
+                    result = kernel(*args)
+                kinds.setdefault(_name, []).append(stats.replay.kind)
+                return result
+            return noted
+        monkeypatch.setattr(layer_module, name, built)
     cfg, layer, weights = _layer(torch.float32, shared=True, score_func="softmax")
     gen = torch.Generator().manual_seed(5)
     calls = ReplayPolicy().normal_runs + 2 + 2 * ReplayPolicy().trial_replays + 3
-    kinds, routings = [], []
+    routings = []
     with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
         for _ in range(calls):
-            x = torch.randn(4, H, generator=gen)
-            with run_stats.collect() as stats:
-                out = layer(x)
-            kinds.append(stats.replay.kind)
+            x = torch.randn(tokens, H, generator=gen)
+            out = layer(x)
             routings.append(tuple(layer.recv_counts.tolist()))
             torch.testing.assert_close(out, moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
     assert len(set(routings[-3:])) > 1, routings
-    assert kinds[-3:] == [REPLAYED] * 3, kinds
+    assert set(kinds) == ({"local_route_kernel", "local_hit_kernel"} if tokens == 1 else {"local_decode_kernel"})
+    for name, seen in kinds.items():
+        assert seen[-3:] == [REPLAYED] * 3, (name, seen)
 
 
 @pytest.mark.parametrize("executor", ["reference", "compiled"])

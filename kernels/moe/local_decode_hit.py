@@ -1,0 +1,100 @@
+"""The one-rank MoE decode layer for one token: only its K hit experts' weights are read.
+
+    route: logits = x @ router.T -> gate -> (topk_idx, topk_weights)            kernel 1 (its outputs are data)
+    e_k = topk_idx[0, k] read with pl.read; each expert's gate and up columns and down rows are slices of the
+    fused layout (no copy):                                                      kernel 2, one block
+        [g | u] = x @ [W_gate[e_k] ... | shared], x @ [W_up[e_k] ... | shared]  one small GEMM per slice
+        h = swiglu(g, u) rounded; h_k *= w_k, rounded
+        out = round(sum_k h_k @ W_down[e_k] + h_shared @ W_down_shared)          FP32 accumulation
+
+Two kernels, not one: an expert id read from data the same call computed would be fixed in a replay; read from
+an input it stays data, so calls with new routing replay (as experts_decode's hit-experts form). The dense
+one-kernel form (local_decode.py) reads every expert's weights: at 8 experts top-2 that is 4x the bytes. The
+rounding points are the dense form's (h, w * h, the sum once).
+"""
+import functools
+
+import pypto.language as pl
+from pypto_rt.kernels.moe import ffn as ffn_module
+from pypto_rt.kernels.moe.ffn import PL_DTYPES, cast_to, k_tile, projection, swiglu_of
+from pypto_rt.kernels.moe.gate import ROW_TILE, route_tile
+from pypto_rt.kernels.moe.local_decode import LocalDecodeShape
+
+
+def uses_hit_experts(shape: LocalDecodeShape, tokens: int) -> bool:
+    """One token whose K routes are fewer than the experts (the dense form computes E / K times the FLOPs)."""
+    return tokens == 1 and shape.gate.top_k < shape.gate.num_experts
+
+
+@functools.lru_cache(maxsize=None)
+def local_route_kernel(shape: LocalDecodeShape, tokens: int):
+    """`(x [T, H], gate_weight [E, H], bias [1, E] FP32, topk_idx [T, K] INT32 out, topk_weights [T, K] FP32 out)`."""
+    experts, top_k, hidden = shape.gate.num_experts, shape.gate.top_k, shape.hidden
+    dt, rdt = PL_DTYPES[shape.dtype], PL_DTYPES[shape.router_dtype]
+    mixed = dt != rdt
+    router = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32,
+                        cast_to(dt, pl.FP32) if mixed else None, cast_to(rdt, pl.FP32) if mixed else None)
+    route = route_tile(shape.gate)
+
+    @pl.jit
+    def moe_local_route(
+        x: pl.Tensor[[tokens, hidden], dt],
+        gate_weight: pl.Tensor[[experts, hidden], rdt],
+        bias: pl.Tensor[[1, experts], pl.FP32],
+        topk_idx: pl.Out[pl.Tensor[[tokens, top_k], pl.INT32]],
+        topk_weights: pl.Out[pl.Tensor[[tokens, top_k], pl.FP32]],
+    ):
+        for _ in pl.spmd(1, name_hint="moe_local_route"):
+            x_tile = pl.fillpad(pl.set_validshape(x[0:ROW_TILE, :], tokens, hidden))
+            chosen, weights = route(router(x_tile, gate_weight), bias)
+            topk_idx[:, :] = chosen[0:tokens, :]
+            topk_weights[:, :] = weights[0:tokens, :]
+        return topk_idx, topk_weights
+
+    return moe_local_route
+
+
+@functools.lru_cache(maxsize=None)
+def local_hit_kernel(shape: LocalDecodeShape):
+    """`(x [1, H], topk_idx [1, K] INT32, topk_weights [1, K] FP32, gate_up, down, out [1, H] out)`: the routed
+    and shared experts of `local_route_kernel`'s routing for one token."""
+    top_k, hidden, inter, shared_inter = shape.gate.top_k, shape.hidden, shape.inter, shape.shared_inter
+    routed_cols = shape.gate.num_experts * inter
+    width, dt = routed_cols + shared_inter, PL_DTYPES[shape.dtype]
+    swiglu, narrow, widen = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt), cast_to(dt, pl.FP32)
+    # the shared expert's columns and rows are fixed: (gate column, up column, down row) of each expert block
+    fixed = [(routed_cols, width + routed_cols, routed_cols, shared_inter)] if shared_inter else []
+
+    @pl.jit
+    def moe_local_hit(
+        x: pl.Tensor[[1, hidden], dt],
+        topk_idx: pl.Tensor[[1, top_k], pl.INT32],
+        topk_weights: pl.Tensor[[1, top_k], pl.FP32],
+        gate_up: pl.Tensor[[hidden, 2 * width], dt],
+        down: pl.Tensor[[width, hidden], dt],
+        out: pl.Out[pl.Tensor[[1, hidden], dt]],
+    ):
+        for _ in pl.spmd(1, name_hint="moe_local_hit"):
+            blocks = []
+            for k in range(top_k):       # the expert's first column / row, read from data
+                c0 = pl.read(topk_idx, [0, k]) * inter
+                blocks.append((c0, width + c0, c0, inter))
+            blocks += fixed
+            g = u = None
+            for gate_col, up_col, _, cols in blocks:     # each block's gate | up on its own column slice
+                g_b = pl.matmul(x, gate_up[:, gate_col : gate_col + cols], out_dtype=pl.FP32)
+                u_b = pl.matmul(x, gate_up[:, up_col : up_col + cols], out_dtype=pl.FP32)
+                g, u = (g_b, u_b) if g is None else (pl.concat(g, g_b), pl.concat(u, u_b))
+            h = narrow(swiglu(g, u))                     # [1, K * I + I_shared]: one pass for every block
+            routes = pl.reshape(widen(h[:, 0 : top_k * inter]), [top_k, inter])
+            weighted = narrow(pl.mul(routes, pl.reshape(topk_weights[0:1, :], [top_k, 1])))
+            acc = pl.matmul(weighted[0:1, :], down[blocks[0][2] : blocks[0][2] + inter, :], out_dtype=pl.FP32)
+            for k in range(1, top_k):
+                acc = pl.matmul_acc(acc, weighted[k : k + 1, :], down[blocks[k][2] : blocks[k][2] + inter, :])
+            if shared_inter:
+                acc = pl.matmul_acc(acc, h[:, top_k * inter : top_k * inter + shared_inter],
+                                    down[routed_cols:width, :])
+            out[:, :] = narrow(acc)
+        return out
+
+    return moe_local_hit
