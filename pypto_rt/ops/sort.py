@@ -82,12 +82,21 @@ def sort32(src, idx):
     if n % 32:
         raise OpError(f"pl.sort32: N must be a multiple of 32 (sort32 sorts 32-element blocks), got src {_shape(src)}")
     lane = _LANE[src.dtype]
-    raw = torch.empty(rows, 2 * n, dtype=lane)
-    raw[:, 0::2] = src.data.view(lane)
-    raw[:, 1::2] = _index_bits(idx.data, lane)
-    group = (torch.arange(n) // 32).expand(rows, n)
-    out = _permute_pairs(raw, _sorted_order(src.data, group))
+    order = _block_order(src.data, n)
+    values = torch.gather(src.data.view(lane), -1, order)           # raw lanes: every bit pattern kept
+    indices = torch.gather(_index_bits(idx.data, lane), -1, order)
+    out = torch.stack((values, indices), dim=-1).reshape(rows, 2 * n)
     return TensorValue(out.view(src.data.dtype), src.dtype, None, src.is_tile or idx.is_tile)
+
+
+def _block_order(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """Per row, the element order sorting each 32-element block descending (stable: ties by position): one sort
+    over the blocks as rows of their own (a single block needs no block offsets)."""
+    rows = keys.shape[0]
+    if n == 32:
+        return torch.sort(keys, dim=-1, descending=True, stable=True).indices
+    within = torch.sort(keys.reshape(rows, n // 32, 32), dim=-1, descending=True, stable=True).indices
+    return (within + torch.arange(0, n, 32).unsqueeze(-1)).reshape(rows, n)   # + each block's start
 
 
 def _block_len(block_len) -> int:

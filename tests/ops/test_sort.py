@@ -56,6 +56,31 @@ def test_sort32_each_block_descending_stable_with_index_lanes():
         assert torch.equal(idx[0, blk * 32:(blk + 1) * 32], order + blk * 32 + base)
 
 
+class _SortCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch.sort calls made inside it (each one is a replayed call of a recorded kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sorts = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.sorts += func is torch.sort or func is torch.Tensor.sort
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rows, n", [(1, 32), (32, 32), (1, 128), (3, 512)])
+def test_sort32_is_one_torch_sort_per_call(rows, n):
+    """The 32-element blocks sort as rows of their own, in one torch.sort: no second sort to order them by block."""
+    x = torch.randint(0, 5, (rows, n), generator=torch.Generator().manual_seed(rows + n)).float()
+    with _SortCalls() as counted:
+        out = S.sort32(tv(x, D.FP32), tv(torch.arange(n).expand(rows, n).contiguous(), D.UINT32))
+    assert counted.sorts == 1
+    vals, idx = split(out)
+    order = torch.sort(x.reshape(rows, n // 32, 32), dim=-1, descending=True, stable=True).indices
+    order = (order + torch.arange(0, n, 32).unsqueeze(-1)).reshape(rows, n)
+    assert torch.equal(vals, torch.gather(x, -1, order)) and torch.equal(idx, order)
+
+
 def test_sort32_ties_keep_lower_position_first():
     x = torch.zeros(1, 32)
     x[0, [3, 7, 20]] = 5.0
