@@ -17,7 +17,7 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
-from pypto_rt.ops import recording
+from pypto_rt.ops import index_range, recording
 from pypto_rt.ops.dtype_rules import storage_dtype, to_dtype
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue, valid_mask
@@ -64,6 +64,8 @@ def _from_raw_bits(raw: torch.Tensor, dtype) -> torch.Tensor:
     store = storage_dtype(dtype)
     if store == torch.bool:
         return raw != 0
+    if raw.dtype == store:
+        return raw
     if torch.empty((), dtype=store).element_size() == raw.element_size():
         return raw.view(store)
     return raw.to(torch.int64).to(store) & ((1 << (8 * raw.element_size())) - 1)
@@ -158,7 +160,9 @@ def _gather_index(name: str, x: TensorValue, dim, index: TensorValue) -> TensorV
         if d != axis and index.shape[d] > x.shape[d]:
             raise OpError(f"pl.{name}: index {_shape(index)} is larger than input {_shape(x)} on axis {d}")
     idx = _index_long(name, index)
-    _check_bounds(name, idx, x.shape[axis], f"axis {axis} of the input {_shape(x)}")
+    proven = index_range.bound_of(index.data)
+    if proven is None or proven > x.shape[axis]:
+        _check_bounds(name, idx, x.shape[axis], f"axis {axis} of the input {_shape(x)}")
     out = torch.gather(x.data, axis, idx)
     return TensorValue(out, x.dtype, index.valid, x.is_tile)
 
@@ -173,6 +177,9 @@ def _gather_mask(name: str, x: TensorValue, mask_pattern, output_dtype) -> Tenso
         raise OpError(f"pl.{name}: mask form needs at least one axis, got a scalar tensor")
     cols = x.data[..., first::step]
     data = cols.clone() if out_dt == x.dtype else _from_raw_bits(_raw_bits(cols, x.dtype), out_dt).clone()
+    bound = index_range.bound_of(x.data, first, step)
+    if bound is not None and not out_dt.is_float() and out_dt.get_byte() == 4:   # (int bits of proven lanes)
+        index_range.note(data, bound, index_range.ALL)
     valid = None
     if x.valid is not None:
         valid = x.valid[:-1] + (_selected_count(x.valid[-1], first, step),)

@@ -17,6 +17,7 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
+from pypto_rt.ops import index_range, recording
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue
 
@@ -85,8 +86,20 @@ def sort32(src, idx):
     order = _block_order(src.data, n)
     values = torch.gather(src.data.view(lane), -1, order)           # raw lanes: every bit pattern kept
     indices = torch.gather(_index_bits(idx.data, lane), -1, order)
-    out = torch.stack((values, indices), dim=-1).reshape(rows, 2 * n)
-    return TensorValue(out.view(src.data.dtype), src.dtype, None, src.is_tile or idx.is_tile)
+    out = torch.stack((values, indices), dim=-1).reshape(rows, 2 * n).view(src.data.dtype)
+    _note_index_lanes(out, idx.data, lane)
+    return TensorValue(out, src.dtype, None, src.is_tile or idx.is_tile)
+
+
+def _note_index_lanes(pairs: torch.Tensor, idx: torch.Tensor, lane: torch.dtype) -> None:
+    """A recorded run whose idx every replay computes from constants: the index lanes of `pairs` are a permutation
+    of idx's, so their range, checked once now, holds for every replay (index gathers need not check them)."""
+    if lane is not torch.int32 or not recording.fixed(idx):
+        return
+    with recording.unrecorded():
+        low, high = int(idx.min()), int(idx.max())
+    if 0 <= low and high < 2**31 - 1:
+        index_range.note(pairs, high + 1, index_range.ODD)
 
 
 def _block_order(keys: torch.Tensor, n: int) -> torch.Tensor:
