@@ -10,7 +10,8 @@ One block per ROW_TILE (32) token rows (the wrapper pads T with zero logits to a
 those rows): scores, group scores, masks and weights are row-tile vector ops; rows of up to 32 slots are sorted as
 one tile (sort32 sorts each row), wider ones row by row (mrgsort takes single-row sources). A row is padded with the
 most negative FP32 to a sortable width (32, 128, 512 or 2048 slots); masked groups take that same value, so with
-top_k <= the kept experts (checked by MoEConfig) neither a pad slot nor a masked expert is ever picked.
+top_k <= the kept experts (checked by MoEConfig) and no -inf in the bias (checked where it is given) neither a pad
+slot nor a masked expert is ever picked.
 """
 
 import functools
@@ -96,17 +97,19 @@ def _sort_2048(padded):
 SORTS = {32: _sort_32, 128: _sort_128, 512: _sort_512, 2048: _sort_2048}
 
 
-def _row_sorter(width: int, keep: int):
-    """An inline `padded [ROW_TILE, width] -> [ROW_TILE, keep]`: each row's first `keep` sorted pair positions.
-    sort32 takes a whole tile (every row sorted alone), so width 32 sorts the tile in one call; wider rows need
-    mrgsort, which takes one row, so they loop over rows."""
+def _row_sorter(width: int, keep: int, real: int):
+    """An inline `padded [ROW_TILE, width] -> [ROW_TILE, keep]`: each row's first `keep` sorted pair positions, of
+    which the first `real` slots are real. sort32 takes a whole tile (every row sorted alone), so width 32 sorts the
+    tile in one call, its pad slots carrying id real - 1 (never picked: see the module text; so the ids provably
+    index the real slots and the pick of the scores checks no bounds); wider rows need mrgsort, which takes one row,
+    so they loop over rows."""
     if width == 32:
 
         @pl.jit.inline
         def sort_tile(padded):
             ids = pl.col_expand(pl.full([ROW_TILE, 32], dtype=pl.UINT32, value=0),
                                 pl.arange(0, [1, 32], dtype=pl.UINT32))
-            return pl.sort32(padded, ids)[:, 0:keep]
+            return pl.sort32(padded, pl.mins(ids, real - 1))[:, 0:keep]
 
         return sort_tile
     sort_row = SORTS[width]
@@ -141,7 +144,7 @@ def _group_limiter(shape: GateShape):
     n_group, topk_group = shape.n_group, shape.topk_group
     group_size = shape.num_experts // n_group
     group_pad = _sort_width(n_group)
-    rank_groups = _row_sorter(group_pad, 2 * topk_group)
+    rank_groups = _row_sorter(group_pad, 2 * topk_group, n_group)
 
     @pl.jit.inline
     def limit_groups(choice):
@@ -197,7 +200,7 @@ def route_tile(shape: GateShape):
     topk_weights [ROW_TILE, K] FP32)`: the gate of one tile of token rows (`gate_kernel`'s body; kernels that
     fuse the gate with what surrounds it call it too)."""
     expert_pad = _sort_width(shape.num_experts)
-    score_of, sort_experts = SCORES[shape.score_func], _row_sorter(expert_pad, 2 * shape.top_k)
+    score_of, sort_experts = SCORES[shape.score_func], _row_sorter(expert_pad, 2 * shape.top_k, shape.num_experts)
     limit = _group_limiter(shape) if shape.n_group is not None else _unchanged
     finish = _renormalised if shape.norm_topk_prob else _unchanged
     scale = _scaled(shape.routed_scaling_factor)
@@ -272,4 +275,14 @@ def _checked_inputs(cfg: MoEConfig, logits, bias):
     elif not isinstance(bias, torch.Tensor) or bias.numel() != experts or not bias.is_floating_point():
         raise bad(f"gate: bias must be a floating-point tensor of {experts} elements (num_experts), "
                   f"got {describe(bias)}")
+    check_bias(bias, "gate")
     return logits.float().contiguous(), bias.float().reshape(1, experts).contiguous()
+
+
+def check_bias(bias: torch.Tensor | None, where: str) -> None:
+    """An error unless the selection bias is free of -inf: with one, an expert could rank below the pad slots of a
+    sorted row (at the most negative FP32), which the gate assumes never win."""
+    if bias is not None and bool(torch.isneginf(bias).any()):
+        expert = int(torch.isneginf(bias.reshape(-1)).nonzero()[0])
+        raise MoEArgumentError.at_caller(f"{where}: the selection bias is -inf at expert {expert}",
+                                         hint="keep an expert out with a large finite negative bias (e.g. -1e30)")

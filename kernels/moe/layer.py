@@ -17,7 +17,7 @@ import pypto.language.distributed as pld
 from pypto_rt.kernels.moe.buffer import MoEBuffer
 from pypto_rt.kernels.moe.config import MoEConfig
 from pypto_rt.kernels.moe.experts import run_experts, shared_expert
-from pypto_rt.kernels.moe.gate import GateShape, gate
+from pypto_rt.kernels.moe.gate import GateShape, check_bias, gate
 from pypto_rt.kernels.moe.loading import load_moe_weights
 from pypto_rt.kernels.moe.local_decode import (
     MAX_TOKENS as LOCAL_MAX_TOKENS, LocalDecodeShape, LocalDecodeWeights, local_decode_kernel,
@@ -45,6 +45,7 @@ class MoELayer:
                 f"rank {self.buffer.rank}: MoELayer: the weights hold experts {weights.first_expert}.."
                 f"{weights.first_expert + weights.experts.experts - 1}, this rank owns {first}..{first + local - 1}",
                 hint="load them with load_moe_weights(cfg, state_dict, rank=pld.rank(), world=pld.world_size())")
+        check_bias(weights.router.bias, "MoELayer")
         layout = self.buffer.layout
         self._local = None      # the one-kernel layer's (fused weights, bias, counts) in a job of one rank
         if layout.world == 1 and not weights.experts.quantized and \

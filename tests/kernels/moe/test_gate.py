@@ -151,6 +151,8 @@ def test_tied_groups_go_to_the_lowest_group_id():
     (torch.zeros(2, 15), None, "logits must be a [T, 16] tensor (num_experts=16), got torch.float32 [2, 15]"),
     (torch.zeros(2, 16, dtype=torch.int32), None, "logits must be floating point"),
     (torch.zeros(2, 16), torch.zeros(8), "bias must be a floating-point tensor of 16 elements"),
+    (torch.zeros(2, 16), torch.zeros(16).index_fill(0, torch.tensor([3]), -float("inf")),
+     "gate: the selection bias is -inf at expert 3"),
 ])
 def test_bad_inputs_are_errors_naming_the_argument(logits, bias, named):
     with pytest.raises(MoEArgumentError) as info:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pypto_rt import config, run_stats
-from pypto_rt.kernels.moe import MoEConfig, MoELayer, load_moe_weights
+from pypto_rt.kernels.moe import MoEArgumentError, MoEConfig, MoELayer, load_moe_weights
 from pypto_rt.kernels.moe import layer as layer_module
 from pypto_rt.kernels.moe.golden import gate_golden, moe_layer_golden
 from pypto_rt.language import _runtime
@@ -134,6 +134,15 @@ def test_prefill_sizes_take_the_dispatch_path_over_the_same_weights(executor):
     x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(8))
     with config.scope(EXECUTOR=executor):
         torch.testing.assert_close(layer(x), moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_minus_inf_selection_bias_is_an_error_at_the_layer():
+    """The gate's pad slots (the most negative FP32) must never win: a -inf bias is refused where the layer is made."""
+    cfg = MoEConfig(hidden=H, num_experts=E, top_k=K, max_tokens_per_rank=T_MAX, intermediate_size=I)
+    sd = _state_dict(torch.Generator().manual_seed(11), shared=False)
+    sd["mlp.gate.e_score_correction_bias"][1] = -float("inf")
+    with pytest.raises(MoEArgumentError, match="MoELayer: the selection bias is -inf at expert 1"):
+        MoELayer.from_state_dict(cfg, sd, prefix="mlp.")
 
 
 def test_a_bad_x_is_an_error_naming_it():
