@@ -97,8 +97,8 @@ def _sort_2048(padded):
 SORTS = {32: _sort_32, 128: _sort_128, 512: _sort_512, 2048: _sort_2048}
 
 
-def _row_sorter(width: int, keep: int, real: int):
-    """An inline `padded [ROW_TILE, width] -> [ROW_TILE, keep]`: each row's first `keep` sorted pair positions, of
+def _row_sorter(width: int, keep: int, real: int, rows: int):
+    """An inline `padded [rows, width] -> [rows, keep]`: each row's first `keep` sorted pair positions, of
     which the first `real` slots are real. sort32 takes a whole tile (every row sorted alone), so width 32 sorts the
     tile in one call, its pad slots carrying id real - 1 (never picked: see the module text; so the ids provably
     index the real slots and the pick of the scores checks no bounds); wider rows need mrgsort, which takes one row,
@@ -107,7 +107,7 @@ def _row_sorter(width: int, keep: int, real: int):
 
         @pl.jit.inline
         def sort_tile(padded):
-            ids = pl.col_expand(pl.full([ROW_TILE, 32], dtype=pl.UINT32, value=0),
+            ids = pl.col_expand(pl.full([rows, 32], dtype=pl.UINT32, value=0),
                                 pl.arange(0, [1, 32], dtype=pl.UINT32))
             return pl.sort32(padded, pl.mins(ids, real - 1))[:, 0:keep]
 
@@ -116,8 +116,8 @@ def _row_sorter(width: int, keep: int, real: int):
 
     @pl.jit.inline
     def sort_rows(padded):
-        best = pl.full([ROW_TILE, keep], dtype=pl.FP32, value=0.0)
-        for r in pl.range(ROW_TILE):
+        best = pl.full([rows, keep], dtype=pl.FP32, value=0.0)
+        for r in pl.range(rows):
             best[r : r + 1, :] = sort_row(padded[r : r + 1, :])[:, 0:keep]
         return best
 
@@ -138,20 +138,20 @@ LOWEST = float(torch.finfo(torch.float32).min)   # pl.PadValue.min for FP32: nev
 ROW_TILE = 32                                     # token rows per block (a decode batch in one); T padded to a multiple
 
 
-def _group_limiter(shape: GateShape):
+def _group_limiter(shape: GateShape, rows: int):
     """An inline `choice [R, E] -> choice with the experts outside each row's topk_group best groups at LOWEST`.
     A group's score is the sum of its two largest choices (the maximum twice when it occurs twice)."""
     n_group, topk_group = shape.n_group, shape.topk_group
     group_size = shape.num_experts // n_group
     group_pad = _sort_width(n_group)
-    rank_groups = _row_sorter(group_pad, 2 * topk_group, n_group)
+    rank_groups = _row_sorter(group_pad, 2 * topk_group, n_group, rows)
 
     @pl.jit.inline
     def limit_groups(choice):
-        ones = pl.full([ROW_TILE, group_size], dtype=pl.FP32, value=1.0)
-        zeros = pl.full([ROW_TILE, group_size], dtype=pl.FP32, value=0.0)
-        lowest = pl.full([ROW_TILE, group_size], dtype=pl.FP32, value=LOWEST)
-        group_best = pl.full([ROW_TILE, group_pad], dtype=pl.FP32, value=LOWEST)
+        ones = pl.full([rows, group_size], dtype=pl.FP32, value=1.0)
+        zeros = pl.full([rows, group_size], dtype=pl.FP32, value=0.0)
+        lowest = pl.full([rows, group_size], dtype=pl.FP32, value=LOWEST)
+        group_best = pl.full([rows, group_pad], dtype=pl.FP32, value=LOWEST)
         for g in pl.range(n_group):
             g0 = g * group_size
             member = choice[:, g0 : g0 + group_size]
@@ -162,9 +162,9 @@ def _group_limiter(shape: GateShape):
             second = pl.sel(pl.cmps(repeats, 1.5, cmp_type=4), first, second)
             group_best[:, g : g + 1] = pl.add(first, second)
         chosen = pl.gather(rank_groups(group_best), mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
-        chosen_ones = pl.full([ROW_TILE, topk_group], dtype=pl.FP32, value=1.0)
-        chosen_zeros = pl.full([ROW_TILE, topk_group], dtype=pl.FP32, value=0.0)
-        kept = pl.full([ROW_TILE, n_group * group_size], dtype=pl.FP32, value=LOWEST)
+        chosen_ones = pl.full([rows, topk_group], dtype=pl.FP32, value=1.0)
+        chosen_zeros = pl.full([rows, topk_group], dtype=pl.FP32, value=0.0)
+        kept = pl.full([rows, n_group * group_size], dtype=pl.FP32, value=LOWEST)
         for g in pl.range(n_group):
             g0 = g * group_size
             member = choice[:, g0 : g0 + group_size]
@@ -195,13 +195,14 @@ def _scaled(factor: float):
     return scaled
 
 
-def route_tile(shape: GateShape):
-    """The inline `(logits [ROW_TILE, E] FP32 tile, bias [1, E] FP32) -> (topk_idx [ROW_TILE, K] INT32,
-    topk_weights [ROW_TILE, K] FP32)`: the gate of one tile of token rows (`gate_kernel`'s body; kernels that
-    fuse the gate with what surrounds it call it too)."""
+def route_tile(shape: GateShape, rows: int = ROW_TILE):
+    """The inline `(logits [rows, E] FP32 tile, bias [1, E] FP32) -> (topk_idx [rows, K] INT32,
+    topk_weights [rows, K] FP32)`: the gate of one tile of token rows (`gate_kernel`'s body; kernels that
+    fuse the gate with what surrounds it call it too, on as many rows as they have)."""
     expert_pad = _sort_width(shape.num_experts)
-    score_of, sort_experts = SCORES[shape.score_func], _row_sorter(expert_pad, 2 * shape.top_k, shape.num_experts)
-    limit = _group_limiter(shape) if shape.n_group is not None else _unchanged
+    sort_experts = _row_sorter(expert_pad, 2 * shape.top_k, shape.num_experts, rows)
+    score_of = SCORES[shape.score_func]
+    limit = _group_limiter(shape, rows) if shape.n_group is not None else _unchanged
     finish = _renormalised if shape.norm_topk_prob else _unchanged
     scale = _scaled(shape.routed_scaling_factor)
 
@@ -209,7 +210,7 @@ def route_tile(shape: GateShape):
     def route(logits, bias):
         score = score_of(logits)
         choice = limit(pl.col_expand_add(score, bias))
-        padded = pl.fillpad_expand(choice, [ROW_TILE, expert_pad], pad_value=pl.PadValue.min)
+        padded = pl.fillpad_expand(choice, [rows, expert_pad], pad_value=pl.PadValue.min)
         chosen = pl.gather(sort_experts(padded), mask_pattern=pl.tile.MaskPattern.P1010, output_dtype=pl.INT32)
         return chosen, scale(finish(_pick_scores(score, chosen)))
 

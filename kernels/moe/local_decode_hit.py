@@ -17,7 +17,7 @@ import functools
 import pypto.language as pl
 from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, cast_to, k_tile, projection, swiglu_of
-from pypto_rt.kernels.moe.gate import ROW_TILE, route_tile
+from pypto_rt.kernels.moe.gate import route_tile
 from pypto_rt.kernels.moe.local_decode import LocalDecodeShape
 
 
@@ -34,7 +34,7 @@ def local_route_kernel(shape: LocalDecodeShape, tokens: int):
     mixed = dt != rdt
     router = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32,
                         cast_to(dt, pl.FP32) if mixed else None, cast_to(rdt, pl.FP32) if mixed else None)
-    route = route_tile(shape.gate)
+    route = route_tile(shape.gate, rows=tokens)     # the live rows only: no padded rows to route
 
     @pl.jit
     def moe_local_route(
@@ -45,10 +45,9 @@ def local_route_kernel(shape: LocalDecodeShape, tokens: int):
         topk_weights: pl.Out[pl.Tensor[[tokens, top_k], pl.FP32]],
     ):
         for _ in pl.spmd(1, name_hint="moe_local_route"):
-            x_tile = pl.fillpad(pl.set_validshape(x[0:ROW_TILE, :], tokens, hidden))
-            chosen, weights = route(router(x_tile, gate_weight), bias)
-            topk_idx[:, :] = chosen[0:tokens, :]
-            topk_weights[:, :] = weights[0:tokens, :]
+            chosen, weights = route(router(x[0:tokens, :], gate_weight), bias)
+            topk_idx[:, :] = chosen
+            topk_weights[:, :] = weights
         return topk_idx, topk_weights
 
     return moe_local_route

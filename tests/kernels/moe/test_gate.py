@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import pypto.language as pl
 from pypto_rt import config
 from pypto_rt.kernels.moe import MoEArgumentError, MoEConfig
 from pypto_rt.kernels.moe import gate as gate_module
@@ -169,3 +170,29 @@ def test_a_group_whose_best_expert_occurs_twice_scores_it_twice():
     logits[0, [4, 5]] = torch.tensor([1.2, 0.8])   # group 1: sigmoid(1.2) + sigmoid(0.8) = 1.459
     idx, _ = routed(cfg, logits)
     assert idx.tolist() == [[8, 9]]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("groups", [None, 4], ids=["flat", "grouped"])
+def test_the_route_of_a_few_rows_matches_the_golden(rows, groups):
+    """route_tile on as many rows as a fused kernel has (no padding to ROW_TILE)."""
+    cfg = make(score_func="sigmoid", n_group=groups, topk_group=groups and 2)
+    experts, top_k = cfg.num_experts, cfg.top_k
+    route = gate_module.route_tile(gate_module.GateShape.of(cfg), rows=rows)
+
+    @pl.jit
+    def few_rows(logits: pl.Tensor[[rows, experts], pl.FP32], bias: pl.Tensor[[1, experts], pl.FP32],
+                 idx: pl.Out[pl.Tensor[[rows, top_k], pl.INT32]], weights: pl.Out[pl.Tensor[[rows, top_k], pl.FP32]]):
+        for _ in pl.spmd(1, name_hint="few_rows"):
+            chosen, picked = route(logits[0:rows, :], bias)
+            idx[:, :] = chosen
+            weights[:, :] = picked
+        return idx, weights
+
+    gen = torch.Generator().manual_seed(rows)
+    logits, bias = torch.randn(rows, experts, generator=gen), torch.randn(experts, generator=gen) * 0.1
+    idx, weights = torch.zeros(rows, top_k, dtype=torch.int32), torch.zeros(rows, top_k)
+    few_rows(logits, bias.reshape(1, experts), idx, weights)
+    want_idx, want_weights = gate_golden(cfg, logits, bias)
+    assert torch.equal(idx, want_idx)
+    torch.testing.assert_close(weights, want_weights, **TOL)
