@@ -61,8 +61,9 @@ def local_hit_kernel(shape: LocalDecodeShape):
     routed_cols = shape.gate.num_experts * inter
     width, dt = routed_cols + shared_inter, PL_DTYPES[shape.dtype]
     swiglu, narrow, widen = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt), cast_to(dt, pl.FP32)
-    # the shared expert's columns and rows are fixed: (gate column, up column, down row) of each expert block
-    fixed = [(routed_cols, width + routed_cols, routed_cols, shared_inter)] if shared_inter else []
+    # each expert block as (gate column, up column, width); its down rows start at its gate column. The shared
+    # expert's block is fixed
+    fixed = [(routed_cols, width + routed_cols, shared_inter)] if shared_inter else []
 
     @pl.jit
     def moe_local_hit(
@@ -77,19 +78,19 @@ def local_hit_kernel(shape: LocalDecodeShape):
             blocks = []
             for k in range(top_k):       # the expert's first column / row, read from data
                 c0 = pl.read(topk_idx, [0, k]) * inter
-                blocks.append((c0, width + c0, c0, inter))
+                blocks.append((c0, width + c0, inter))
             blocks += fixed
             g = u = None
-            for gate_col, up_col, _, cols in blocks:     # each block's gate | up on its own column slice
+            for gate_col, up_col, cols in blocks:     # each block's gate | up on its own column slice
                 g_b = pl.matmul(x, gate_up[:, gate_col : gate_col + cols], out_dtype=pl.FP32)
                 u_b = pl.matmul(x, gate_up[:, up_col : up_col + cols], out_dtype=pl.FP32)
                 g, u = (g_b, u_b) if g is None else (pl.concat(g, g_b), pl.concat(u, u_b))
             h = narrow(swiglu(g, u))                     # [1, K * I + I_shared]: one pass for every block
             routes = pl.reshape(widen(h[:, 0 : top_k * inter]), [top_k, inter])
             weighted = narrow(pl.mul(routes, pl.reshape(topk_weights[0:1, :], [top_k, 1])))
-            acc = pl.matmul(weighted[0:1, :], down[blocks[0][2] : blocks[0][2] + inter, :], out_dtype=pl.FP32)
+            acc = pl.matmul(weighted[0:1, :], down[blocks[0][0] : blocks[0][0] + inter, :], out_dtype=pl.FP32)
             for k in range(1, top_k):
-                acc = pl.matmul_acc(acc, weighted[k : k + 1, :], down[blocks[k][2] : blocks[k][2] + inter, :])
+                acc = pl.matmul_acc(acc, weighted[k : k + 1, :], down[blocks[k][0] : blocks[k][0] + inter, :])
             if shared_inter:
                 acc = pl.matmul_acc(acc, h[:, top_k * inter : top_k * inter + shared_inter],
                                     down[routed_cols:width, :])
