@@ -13,6 +13,8 @@ per row, the columns whose valid element satisfies `x <cmp> kvalue`, in ascendin
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from pypto_rt.errors import OpError
@@ -110,14 +112,11 @@ def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     writes, not the destination's size (a scatter of a few rows into a large cache stays cheap)."""
     if targets.numel() < 2:
         return values
-    if recording.fixed(targets):   # the same targets every replay: resolved once, now; the replay picks at most
-        with recording.unrecorded():
-            winners = _winners(targets)
-        return values if winners is None else values[winners]
-    if recording.recording():      # (a recording reads no index it cannot fix)
-        ordered, order = torch.sort(targets, stable=True)
-        return values[order[torch.searchsorted(ordered, targets, right=True) - 1]]
-    winners = _winners(targets)
+    fixed = recording.fixed(targets)
+    if recording.recording() and not fixed:   # (a recording reads no index it cannot fix: every replay sorts)
+        return values[_last_positions(*torch.sort(targets, stable=True), targets)]
+    with recording.unrecorded() if fixed else contextlib.nullcontext():   # fixed: the same targets every replay,
+        winners = _winners(targets)                                       # resolved once, now
     return values if winners is None else values[winners]
 
 
@@ -126,6 +125,11 @@ def _winners(targets: torch.Tensor) -> torch.Tensor | None:
     ordered, order = torch.sort(targets, stable=True)
     if bool((ordered.diff() != 0).all()):
         return None
+    return _last_positions(ordered, order, targets)
+
+
+def _last_positions(ordered: torch.Tensor, order: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per write, the position of the last write to its target, from the targets' stable sort (ordered, order)."""
     return order[torch.searchsorted(ordered, targets, right=True) - 1]
 
 
