@@ -2,12 +2,12 @@
 
 Replaying a recorded run repeats its torch calls only. An op whose effect lies outside them (communication with
 other ranks, printing) calls `refuse(reason)`: the run is then not replayed; the signal and store ops go through
-`communicate`, which the recorder of a signalling block records as calls of their effects. `pl.read` asks `read_scalar` for a
-number the replay can read again itself instead of reading tensor data into Python, which would fix the replay to
-the value seen when recording. Such numbers are `ScalarFromData`s (replay's traced ints and floats subclass it):
-ops take them as they are where an int or float goes, so their code reaches torch. The recorder is whatever
-object the replay layer pushed on this thread; ops never import replay. Costs one thread-local read when nothing
-records.
+`communicate`, which the recorder of a signalling block records as calls of their effects. `pl.read` asks
+`read_scalar` for a number the replay can read again itself instead of reading tensor data into Python, which would
+fix the replay to the value seen when recording. Such numbers are `ScalarFromData`s (replay's traced ints and floats
+subclass it): ops take them as they are where an int or float goes, so their code reaches torch. The recorder is
+whatever object the replay layer pushed on this thread; ops never import replay. Costs one thread-local read when
+nothing records.
 """
 from __future__ import annotations
 

@@ -21,14 +21,15 @@ A communication task (the host passes its region name as `label`) runs with that
 always runs on a worker (never inline on the host, which must keep submitting in program order). Other tasks pay
 nothing for this.
 
-In a run recorded for replay (on the host thread, under a replay.capture.Recorder), each block of a
-communication task that calls `pld` ops runs *signalling*: its torch calls and `pld` ops are recorded as calls
+In a run recorded for replay (on the host thread, under a replay.capture.Recorder), each block of a communication
+task that calls `pld` ops runs *signalling*: its torch calls and `pld` ops are recorded as calls
 (replay.comm_block); once a recording refused that for its kernel, and for a kernel whose course an earlier
 recording found to depend on data, each block is run by the recorder as one `BlockCall` (the kernel's own run
-function) that the replay calls again (replay.opaque); other blocks run their kernel with the recorder told which kernel runs (`recorder.block`). A
-task that only takes windows (reads or writes them with plain ops, after the signal waits of earlier tasks) is
-recorded as torch calls too: a window keeps its memory, so its recorded calls read the peers' latest rows where
-the replay's straight line runs them, after those waits (numbers read from a window stay volatile: replay.capture).
+function) that the replay calls again (replay.opaque); other blocks run their kernel with the recorder told which
+kernel runs (`recorder.block`). A task that only takes windows (reads or writes them with plain ops, after the
+signal waits of earlier tasks) is recorded as torch calls too: a window keeps its memory, so its recorded calls read
+the peers' latest rows where the replay's straight line runs them, after those waits (numbers read from a window
+stay volatile: replay.capture).
 """
 from __future__ import annotations
 

@@ -27,12 +27,13 @@ way the prologue cannot check:
 - an argument the trace cannot write down as code (an object of unknown kind), an outside tensor sharing
   memory with an entry tensor (a view made before the run; a window excepted, see below), or an op that declares
   itself non-replayable (`pypto_rt.ops.recording.refuse`: communication on the host, printing).
-Communication blocks: orchestration runs each block of a communication task *signalling* (its `pld` ops recorded
-as calls of their effects, replay.comm_block) or, once that was refused for its kernel, hands it to `opaque_block`,
-which runs it muted and records it as one call of its kernel (replay.opaque). Windows (views of `pld.alloc_window_buffer`,
-entry or outside tensors) are *volatile*: peers write them at any time, so a number read from one is read where
-the run read it (never in the prologue, and a guard on it refuses the recording, as for computed data), and no
-call reading one shares another's result (passes); nothing is assumed about which window views share memory.
+Communication blocks: orchestration runs each block of a communication task *signalling* (its `pld` ops recorded as
+calls of their effects, replay.comm_block) or, once that was refused for its kernel, hands it to `opaque_block`,
+which runs it muted and records it as one call of its kernel (replay.opaque). Windows (views of
+`pld.alloc_window_buffer`, entry or outside tensors) are *volatile*: peers write them at any time, so a number read
+from one is read where the run read it (never in the prologue, and a guard on it refuses the recording, as for
+computed data), and no call reading one shares another's result (passes); nothing is assumed about which window
+views share memory.
 The op library calls torch only through its public API (no `torch.ops.aten`, no `torch._C`: those bypass the
 mode; tests/replay/test_replay.py checks). Metadata reads (`.shape`, `.dim()`, `.stride()`, `untyped_storage()`)
 are not recorded: under one specialisation they give the same answers every time. Outside tensors (module
