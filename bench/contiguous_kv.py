@@ -15,7 +15,7 @@ import functools
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.attention.attention_calls import _check_caches, _check_int, _fail
+from pypto_rt.kernels.attention.attention_calls import _check_caches, _check_int, _fail, check_new_rows
 from pypto_rt.kernels.attention.attn_errors import AttentionArgumentError
 from pypto_rt.kernels.attention.paged import KV_TILE, NEG_CAP, longest_length
 from pypto_rt.kernels.tile_casts import PL_DTYPES
@@ -59,10 +59,7 @@ def append_kv(key, value, key_cache, value_cache, positions) -> None:
     """Write key/value [B, KVH, D] as row positions[b] of request b's cache key_cache/value_cache
     [B, max_ctx, KVH, D]: the checks `write_kv_cache` makes, positions for slots (each in 0..max_ctx-1, one
     aminmax read on the host), then one kernel call."""
-    if not isinstance(key, torch.Tensor) or key.dim() != 3 or key.dtype not in PL_DTYPES:
-        _fail("key", key, f"a tensor [B, kv_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
-    if not isinstance(value, torch.Tensor) or value.shape != key.shape or value.dtype != key.dtype:
-        _fail("value", value, "shaped like key")
+    check_new_rows(key, value, "B")
     _check_caches(key_cache, value_cache, key.dtype)
     if list(key_cache.shape[2:]) != list(key.shape[1:]) or key_cache.shape[0] != key.shape[0]:
         _fail("key_cache", key_cache, f"[{key.shape[0]}, max_ctx, {key.shape[1]}, {key.shape[2]}] to take key's rows")

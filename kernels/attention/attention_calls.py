@@ -31,6 +31,14 @@ def _check_int(name: str, t, shape: list, dtypes=(torch.int32,)) -> None:
         _fail(name, t, f"{' or '.join(str(d) for d in dtypes)} {shape}")
 
 
+def check_new_rows(key, value, rows: str) -> None:
+    """key [rows, kv_heads, head_dim] of a kernel dtype, value shaped like it: the rows a cache write takes."""
+    if not isinstance(key, torch.Tensor) or key.dim() != 3 or key.dtype not in PL_DTYPES:
+        _fail("key", key, f"a tensor [{rows}, kv_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
+    if not isinstance(value, torch.Tensor) or value.shape != key.shape or value.dtype != key.dtype:
+        _fail("value", value, f"shaped like key ({describe(key)})")
+
+
 def _slot_range(slot_mapping, key_cache) -> tuple[int, int]:
     """The smallest and largest slot, read once per call on the host (one aminmax), after checking every slot is
     padding (< 0) or inside the pool (the kernel drops any slot past the pool, as it drops -1, so a slot past it
@@ -49,10 +57,7 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Write key/value [N, KVH, D] into key_cache/value_cache [num_blocks, block_size, KVH, D] in place at
     slot_mapping [N] (int64 or int32; slot = block * block_size + offset); a slot of -1 writes nothing. The live
     slots of one call must be distinct (as vLLM's): if one repeats, which of its rows lands is unspecified."""
-    if not isinstance(key, torch.Tensor) or key.dim() != 3 or key.dtype not in PL_DTYPES:
-        _fail("key", key, f"a tensor [N, kv_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
-    if not isinstance(value, torch.Tensor) or value.shape != key.shape or value.dtype != key.dtype:
-        _fail("value", value, f"shaped like key ({describe(key)})")
+    check_new_rows(key, value, "N")
     _check_caches(key_cache, value_cache, key.dtype)
     if list(key_cache.shape[2:]) != list(key.shape[1:]):
         _fail("key_cache", key_cache, f"[num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to take key's rows")
