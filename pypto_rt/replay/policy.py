@@ -1,10 +1,10 @@
 """The trial policy: when replay is on, when a run is recorded, how replays are tried against the engine, and the
 limits of a recording, as one frozen `ReplayPolicy` with declared fields.
 
-`current_policy()` is the policy in force: the declared defaults, `enabled` and `kernel_replay` from the PYPTO_*
-knobs (read through `config` on each call, as before), and the changes of any `policy_scope(**changes)` around
-the caller (a `contextvars.ContextVar`, so a scope on one thread or task is not seen by others). Kernel replay
-decides on the engine's worker threads, which do not inherit the caller's context: the task runner takes the
+`current_policy()` is the policy in force: the declared defaults, `enabled`, `kernel_replay` and `tier` from the
+PYPTO_* knobs (read through `config` on each call, as before), and the changes of any `policy_scope(**changes)`
+around the caller (a `contextvars.ContextVar`, so a scope on one thread or task is not seen by others). Kernel
+replay decides on the engine's worker threads, which do not inherit the caller's context: the task runner takes the
 policy in force when a run starts and hands it to the kernel replays that run uses.
 """
 from __future__ import annotations
@@ -36,7 +36,8 @@ class ReplayPolicy:
     max_recordings: int = 3            # per specialisation: a recording refused inside a block, or a replay
                                        # dropped for misses of guards made inside blocks, is recorded again with
                                        # those kernels' blocks called as they are, up to this many recordings
-    # -- the compiled tier (replay.tier, PYPTO_TIER), per specialisation --------------------------------------
+    # -- the compiled tier (replay.tier), per specialisation ------------------------------------------------
+    tier: str = "off"                  # PYPTO_TIER: off (never compiled), background, or eager
     tier_after_replays: int = 64       # replays of a kept replay before it is compiled in the background (a
                                        # short run does not pay seconds of compiling; eager: at the first)
     tier_trial_calls: int = 4          # compiled and replayed calls timed each (after one to warm up) before the
@@ -60,7 +61,7 @@ class ReplayPolicy:
 
 _changes: contextvars.ContextVar[tuple] = contextvars.ContextVar("pypto_rt_replay_policy", default=())
 _last: tuple = (None, None)   # (key, policy): the policy built last, reused while knobs and scope are the same
-policy_knobs = (config.REPLAY, config.TRACE, config.CHECK, config.KERNEL_REPLAY)   # what the policy reads
+policy_knobs = (config.REPLAY, config.TRACE, config.CHECK, config.KERNEL_REPLAY, config.TIER)   # what it reads
 _knobs = config.Snapshot(*policy_knobs)
 
 
@@ -70,9 +71,9 @@ def current_policy() -> ReplayPolicy:
     key = (_knobs.values(), _changes.get())
     last_key, policy = _last
     if key != last_key:
-        (replay, trace, check, kernel), changes = key
+        (replay, trace, check, kernel, tier), changes = key
         policy = dataclasses.replace(ReplayPolicy(enabled=replay == "1" and not trace and check == "",
-                                                  kernel_replay=kernel == "1"), **dict(changes))
+                                                  kernel_replay=kernel == "1", tier=tier), **dict(changes))
         _last = (key, policy)   # (one assignment: another thread sees the old pair or the new one)
     return policy
 

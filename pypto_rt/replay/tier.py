@@ -90,7 +90,7 @@ class Tier:
                         self._settle(FAILED, f"timed out after {policy.tier_timeout_s:g} s", replay)
             return replay
         if state == REPLAY and not self.why:
-            mode = config.TIER.get()
+            mode = policy.tier
             if mode == "eager" or (mode == "background" and steady):
                 self._start(replay, args, policy, background=mode == "background")
                 if self.state == TRIAL:
@@ -175,7 +175,8 @@ class Tier:
         elif self.state == TRIAL:
             text = f"tier trial (compiled in {self.compile_s:.1f} s, timed against the replay)"
         elif self.state == REPLAY and not self.why:
-            text = f"tier replay (compiled once steady, PYPTO_TIER={config.TIER.raw() or 'background'})"
+            mode = config.TIER.get()
+            text = f"tier replay (PYPTO_TIER={mode}: {'not compiled' if mode == 'off' else 'compiled once steady'})"
         else:
             text = f"tier {self.state} ({self.why})" if self.why else f"tier {self.state}"
         self.text = text
