@@ -47,12 +47,15 @@ class MoELayer:
                 hint="load them with load_moe_weights(cfg, state_dict, rank=pld.rank(), world=pld.world_size())")
         check_bias(weights.router.bias, "MoELayer")
         layout = self.buffer.layout
-        self._local = None      # the one-kernel layer's (fused weights, bias, counts) in a job of one rank
+        self._local = None      # the one-kernel layer's (fused weights, bias, shape) in a job of one rank
         if layout.world == 1 and not weights.experts.quantized and \
                 (weights.shared is None or not weights.shared.quantized):
             fused, weights = LocalDecodeWeights.of(weights)
             bias = torch.zeros(cfg.num_experts) if weights.router.bias is None else weights.router.bias
-            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous())
+            shared_inter = 0 if weights.shared is None else weights.shared.inter
+            shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter, shared_inter, cfg.dtype,
+                                     weights.router.weight.dtype, cfg.swiglu_limit)
+            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous(), shape)
         self.cfg, self.weights = cfg, weights
         self._expert_rows = torch.zeros(layout.local_experts, layout.lanes, cfg.hidden, dtype=cfg.dtype)
         self._recv_counts: torch.Tensor | None = None   # the buffer's counts after a dispatch, or
@@ -91,20 +94,16 @@ class MoELayer:
         if x.dim() != 2 or x.shape[1] != cfg.hidden or x.dtype != cfg.dtype:
             raise MoEArgumentError.at_caller(f"MoELayer: x must be a {cfg.dtype} [T, {cfg.hidden}] tensor (the "
                                              f"config's dtype and hidden size), got {describe(x)}")
-        fused, bias = self._local
-        shared_inter = 0 if weights.shared is None else weights.shared.inter
-        shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter, shared_inter, cfg.dtype,
-                                 weights.router.weight.dtype, cfg.swiglu_limit)
-        tokens, x = x.shape[0], x.contiguous()
+        fused, bias, shape = self._local
+        tokens, x, router = x.shape[0], x.contiguous(), weights.router.weight.contiguous()
         out = torch.empty(tokens, cfg.hidden, dtype=cfg.dtype)
         routes = torch.empty(tokens, cfg.top_k, dtype=torch.int32)
         if uses_hit_experts(shape, tokens):     # one token: read only its hit experts' weights (two kernels)
             route_weights = torch.empty(tokens, cfg.top_k, dtype=torch.float32)
-            local_route_kernel(shape, tokens)(x, weights.router.weight.contiguous(), bias, routes, route_weights)
+            local_route_kernel(shape, tokens)(x, router, bias, routes, route_weights)
             local_hit_kernel(shape)(x, routes, route_weights, fused.gate_up, fused.down, out)
         else:
-            local_decode_kernel(shape)(x, weights.router.weight.contiguous(), bias, fused.gate_up, fused.down,
-                                       out, routes)
+            local_decode_kernel(shape)(x, router, bias, fused.gate_up, fused.down, out, routes)
         self._local_routes = routes
         return out
 
