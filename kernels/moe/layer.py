@@ -23,6 +23,7 @@ from pypto_rt.kernels.moe.local_decode import (
     MAX_TOKENS as LOCAL_MAX_TOKENS, LocalDecodeShape, LocalDecodeWeights, local_decode_kernel,
 )
 from pypto_rt.kernels.moe.local_decode_hit import local_hit_kernel, local_route_kernel, uses_hit_experts
+from pypto_rt.kernels.moe.local_decode_routed import RoutedViews, capacity, local_routed_kernel, uses_routed
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
 from pypto_rt.kernels.moe.router import router_logits
 from pypto_rt.kernels.moe.weights import MoEWeights
@@ -47,7 +48,7 @@ class MoELayer:
                 hint="load them with load_moe_weights(cfg, state_dict, rank=pld.rank(), world=pld.world_size())")
         check_bias(weights.router.bias, "MoELayer")
         layout = self.buffer.layout
-        self._local = None      # the one-kernel layer's (fused weights, bias, shape) in a job of one rank
+        self._local = None      # the one-kernel layer's (fused weights, bias, shape, routed views), one rank
         if layout.world == 1 and not weights.experts.quantized and \
                 (weights.shared is None or not weights.shared.quantized):
             fused, weights = LocalDecodeWeights.of(weights)
@@ -55,7 +56,8 @@ class MoELayer:
             shared_inter = 0 if weights.shared is None else weights.shared.inter
             shape = LocalDecodeShape(GateShape.of(cfg), cfg.hidden, weights.experts.inter, shared_inter, cfg.dtype,
                                      weights.router.weight.dtype, cfg.swiglu_limit)
-            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous(), shape)
+            self._local = (fused, bias.float().reshape(1, cfg.num_experts).contiguous(), shape,
+                           RoutedViews.of(fused, shape))
         self.cfg, self.weights = cfg, weights
         self._expert_rows = torch.zeros(layout.local_experts, layout.lanes, cfg.hidden, dtype=cfg.dtype)
         self._recv_counts: torch.Tensor | None = None   # the buffer's counts after a dispatch, or
@@ -89,22 +91,30 @@ class MoELayer:
 
     def _one_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The whole layer as one kernel (one rank, 1 <= T <= LOCAL_MAX_TOKENS, bf16/FP32 experts); for one token
-        (K < E) the hit-experts form instead (local_decode_hit.py: a route kernel, then only the hit experts)."""
+        (K < E) the hit-experts form instead (local_decode_hit.py: a route kernel, then only the hit experts), for
+        a batch the routed capacity form where it measured faster (local_decode_routed.py)."""
         cfg, weights = self.cfg, self.weights
         if x.dim() != 2 or x.shape[1] != cfg.hidden or x.dtype != cfg.dtype:
             raise MoEArgumentError.at_caller(f"MoELayer: x must be a {cfg.dtype} [T, {cfg.hidden}] tensor (the "
                                              f"config's dtype and hidden size), got {describe(x)}")
-        fused, bias, shape = self._local
+        fused, bias, shape, views = self._local
         tokens, x, router = x.shape[0], x.contiguous(), weights.router.weight.contiguous()
         out = torch.empty(tokens, cfg.hidden, dtype=cfg.dtype)
         routes = torch.empty(tokens, cfg.top_k, dtype=torch.int32)
+        self._local_routes = routes
         if uses_hit_experts(shape, tokens):     # one token: read only its hit experts' weights (two kernels)
             route_weights = torch.empty(tokens, cfg.top_k, dtype=torch.float32)
             local_route_kernel(shape, tokens)(x, router, bias, routes, route_weights)
             local_hit_kernel(shape)(x, routes, route_weights, fused.gate_up, fused.down, out)
-        else:
-            local_decode_kernel(shape)(x, router, bias, fused.gate_up, fused.down, out, routes)
-        self._local_routes = routes
+            return out
+        if uses_routed(shape, tokens):
+            slots = capacity(shape, tokens)
+            counts = torch.empty(1, cfg.num_experts)
+            local_routed_kernel(shape, tokens, slots)(x, router, bias, fused.gate_up, fused.down, views.gate,
+                                                      views.up, views.down, out, routes, counts)
+            if float(counts.max()) <= slots:      # else a route had no slot: the dense form computes every one
+                return out
+        local_decode_kernel(shape)(x, router, bias, fused.gate_up, fused.down, out, routes)
         return out
 
     @property
