@@ -1,7 +1,7 @@
 """The one-rank MoE decode layer's dense form against its routed capacity form (kernels/moe/local_decode_routed.py),
 alone and inside benchmark 12's decode step, in CPU time: one torch thread, `time.thread_time`, best of 7 rounds
 of 5 calls, the two forms alternating in one process (the machine is shared: wall clock moves 2x between runs,
-one thread's CPU time much less). Not part of `python -m bench`: it picks `ROUTED_MIN_TOKENS`.
+one thread's CPU time much less). Not part of `python -m bench`: it picks `ROUTED_MAX_ROW_SHARE`.
 
     .venv/bin/python -m bench.moe_routed_form [batch ...]      (default 8 16 32)
 """
@@ -31,9 +31,9 @@ def _cpu_best(fns: dict) -> dict[str, float]:
 
 
 def _form(name: str):
-    """Select a form for every batch from now on (the layer reads ROUTED_MIN_TOKENS per call)."""
+    """Select a form for every batch from now on (the layer reads ROUTED_MAX_ROW_SHARE per call)."""
     from pypto_rt.kernels.moe import local_decode_routed
-    local_decode_routed.ROUTED_MIN_TOKENS = 1 if name == "routed" else 1 << 30
+    local_decode_routed.ROUTED_MAX_ROW_SHARE = 1.0 if name == "routed" else 0.0
 
 
 def _both(fn):

@@ -149,10 +149,15 @@ def local_routed_kernel(shape: LocalDecodeShape, tokens: int, slots_per_expert: 
     return moe_local_routed
 
 
-ROUTED_MIN_TOKENS = 16      # measured (README benchmark 12): below this the dense form was as fast or faster
+# the routed form is picked when its slot rows (E * C) are at most this share of the dense form's expert rows (E * T):
+# measured at E = 8, K = 2, H = I = 256 (README benchmark 12, CPU time, alternating): at T = 4 and 8 (C / T = 1 and
+# 7 / 8) the two tie or the dense form is ahead (fewer calls, every expert's weights read either way); at T = 16
+# (10 / 16) the routed layer takes 8-14% less, at T = 32 (17 / 32) 15-23%
+ROUTED_MAX_ROW_SHARE = 2 / 3
 
 
 def uses_routed(shape: LocalDecodeShape, tokens: int) -> bool:
-    """A batch whose routes reach every expert (T * K >= E) and is large enough that the slot rows' FLOPs saved
-    outweigh the slot layout's extra calls (measured: ROUTED_MIN_TOKENS)."""
-    return tokens * shape.gate.top_k >= shape.gate.num_experts and tokens >= ROUTED_MIN_TOKENS
+    """A batch whose routes reach every expert (T * K >= E) and whose slots per expert are a small enough share of
+    its tokens (ROUTED_MAX_ROW_SHARE) that the FLOPs saved outweigh the slot layout's calls."""
+    experts, top_k = shape.gate.num_experts, shape.gate.top_k
+    return tokens * top_k >= experts and capacity(shape, tokens) <= ROUTED_MAX_ROW_SHARE * tokens

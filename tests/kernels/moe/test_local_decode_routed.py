@@ -18,8 +18,8 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 @pytest.fixture(autouse=True)
 def routed_from_the_first_batch(monkeypatch):
-    """Every batch with T * K >= E takes the routed form (the measured threshold is for the bench's shapes)."""
-    monkeypatch.setattr(local_decode_routed, "ROUTED_MIN_TOKENS", 1)
+    """Every batch with T * K >= E takes the routed form (the measured share is for the bench's shapes)."""
+    monkeypatch.setattr(local_decode_routed, "ROUTED_MAX_ROW_SHARE", 1.0)
 
 
 def _layer(dtype, shared: bool, bias: torch.Tensor | None = None):
@@ -119,6 +119,15 @@ def test_calls_with_new_routing_replay(monkeypatch):
             torch.testing.assert_close(out, moe_layer_golden(cfg, weights, x), rtol=1e-5, atol=1e-5)
     assert len(set(routings[-3:])) == 3, routings
     assert kinds[-3:] == [REPLAYED] * 3, kinds
+
+
+def test_the_routed_form_starts_where_its_slots_are_two_thirds_of_the_tokens(monkeypatch):
+    """At E = 8, K = 2 the slots per expert reach 2/3 of T at T = 15 (10 slots): the dense form below, the routed
+    form from there; T * K < E never takes it."""
+    monkeypatch.undo()
+    _, layer, _ = _layer(torch.float32, shared=False)
+    shape = layer._local[2]
+    assert [t for t in range(1, T_MAX + 1) if local_decode_routed.uses_routed(shape, t)] == list(range(15, T_MAX + 1))
 
 
 def test_the_capacity_is_past_the_mean_and_never_past_the_batch():

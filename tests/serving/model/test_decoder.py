@@ -135,3 +135,34 @@ def test_padding_tokens_are_not_routed_to_experts(fp32_model, pad_at):
         model.on_expert_counts = None
     assert seen == [2 * model.cfg.top_k] * model.cfg.num_layers       # 2 live tokens of 4
     assert hand.outputs() == golden.generate(prompts, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_decode_batch_of_16_takes_the_routed_moe_form_and_keeps_the_goldens_tokens(monkeypatch, dtype):
+    """8 experts top-2 at 16 decode rows: the MoE layer's routed capacity form (10 slots per expert), its tokens in
+    FP32 the golden's, its logits in bf16 within the tolerance."""
+    from pypto_rt.kernels.moe import layer as layer_module
+    routed = []
+    factory = layer_module.local_routed_kernel
+    monkeypatch.setattr(layer_module, "local_routed_kernel", lambda *shape: routed.append(shape[1]) or factory(*shape))
+    cfg = DecoderConfig(**{**SMALL, "num_experts": 8}, dtype=dtype)
+    sd = random_state_dict(cfg, seed=2)
+    model, golden = MoEDecoder(cfg, sd), GoldenDecoder(cfg, sd)
+    model.allocate_kv_cache(32)
+    prompts = [[(7 * i) % 64, (5 * i + 3) % 64] for i in range(16)]
+    hand = HandBatches(prompts, BLOCK, blocks_per_request=2)
+    if dtype == torch.float32:
+        hand.step(model, [(i, 2) for i in range(16)])
+        for _ in range(3):
+            hand.step(model, [(i, None) for i in range(16)])
+        assert hand.outputs() == golden.generate(prompts, 4)
+    else:
+        caches = [RequestCache(cfg) for _ in prompts]
+        want = torch.stack([golden.step(c, p) for c, p in zip(caches, prompts)])
+        model.forward(hand.batch([(i, 2) for i in range(16)]))
+        for req, logits, p in zip(hand.requests, want, prompts):     # decode the golden's token on both sides
+            req.fed, req.out = len(p), [int(logits.argmax())]
+        want = torch.stack([golden.step(c, r.out) for c, r in zip(caches, hand.requests)])
+        got = model.forward_logits(hand.batch([(i, None) for i in range(16)]))
+        assert (got - want).abs().max() <= LOGIT_TOLERANCE["bf16"], (got - want).abs().max()
+    assert 16 in routed, routed
