@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from bench.serving_step import CONTEXT, WARMUP, _config, _decode_batch
+from bench.serving_step import CONTEXT, WARMUP, EagerDecoder, _config, _decode_batch
 
 ROUNDS, CALLS = 7, 5
 
@@ -47,13 +47,15 @@ def _both(fn):
 
 def run(batches=(8, 16, 32)) -> str:
     from pypto_rt import config
-    from pypto_rt.serving.model import MoEDecoder, random_state_dict
+    from pypto_rt.serving.model import GoldenDecoder, MoEDecoder, random_state_dict
 
     torch.set_num_threads(1)
     cfg = _config()
     sd = random_state_dict(cfg, seed=0)
     gen = torch.Generator().manual_seed(1)
-    lines = ["| batch | MoE layer dense | routed | decode step dense | routed |", "|---|---|---|---|---|"]
+    golden = GoldenDecoder(cfg, sd)
+    lines = ["| batch | MoE layer dense | routed | decode step dense | routed | eager torch step | step / torch, dense "
+             "| routed |", "|---|---|---|---|---|---|---|---|"]
     with config.scope(EXECUTOR="compiled"):
         model = MoEDecoder(cfg, sd)
         for batch in batches:
@@ -63,13 +65,16 @@ def run(batches=(8, 16, 32)) -> str:
             model.value_pool.copy_(torch.randn(model.value_pool.shape, generator=gen))
             xs = itertools.cycle([torch.randn(batch, cfg.hidden, generator=gen) for _ in range(64)])   # new routing
             layer = _both(lambda: model.moe[0](next(xs)))
-            steps = _both(lambda: model.forward(step))
+            eager = EagerDecoder(cfg, golden, batch, gen)
+            steps = {**_both(lambda: model.forward(step)), "torch": lambda: eager.step(step.input_ids, step.positions)}
             for fn in list(layer.values()) + list(steps.values()):
                 for _ in range(WARMUP):         # past recording and the replay trial
                     fn()
             t_layer, t_step = _cpu_best(layer), _cpu_best(steps)
             lines.append(f"| {batch} | {t_layer['dense'] * 1e3:.3f} ms | {t_layer['routed'] * 1e3:.3f} ms | "
-                         f"{t_step['dense'] * 1e3:.2f} ms | {t_step['routed'] * 1e3:.2f} ms |")
+                         f"{t_step['dense'] * 1e3:.2f} ms | {t_step['routed'] * 1e3:.2f} ms | "
+                         f"{t_step['torch'] * 1e3:.2f} ms | {t_step['dense'] / t_step['torch']:.2f}x | "
+                         f"{t_step['routed'] / t_step['torch']:.2f}x |")
     lines.append(f"\nCPU time per call, one torch thread, best of {ROUNDS} x {CALLS}; the layer over 64 inputs in turn "
                  f"(the routing changes, overflow included), the step at context {CONTEXT}.")
     return "\n".join(lines)

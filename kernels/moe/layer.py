@@ -7,9 +7,10 @@ Each step runs the router GEMM, the gate, `MoEBuffer.dispatch`, the routed exper
 (int8 when the weights are quantised, else the config's dtype), and `MoEBuffer.combine`, whose reduce also adds
 the shared expert's output (computed on the local tokens), so the result is rounded once. In a job of one rank
 (every expert local) a decode-sized call of bf16/FP32 experts skips the buffer: the whole layer is one kernel
-(`local_decode.py`; for a few tokens the hit experts only, `local_decode_hit.py`). Every stage is a
-`@pl.jit` kernel: nothing is read to the host, and the tensors a step needs are the layer's own, so repeated
-steps with the same token count replay whatever the routing.
+(`local_decode.py`; for one token the hit experts only, `local_decode_hit.py`; for a batch each expert on its
+own routes' slot rows, `local_decode_routed.py`). Every stage is a `@pl.jit` kernel: nothing is read to the host
+(but the routed form's largest expert count, to rerun an overflowing batch densely), and the tensors a step needs
+are the layer's own, so repeated steps with the same token count replay whatever the routing.
 """
 import torch
 

@@ -3,9 +3,9 @@ form: each expert runs on C slot rows, its own routes', instead of on every toke
 times the routed FLOPs).
 
     route: logits = x @ router.T -> gate -> (topk_idx, w) [T, K]              the gate's own inline (gate.route_tile)
-    slots: route r = t K + k of expert e goes to slot e C + j, j = how many earlier routes chose e; a route past
-           the capacity (j >= C) gets no slot. All by one-hot compares and small exact FP32 matmuls, so the slot
-           layout is tile data: no value is read into the program and every call replays, whatever the routing
+    slots: route r = t K + k of expert e goes to slot e C + j, j = how many earlier routes chose e (j >= C: the
+           call is discarded, below). All by one-hot compares and small exact FP32 matmuls, so the slot layout is
+           tile data: no value is read into the program and every call replays, whatever the routing
     x_slot [E, C, H] = Q @ x (Q [E C, T]: slot s holds token t; an empty slot a zero row), w_slot [E, C, 1]
     [g | u] = x_slot @ [W_gate | W_up] per expert (batched over E); h = swiglu(g, u) rounded; h *= w_slot, rounded
     y [E C, H] = h @ W_down per expert (FP32)
@@ -15,9 +15,9 @@ Why a capacity form and not data extents (each expert's count and offset read wi
 every shape static (a slice's extent read from data is guarded to its recorded value, replay/capture.py), so a
 per-expert row count would send a call with new routing to the engine. The slot layout costs E * C rows whatever
 the routing (an expert with no routes computes C zero rows); C is set from the batch (`capacity`). The kernel
-returns each expert's route count; the caller reruns the call in the dense form when one exceeds C (a route
-without a slot is not computed), so skewed routing stays correct. The rounding points are the dense form's (h,
-w * h, the sum once).
+returns each expert's route count; the caller reruns the call in the dense form when one exceeds C (a route past
+its expert's slots lands on the next expert's), so skewed routing stays correct. The rounding points are the
+dense form's (h, w * h, the sum once). `uses_routed` says for which batches the form is picked (measured).
 """
 import functools
 import math
@@ -30,6 +30,7 @@ from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, cast_to, k_tile, projection, swiglu_of
 from pypto_rt.kernels.moe.gate import route_tile
 from pypto_rt.kernels.moe.local_decode import LocalDecodeShape, LocalDecodeWeights
+
 
 def capacity(shape: LocalDecodeShape, tokens: int) -> int:
     """Slots per expert for `tokens` rows: the mean routes per expert m = T K / E plus 3 sqrt(m) (a count's spread
@@ -152,7 +153,7 @@ def local_routed_kernel(shape: LocalDecodeShape, tokens: int, slots_per_expert: 
 # the routed form is picked when its slot rows (E * C) are at most this share of the dense form's expert rows (E * T):
 # measured at E = 8, K = 2, H = I = 256 (README benchmark 12, CPU time, alternating): at T = 4 and 8 (C / T = 1 and
 # 7 / 8) the two tie or the dense form is ahead (fewer calls, every expert's weights read either way); at T = 16
-# (10 / 16) the routed layer takes 8-14% less, at T = 32 (17 / 32) 15-23%
+# (10 / 16) the routed layer takes 8-18% less, at T = 32 (17 / 32) 14-23%
 ROUTED_MAX_ROW_SHARE = 2 / 3
 
 
