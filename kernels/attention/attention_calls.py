@@ -68,7 +68,7 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     if high < 0:
         return None                                 # every row is padding: nothing to write, no kernel call
     kernel = cache_write_kernel(key_cache.shape[1], key.shape[1], key.shape[2], PL_DTYPES[key.dtype],
-                                SLOT_DTYPES[slot_mapping.dtype], padded=low < 0)   # (no padding: no skip to pay)
+                                SLOT_DTYPES[slot_mapping.dtype], padded=low < 0, some_live=True)   # (high >= 0)
     kernel(key, value, key_cache, value_cache, slot_mapping)
     return None
 
