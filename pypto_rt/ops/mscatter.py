@@ -103,8 +103,8 @@ def _redirect_skipped_rows(out_data, targets, values, keep) -> None:
     """out_data[targets[r]] = values[r] for the kept rows, with at least one kept (`some_kept`; repeated targets
     already carry their last write's values under "last"): each skipped row takes the kept row of the smallest
     target, its target and its data, so duplicate writes carry equal bits and their order does not matter (argmin,
-    where and a gather of the targets, then 2 calls per target: no spare row to find, read and put back). With none kept the write raises before
-    writing anything (here, or as torch's index error in a replay)."""
+    where and a gather of the targets, then 2 calls per target: no spare row to find, read and put back). With
+    none kept the write raises before writing anything (here, or as torch's index error in a replay)."""
     if not recording.recording() and not bool(keep.any()):
         raise OpError("pl.mscatter: some_kept=True, but every index is skipped (past the target): the caller "
                       "promised at least one kept row; call it only when one is (or leave some_kept False)")

@@ -106,16 +106,23 @@ def test_cache_writes_with_changing_slots_replay_every_call_after_the_trial_even
 
 
 def test_a_kernel_promised_a_live_slot_raises_on_all_padding_and_writes_nothing():
-    """A kernel built with some_live (write_kv_cache's, after its host check) given no live slot: a clear error on
-    the engine, and no slot written."""
+    """A kernel built with some_live (write_kv_cache's, after its host check) given no live slot raises before it
+    writes anything: a clear error on the engine, torch's index error in a replay."""
     gen = torch.Generator().manual_seed(5)
     kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
-    before_k, before_v = kc.clone(), vc.clone()
     kernel = cache_write.cache_write_kernel(BS, KVH, D, pl.FP32, pl.INT64, padded=True, some_live=True)
-    key, value = (torch.randn(B, KVH, D, generator=gen) for _ in range(2))
-    with pytest.raises(Exception, match="some_kept=True, but every index is skipped"):
-        kernel(key, value, kc, vc, torch.full((B,), -1))
-    assert torch.equal(kc, before_k) and torch.equal(vc, before_v)
+    dead = torch.full((B,), -1)
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        before_k, before_v = kc.clone(), vc.clone()
+        with pytest.raises(Exception, match="some_kept=True, but every index is skipped"):
+            _write_steps(kc, vc, gen, [dead], kernel)
+        assert torch.equal(kc, before_k) and torch.equal(vc, before_v)
+        steps = _fresh_slots(gen, CALLS, lambda step, s: s.__setitem__(step % B, -1))
+        assert _write_steps(kc, vc, gen, steps, kernel)[-2:] == [REPLAYED] * 2
+        before_k, before_v = kc.clone(), vc.clone()
+        with pytest.raises(IndexError, match="out of bounds"):
+            _write_steps(kc, vc, gen, [dead], kernel)
+        assert torch.equal(kc, before_k) and torch.equal(vc, before_v)
 
 
 def _replayed_calls(stats) -> int:
