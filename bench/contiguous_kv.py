@@ -15,8 +15,8 @@ import functools
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.attention.attention_calls import _check_caches, _check_int, _fail, check_new_rows
-from pypto_rt.kernels.attention.attn_errors import AttentionArgumentError
+from pypto_rt.kernels.attention.attn_errors import (AttentionArgumentError, check_caches, check_int,
+                                                    check_new_rows, fail)
 from pypto_rt.kernels.attention.paged import KV_TILE, NEG_CAP, longest_length
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
@@ -60,10 +60,10 @@ def append_kv(key, value, key_cache, value_cache, positions) -> None:
     [B, max_ctx, KVH, D]: the checks `write_kv_cache` makes, positions for slots (each in 0..max_ctx-1, one
     aminmax read on the host), then one kernel call."""
     check_new_rows(key, value, "B")
-    _check_caches(key_cache, value_cache, key.dtype)
+    check_caches(key_cache, value_cache, key.dtype)
     if list(key_cache.shape[2:]) != list(key.shape[1:]) or key_cache.shape[0] != key.shape[0]:
-        _fail("key_cache", key_cache, f"[{key.shape[0]}, max_ctx, {key.shape[1]}, {key.shape[2]}] to take key's rows")
-    _check_int("positions", positions, [key.shape[0]])
+        fail("key_cache", key_cache, f"[{key.shape[0]}, max_ctx, {key.shape[1]}, {key.shape[2]}] to take key's rows")
+    check_int("positions", positions, [key.shape[0]])
     if key.shape[0] == 0:
         return None
     max_ctx = key_cache.shape[1]

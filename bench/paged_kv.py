@@ -115,7 +115,7 @@ def _write(pool: _Pool, padded: bool) -> dict:
     rows, at = live.nonzero().flatten(), torch.full((int(live.sum()),), pool.ctx - 1)
     last_k, before_k = pool.k[-1, -1].clone(), pool.k.clone()
     paged_kernel = cache_write_kernel(pool.block, KVH, D, _pl_dtype(pool.k.dtype), SLOT_DTYPES[slots.dtype],
-                                      padded=padded)      # the kernel write_kv_cache runs for these slots
+                                      padded=padded, some_live=True)   # the kernel write_kv_cache runs for these
     append = append_kernel(pool.max_ctx, KVH, D, _pl_dtype(pool.k.dtype))
     positions = torch.full((B,), pool.ctx - 1, dtype=torch.int32)     # a contiguous cache has a row per request
     caches, rows_in = (pool.k, pool.v), (key, value)

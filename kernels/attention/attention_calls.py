@@ -4,39 +4,13 @@ layer's pool, or a slice of a stacked all-layer pool), block_tables [B, max_bloc
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.attention.attn_errors import AttentionArgumentError, describe
+from pypto_rt.kernels.attention.attn_errors import (AttentionArgumentError, check_caches, check_int,
+                                                    check_new_rows, describe, fail)
 from pypto_rt.kernels.attention.cache_write import cache_write_kernel
 from pypto_rt.kernels.attention.paged import AttnShape, decode_kernel, prefill_kernel
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 SLOT_DTYPES = {torch.int32: pl.INT32, torch.int64: pl.INT64}
-
-
-def _fail(what: str, got, need: str):
-    raise AttentionArgumentError.at_caller(f"{what} is {describe(got)}; it must be {need}")
-
-
-def _check_caches(key_cache, value_cache, dtype) -> None:
-    if not isinstance(key_cache, torch.Tensor) or key_cache.dim() != 4:
-        _fail("key_cache", key_cache, "a tensor [num_blocks, block_size, kv_heads, head_dim]")
-    if not isinstance(value_cache, torch.Tensor) or value_cache.shape != key_cache.shape:
-        _fail("value_cache", value_cache, f"shaped like key_cache {list(key_cache.shape)}")
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.dtype != dtype:
-            _fail(name, cache, f"of the dtype of the keys/queries ({dtype})")
-
-
-def _check_int(name: str, t, shape: list, dtypes=(torch.int32,)) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or list(t.shape) != shape:
-        _fail(name, t, f"{' or '.join(str(d) for d in dtypes)} {shape}")
-
-
-def check_new_rows(key, value, rows: str) -> None:
-    """key [rows, kv_heads, head_dim] of a kernel dtype, value shaped like it: the rows a cache write takes."""
-    if not isinstance(key, torch.Tensor) or key.dim() != 3 or key.dtype not in PL_DTYPES:
-        _fail("key", key, f"a tensor [{rows}, kv_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
-    if not isinstance(value, torch.Tensor) or value.shape != key.shape or value.dtype != key.dtype:
-        _fail("value", value, f"shaped like key ({describe(key)})")
 
 
 def _slot_range(slot_mapping, key_cache) -> tuple[int, int]:
@@ -58,33 +32,33 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     slot_mapping [N] (int64 or int32; slot = block * block_size + offset); a slot of -1 writes nothing. The live
     slots of one call must be distinct (as vLLM's): if one repeats, which of its rows lands is unspecified."""
     check_new_rows(key, value, "N")
-    _check_caches(key_cache, value_cache, key.dtype)
+    check_caches(key_cache, value_cache, key.dtype)
     if list(key_cache.shape[2:]) != list(key.shape[1:]):
-        _fail("key_cache", key_cache, f"[num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to take key's rows")
-    _check_int("slot_mapping", slot_mapping, [key.shape[0]], (torch.int64, torch.int32))
+        fail("key_cache", key_cache, f"[num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to take key's rows")
+    check_int("slot_mapping", slot_mapping, [key.shape[0]], (torch.int64, torch.int32))
     if key.shape[0] == 0:
         return None
     low, high = _slot_range(slot_mapping, key_cache)
     if high < 0:
         return None                                 # every row is padding: nothing to write, no kernel call
     kernel = cache_write_kernel(key_cache.shape[1], key.shape[1], key.shape[2], PL_DTYPES[key.dtype],
-                                SLOT_DTYPES[slot_mapping.dtype], padded=low < 0)   # (no padding: no skip to pay)
+                                SLOT_DTYPES[slot_mapping.dtype], padded=low < 0, some_live=True)   # (high >= 0)
     kernel(key, value, key_cache, value_cache, slot_mapping)
     return None
 
 
 def _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale) -> AttnShape:
     if not isinstance(query, torch.Tensor) or query.dim() != 3 or query.dtype not in PL_DTYPES:
-        _fail("query", query, f"a tensor [tokens, q_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
-    _check_caches(key_cache, value_cache, query.dtype)
+        fail("query", query, f"a tensor [tokens, q_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
+    check_caches(key_cache, value_cache, query.dtype)
     q_heads, head_dim = query.shape[1], query.shape[2]
     kv_heads = key_cache.shape[2]
     if key_cache.shape[3] != head_dim or q_heads % kv_heads:
-        _fail("key_cache", key_cache, f"[num_blocks, block_size, kv_heads, {head_dim}] with kv_heads dividing "
-              f"the query's {q_heads} heads")
+        fail("key_cache", key_cache, f"[num_blocks, block_size, kv_heads, {head_dim}] with kv_heads dividing "
+             f"the query's {q_heads} heads")
     if not isinstance(block_tables, torch.Tensor) or block_tables.dim() != 2 or block_tables.dtype != torch.int32:
-        _fail("block_tables", block_tables, "torch.int32 [batch, max_blocks]")
-    _check_int("seq_lens", seq_lens, [block_tables.shape[0]])
+        fail("block_tables", block_tables, "torch.int32 [batch, max_blocks]")
+    check_int("seq_lens", seq_lens, [block_tables.shape[0]])
     scale = head_dim ** -0.5 if scale is None else float(scale)
     return AttnShape(q_heads, kv_heads, head_dim, key_cache.shape[1], block_tables.shape[1],
                      PL_DTYPES[query.dtype], scale)
@@ -94,7 +68,7 @@ def _out(query, out):
     if out is None:
         return torch.empty_like(query)              # the kernels write every row
     if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
-        _fail("out", out, f"shaped like query ({describe(query)})")
+        fail("out", out, f"shaped like query ({describe(query)})")
     return out
 
 
@@ -103,7 +77,7 @@ def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens
     token's K/V already written); seq_lens[b] == 0 gives zeros. scale defaults to D ** -0.5."""
     shape = _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale)
     if block_tables.shape[0] != query.shape[0]:
-        _fail("block_tables", block_tables, f"one row per query ({query.shape[0]})")
+        fail("block_tables", block_tables, f"one row per query ({query.shape[0]})")
     out = _out(query, out)
     if query.shape[0] == 0:
         return out
@@ -117,7 +91,7 @@ def chunked_prefill_attention(query, key_cache, value_cache, block_tables, seq_l
     seq_lens[b] - qlen .. seq_lens[b] - 1 and attend causally to the cached context plus the chunk (its K/V
     already written). Rows outside every request (a padded batch's tokens past qsl[B]) are written zeros."""
     shape = _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale)
-    _check_int("query_start_loc", query_start_loc, [block_tables.shape[0] + 1])
+    check_int("query_start_loc", query_start_loc, [block_tables.shape[0] + 1])
     out = _out(query, out)
     if query.shape[0] == 0:
         return out

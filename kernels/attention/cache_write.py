@@ -8,9 +8,12 @@ slots, which the caller promises away: the live slots of one call are distinct, 
 which of its rows lands is unspecified). The kernel's course never depends on the slots, so calls with changing
 slot mappings replay. The caller (`write_kv_cache`) checks the slots against the pool once per call.
 
-Skipping costs a spare row (found in O(N), read, and put back in each cache: 18 replayed calls). A call the
-caller found free of padding (`padded=False`: every slot checked inside the pool) needs none: its scatter clamps,
-which moves no in-range slot (10 calls; an append into a contiguous cache makes 12).
+Skipping alone costs a spare row (found in O(N), read, and put back in each cache: 18 replayed calls). The caller
+(`write_kv_cache`) knows more from its host check, and builds the kernel to match: with no padding (`padded=False`:
+every slot inside the pool) the scatter clamps, which moves no in-range slot (10 calls; an append into a contiguous
+cache makes 12); with padding and a live slot (`some_live=True`) a -1 row rewrites the live row of the smallest
+slot with that row's own data (`some_kept`: 15 calls). A kernel built without `some_live` writes nothing for a call
+whose slots are all -1; one built with it raises then (a caller that checked sends no such call).
 """
 import functools
 
@@ -21,8 +24,10 @@ NB_DYN = pl.dynamic("NB_DYN")
 
 
 @functools.lru_cache(maxsize=None)
-def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slot_dtype, padded: bool = True):
+def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slot_dtype, padded: bool = True,
+                       some_live: bool = False):
     width, oob = kv_heads * head_dim, "skip" if padded else "clamp"
+    some_kept = padded and some_live
 
     @pl.jit
     def kv_cache_write(
@@ -44,9 +49,9 @@ def cache_write_kernel(block_size: int, kv_heads: int, head_dim: int, dtype, slo
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="kv_cache_write"):
             slots = pl.reshape(slot_mapping, [1, n])
             k_flat = pl.mscatter(pl.reshape(key, [n, width]), slots, k_flat, coalesce="row", scatter_oob=oob,
-                                 scatter_conflict="default")
+                                 scatter_conflict="default", some_kept=some_kept)
             v_flat = pl.mscatter(pl.reshape(value, [n, width]), slots, v_flat, coalesce="row", scatter_oob=oob,
-                                 scatter_conflict="default")
+                                 scatter_conflict="default", some_kept=some_kept)
         return key_cache
 
     return kv_cache_write

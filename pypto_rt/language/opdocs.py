@@ -297,13 +297,15 @@ _doc("scatter", "(input, dim=None, index=None, src=None, *, mask_pattern=None, d
     scatter(src, mask_pattern=P, dst=buf) writes src into P's columns of buf in place and returns buf.""")
 _doc("tile.scatter", "(dst, src, indexes)", "dst.flat[indexes[i, j]] = src[i, j] in place; returns dst.")
 _doc("tile.scatter_mask", "(dst, src, mask_pattern)", "Write src into the pattern's columns of dst in place.")
-_doc("mscatter", "(src, idx, output_tensor, coalesce='elem', *, scatter_oob='undefined', scatter_conflict='last')",
-     """
+_doc("mscatter", "(src, idx, output_tensor, coalesce='elem', *, scatter_oob='undefined', scatter_conflict='last', "
+     "some_kept=False)", """
     Scatter-store in place, returns output_tensor: coalesce='elem' -> output_tensor.flat[idx[i, j]] = src[i, j]
     over src's valid box; 'row' -> output_tensor[idx.flat[r], :] = src[r, :] (idx [1, R] or [R, 1]). The ISA's
     MSCATTER policies: scatter_oob for an index read as uint32 past the target ('undefined': an error here,
     'skip': no write, so -1 writes nothing, 'clamp', 'wrap'); scatter_conflict for a repeated target ('last':
-    the last write in index order, 'default': unspecified which, and no pass to order them).""")
+    the last write in index order, 'default': unspecified which, and no pass to order them). some_kept=True (this
+    runtime's hint, 'row' with 'skip' only): the caller guarantees a kept row in every call, so skipped rows
+    rewrite a kept row with its own data instead of a spare row; a call keeping none raises.""")
 _doc("scatter_update", "(input, dim, index, src)", """
     Row scatter in place: row index.flat[n] of input ([rows, d], or a paged [blocks, block_size, 1, d] cache)
     becomes src's row n.""")

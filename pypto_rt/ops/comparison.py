@@ -9,6 +9,7 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
+from pypto_rt.ops import recording
 from pypto_rt.ops.dtype_rules import promote
 from pypto_rt.ops.elementwise_core import (
     ELEMENTWISE, binary, check_broadcast, dtype_of, names_all, names_tile, need_scalar, need_value,
@@ -29,8 +30,8 @@ def _cmp_fn(name: str, cmp_type):
 
 
 def _compare(name, lhs, rhs, cmp_type):
-    """Tensor form: numeric 0/1 in the promoted operand dtype, which keeps the comparison's bool result for a
-    `sel` over it (`_mask`). Tile form: a BOOL mask for pl.sel."""
+    """Tensor form: numeric 0/1 in the promoted operand dtype; the comparison's bool result is noted for a `sel`
+    over it in the same run (`_mask`: no `!= 0` pass). Tile form: a BOOL mask for pl.sel."""
     fn = _cmp_fn(name, cmp_type)
     need_value(name, lhs, "first operand")
     out_dtype = D.BOOL if lhs.is_tile else promote(lhs.dtype, dtype_of(rhs))
@@ -41,11 +42,11 @@ def _compare(name, lhs, rhs, cmp_type):
         return made[0]
     out = binary(name, lhs, rhs, compare, out_dtype=out_dtype, valid=None)
     if out.data is not made[0]:
-        setattr(out.data, _KEPT_MASK, (out.data._version, made[0]))
+        recording.notes().note(out.data, _COMPARE_MASK, made[0])
     return out
 
 
-_KEPT_MASK = "_pl_compare_mask"   # on a numeric cmp result: (its version when made, the bool result)
+_COMPARE_MASK = "compare mask"   # the kind of note a numeric cmp result carries: its bool result (recording.notes)
 
 
 @op(*names_all("cmp"), **ELEMENTWISE, non_operands=_CMP_TYPE)
@@ -69,8 +70,8 @@ def _mask(name: str, mask, shape) -> torch.Tensor:
     data = mask.data
     if data.dtype is torch.bool:
         return data
-    kept = getattr(data, _KEPT_MASK, None)   # a cmp result not written since: its comparison, no `!= 0` pass
-    return kept[1] if kept is not None and kept[0] == data._version else data != 0
+    kept = recording.notes().fact(data, _COMPARE_MASK)   # a cmp result of this run not written since: no `!= 0`
+    return kept if kept is not None else data != 0
 
 
 def _stored_alike(lhs, rhs) -> bool:

@@ -3,17 +3,17 @@ bounds check on them. sort32 notes the index lanes of its pair row when its idx 
 lanes are a permutation of idx, whatever the values sorted); the mask gather carries the proof to the lanes it
 selects. A proof belongs to one tensor and its views (one storage, one version counter): any in-place write to
 any of them since the note voids it, and a view that reaches lanes outside the proven ones is not covered.
+Proofs are notes of the run that made them (`recording.notes()`): one recorded for replay sees only its own, so a
+proof about a tensor another run computed (whose contents a replay reads afresh) never skips a recorded check.
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-ALL, ODD = "all", "odd"    # which elements of the storage are proven: every one, or the odd flat positions
-_MAX_PROOFS = 64           # live proofs kept (a recorded run needs a few; dead ones are dropped first)
+from pypto_rt.ops import recording
 
-_proofs: dict[int, tuple] = {}   # id(root tensor) -> (weakref to it, its version when noted, bound, lanes)
+ALL, ODD = "all", "odd"    # which elements of the storage are proven: every one, or the odd flat positions
+_KIND = "index range"      # the notes' kind: (bound, lanes, element size when noted)
 
 
 def _root(t: torch.Tensor) -> torch.Tensor:
@@ -24,25 +24,19 @@ def note(t: torch.Tensor, bound: int, lanes: str) -> None:
     """Every `lanes` element of `t`'s storage (which `t`, a fresh tensor or a view of one, must cover) is an integer
     in 0..bound-1 as read in t's dtype."""
     root = _root(t)
-    if (t.dtype.is_floating_point and lanes == ALL) or root.is_inference() \
-            or root.untyped_storage().nbytes() != root.nbytes:
-        return      # (inference tensors keep no version counter)
-    if len(_proofs) >= _MAX_PROOFS:
-        for key in [k for k, (ref, *_) in _proofs.items() if ref() is None]:
-            del _proofs[key]
-        if len(_proofs) >= _MAX_PROOFS:
-            _proofs.clear()
-    _proofs[id(root)] = (weakref.ref(root), root._version, bound, lanes, root.element_size())
+    if (t.dtype.is_floating_point and lanes == ALL) or root.untyped_storage().nbytes() != root.nbytes:
+        return
+    recording.notes().note(root, _KIND, (bound, lanes, root.element_size()))
 
 
 def bound_of(t: torch.Tensor, first: int = 0, step: int = 1) -> int | None:
     """The bound B when every element of `t[..., first::step]` is proven to lie in 0..B-1 (read in t's dtype for
     ALL lanes, as the same-width integer bits for ODD ones), else None."""
     root = _root(t)
-    proof = _proofs.get(id(root))
-    if proof is None or proof[0]() is not root or t._version != proof[1] or t.element_size() != proof[4]:
+    proof = recording.notes().fact(root, _KIND)
+    if proof is None or t.element_size() != proof[2]:
         return None
-    bound, lanes = proof[2], proof[3]
+    bound, lanes = proof[0], proof[1]
     if lanes == ALL:
         return bound if t.dtype == root.dtype else None
     strides = t.stride()

@@ -3,12 +3,16 @@
 index read as uint32 past the target is taken: "undefined" raises OpError, "skip" writes nothing, "clamp",
 "wrap") and `scatter_conflict` ("last": the last writer in row-major order wins, as every scatter of
 `ops.gather`; "default": the survivor of a repeated index is unspecified, as the ISA's, and that pass is skipped).
+`some_kept` is this runtime's hint, not an ISA field: the caller guarantees that every call keeps at least one
+row of a "skip" row scatter (write_kv_cache checks its slots on the host), so skipped rows can rewrite a kept row
+with its own data instead of a spare row that must be found, read and put back.
 """
 from __future__ import annotations
 
 import torch
 
 from pypto_rt.errors import OpError
+from pypto_rt.ops import recording
 from pypto_rt.ops.gather import _check_bounds, _check_value, _index_long, _last_written, _shape
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import valid_mask
@@ -49,14 +53,18 @@ def _spare_unit(targets: torch.Tensor) -> torch.Tensor:
 
 
 @op("mscatter", "tile.mscatter")
-def mscatter(src, idx, output_tensor, coalesce="elem", *, scatter_oob="undefined", scatter_conflict="last"):
+def mscatter(src, idx, output_tensor, coalesce="elem", *, scatter_oob="undefined", scatter_conflict="last",
+             some_kept=False):
     for arg, v in (("src", src), ("idx", idx), ("output_tensor", output_tensor)):
         _check_value("mscatter", arg, v)
     mode = _policy("mscatter", "coalesce", coalesce, ("row", "elem"))
     oob = _policy("mscatter", "scatter_oob", scatter_oob, _SCATTER_OOB)
     conflict = _policy("mscatter", "scatter_conflict", scatter_conflict, _SCATTER_CONFLICT)
+    if not isinstance(some_kept, bool) or (some_kept and (mode, oob) != ("row", "skip")):
+        raise OpError(f"pl.mscatter: some_kept must be a bool, and True only with coalesce='row' and "
+                      f"scatter_oob='skip' (got {some_kept!r} with {mode!r}, {oob!r})")
     if mode == "row":
-        return _mscatter_rows(src, idx, output_tensor, oob, conflict)
+        return _mscatter_rows(src, idx, output_tensor, oob, conflict, some_kept)
     if idx.shape != src.shape:
         raise OpError(f"pl.mscatter: idx {_shape(idx)} must have the shape of src {_shape(src)}")
     live = torch.ones(src.shape, dtype=torch.bool)
@@ -71,7 +79,7 @@ def mscatter(src, idx, output_tensor, coalesce="elem", *, scatter_oob="undefined
     return output_tensor
 
 
-def _mscatter_rows(src, idx, out, oob: str, conflict: str):
+def _mscatter_rows(src, idx, out, oob: str, conflict: str, some_kept: bool = False):
     """coalesce="row": out[idx[r], :] = src[r, :] over src's valid rows (idx [1, R] or [R, 1], out [rows, C])."""
     rows, cols = src.valid_shape if src.ndim == 2 else (None, None)
     if src.ndim != 2 or out.ndim != 2 or idx.ndim != 2 or 1 not in idx.shape or idx.data.numel() != src.shape[0] \
@@ -83,8 +91,26 @@ def _mscatter_rows(src, idx, out, oob: str, conflict: str):
     values = src.data if src.valid is None else src.data[:rows, :cols]
     targets, keep = _scatter_targets("mscatter", index if rows == index.numel() else index[:rows], out.shape[0],
                                      oob, f"the {out.shape[0]} rows of output_tensor {_shape(out)}")
-    _mscatter_write_units(out.data, targets, values, keep, conflict, lambda t: t, out.shape[0], True)
+    if some_kept and out.shape[0] > targets.numel():
+        _redirect_skipped_rows(out.data, targets, values if conflict == "default" else _last_written(targets, values),
+                               keep)
+    else:
+        _mscatter_write_units(out.data, targets, values, keep, conflict, lambda t: t, out.shape[0], True)
     return out
+
+
+def _redirect_skipped_rows(out_data, targets, values, keep) -> None:
+    """out_data[targets[r]] = values[r] for the kept rows, with at least one kept (`some_kept`; repeated targets
+    already carry their last write's values under "last"): each skipped row takes the kept row of the smallest
+    target, its target and its data, so duplicate writes carry equal bits and their order does not matter (argmin,
+    where and a gather of the targets, then 2 calls per target: no spare row to find, read and put back). With
+    none kept the write raises before writing anything (here, or as torch's index error in a replay)."""
+    if not recording.recording() and not bool(keep.any()):
+        raise OpError("pl.mscatter: some_kept=True, but every index is skipped (past the target): the caller "
+                      "promised at least one kept row; call it only when one is (or leave some_kept False)")
+    first = targets.argmin(0, keepdim=True)      # kept: a kept target is below every skipped one (< limit <= them)
+    rows = torch.where(keep, torch.arange(targets.numel()), first)
+    out_data.index_copy_(0, targets.index_select(0, rows), values.index_select(0, rows).to(out_data.dtype))
 
 
 def _mscatter_write_units(out_data, targets, values, keep, conflict, at, limit: int, rows: bool) -> None:

@@ -8,11 +8,18 @@ fix the replay to the value seen when recording. Such numbers are `ScalarFromDat
 subclass it): ops take them as they are where an int or float goes, so their code reaches torch. The recorder is
 whatever object the replay layer pushed on this thread; ops never import replay. Costs one thread-local read when
 nothing records.
+
+`notes()` is where ops leave facts about tensors they made for later ops (`TensorNotes`: a comparison's bool
+result for the select over it, index lanes proven in range): those of the run being recorded on this thread, or,
+with nothing recorded, this thread's own. A fact never crosses from one recording to another, into a recording
+from outside, or out of one: a replay reads its entry tensors afresh, so only facts about tensors the recorded
+run itself computed hold for every replay.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 
 class ScalarFromData:
@@ -21,11 +28,37 @@ class ScalarFromData:
     __slots__ = ()
 
 
+class TensorNotes:
+    """Facts about tensors, each under a kind (`note(t, kind, fact)`, `fact(t, kind)`): a fact is about tensor `t`
+    itself (a view of it is another tensor) and holds while `t` lives and is not written since the note (its
+    version counter, which its views share: a write through any of them voids it). Dead tensors' facts go with
+    them."""
+
+    def __init__(self):
+        self._facts: dict[tuple, tuple] = {}   # (id(t), kind) -> (weakref to t, its version when noted, fact)
+
+    def note(self, t, kind: str, fact) -> None:
+        if t.is_inference():
+            return      # (an inference tensor keeps no version counter)
+        key, facts = (id(t), kind), self._facts
+        facts[key] = (weakref.ref(t, lambda _ref: facts.pop(key, None)), t._version, fact)
+
+    def fact(self, t, kind: str):
+        """The fact noted for `t` under `kind`, or None (none noted, or `t` written since)."""
+        entry = self._facts.get((id(t), kind))
+        if entry is None or entry[0]() is not t or entry[1] != t._version:
+            return None
+        return entry[2]
+
+
 class _Recording(threading.local):
     recorder = None   # the recorder of the run or block recorded on this thread (others' are not its business)
+    notes = None      # that recording's TensorNotes while it records here
+    own_notes = None  # this thread's TensorNotes for what runs with nothing recorded
 
 
 _this_thread = _Recording()
+_notes_of = weakref.WeakKeyDictionary()   # recorder -> its TensorNotes (kept across its pushes, dropped with it)
 
 
 def push(recorder) -> None:
@@ -34,10 +67,23 @@ def push(recorder) -> None:
     if _this_thread.recorder is not None:
         raise RuntimeError("a recording is already active on this thread")
     _this_thread.recorder = recorder
+    notes = _notes_of.get(recorder)
+    _this_thread.notes = notes if notes is not None else _notes_of.setdefault(recorder, TensorNotes())
 
 
 def pop() -> None:
-    _this_thread.recorder = None
+    _this_thread.recorder = _this_thread.notes = None
+
+
+def notes() -> TensorNotes:
+    """The facts of the run recorded on this thread, or this thread's own when nothing records (see the module
+    docstring)."""
+    current = _this_thread.notes
+    if current is None:
+        current = _this_thread.own_notes
+        if current is None:
+            current = _this_thread.own_notes = TensorNotes()
+    return current
 
 
 def refuse(reason: str) -> None:

@@ -228,6 +228,37 @@ def test_mscatter_skip_leaves_the_spare_row_its_own_value_and_a_small_target_all
     assert torch.equal(empty.data, before)
 
 
+def test_mscatter_some_kept_redirects_skipped_rows_onto_a_kept_row_with_its_own_bits():
+    """some_kept: a skipped row rewrites the kept row of the smallest target with that row's data: the same result
+    as "skip" to the bit (NaN payloads too), no other row touched, and no spare row read or put back."""
+    nan_bits = torch.tensor([0x7FC01234, 0x7FC05678], dtype=torch.int32).view(torch.float32)
+    src = torch.cat([torch.randn(3, 2, generator=GEN), nan_bits[None]])
+    before = torch.randn(7, 2, generator=GEN)
+    for idx in ([[-1, 5, -1, 2]], [[4, -1, 6, 0]], [[3, 1, 0, 6]]):
+        for dtype in (torch.int32, torch.int64):
+            want, got = tv(before.clone()), tv(before.clone())
+            M.mscatter(tv(src), tv(torch.tensor(idx, dtype=dtype)), want, "row", scatter_oob="skip")
+            with _Calls() as calls:
+                M.mscatter(tv(src), tv(torch.tensor(idx, dtype=dtype)), got, "row", scatter_oob="skip",
+                           scatter_conflict="default", some_kept=True)
+            assert torch.equal(got.data.view(torch.int32), want.data.view(torch.int32)), idx
+            assert calls.names.count("index_copy_") == 1 and "scatter" not in calls.names, calls.names
+    last = tv(before.clone())          # "last" with a repeated kept target: the later row, -1 rows included
+    M.mscatter(tv(src), tv(torch.tensor([[2, -1, 2, 5]])), last, "row", scatter_oob="skip", some_kept=True)
+    assert torch.equal(last.data[2], src[2]) and torch.equal(last.data[5].view(torch.int32), nan_bits.view(torch.int32))
+
+
+def test_mscatter_some_kept_with_every_row_skipped_raises_and_writes_nothing():
+    src, before = torch.randn(3, 2, generator=GEN), torch.randn(5, 2, generator=GEN)
+    out = tv(before.clone())
+    with pytest.raises(OpError, match="some_kept=True, but every index is skipped"):
+        M.mscatter(tv(src), tv(torch.tensor([[-1, 7, -3]])), out, "row", scatter_oob="skip", some_kept=True)
+    assert torch.equal(out.data, before)
+    for kwargs in ({"scatter_oob": "clamp", "some_kept": True}, {"scatter_oob": "skip", "some_kept": 1}):
+        with pytest.raises(OpError, match="some_kept must be a bool, and True only with"):
+            M.mscatter(tv(src), tv(torch.tensor([[0, 1, 2]])), out, "row", **kwargs)
+
+
 def test_mscatter_clamp_wrap_and_an_undefined_index_past_the_target():
     src = torch.tensor([[1.0], [2.0]])
     clamped, wrapped = tv(torch.zeros(4, 1)), tv(torch.zeros(4, 1))
