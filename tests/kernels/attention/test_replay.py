@@ -49,6 +49,26 @@ def test_decode_steps_with_changing_lengths_slots_and_tables_replay():
     assert attended.replay.kind == REPLAYED, attended.replay
 
 
+@pytest.mark.parametrize("max_seq_len", [None, MB * BS])
+def test_decode_steps_replay_whichever_request_is_the_longest(max_seq_len):
+    """The longest request changes every step (lengths rotate over the rows, one row padded): the replay holds,
+    since its guards check each length against the tile (with or without the host's bound), not which is longest."""
+    gen = torch.Generator().manual_seed(3)
+    kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
+    tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
+    kinds = []
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for step in range(CALLS + 2):
+            lens = torch.tensor([MB * BS - step % 5, 0, 3 + step % 7], dtype=torch.int32).roll(step % B)
+            q = torch.randn(B, QH, D, generator=gen)
+            with run_stats.collect() as stats:
+                out = paged_decode_attention(q, kc, vc, tables, lens, max_seq_len=max_seq_len)
+            torch.testing.assert_close(out, golden.paged_decode_attention(q, kc, vc, tables, lens))
+            kinds.append(stats.replay.kind)
+    assert kinds[-4:] == [REPLAYED] * 4, kinds
+    assert _replayed_calls(stats) <= 45, stats.replay.reason        # 63 before the tile was built from constants
+
+
 def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
     gen = torch.Generator().manual_seed(1)
     kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
