@@ -219,7 +219,7 @@ def _decode_batch(shape: AttnShape, kv_tile: int):
             pv = pl.batch_matmul(in_dtype(pl.reshape(p, [heads, group, kv_tile])), v)
             acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [heads, group, 1])), pv)
             m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
-        o = pl.row_expand_div(pl.reshape(acc_out, [batch * qh, d]), pl.maxs(l_out, 1.0e-30))
+        o = pl.row_expand_div(pl.reshape(acc_out, [batch * qh, d]), l_out)   # l >= 1: a row's maximum adds exp(0)
         out[:, :, :] = in_dtype(pl.sels(has_context, pl.reshape(o, [batch, qh, d]), scalar=0.0))
         return out
 
