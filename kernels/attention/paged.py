@@ -130,7 +130,9 @@ def longest_length(floor: int = 0):
 
 
 def _in_dtype(dt):
-    """An inline `x -> x` in dtype dt: a cast, or x itself when dt is FP32 (a cast to the same dtype copies)."""
+    """An inline `x -> x` in dtype dt: x itself when dt is FP32 (a cast to the same dtype copies), else a cast
+    rounding to nearest even, as torch and GPU attention kernels round (one conversion; the default mode, half
+    away from zero, is emulated in ~50 replayed torch calls)."""
     if dt == pl.FP32:
         @pl.jit.inline
         def as_is(x):
@@ -139,7 +141,7 @@ def _in_dtype(dt):
 
     @pl.jit.inline
     def cast(x):
-        return pl.cast(x, target_type=dt)
+        return pl.cast(x, target_type=dt, mode="rint")
     return cast
 
 

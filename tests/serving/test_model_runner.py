@@ -26,7 +26,7 @@ def check_padding(batch):
     assert (lens[live_rows:] == 0).all()
     assert (slots[live_tokens:] == -1).all() and (slots[:live_tokens] >= 0).all()
     assert (batch["input_ids"][live_tokens:] == 0).all() and (batch["positions"][live_tokens:] == 0).all()
-    assert batch["max_seq_len"] == (int(lens.max()) if len(lens) else 0)   # the host's bound, this step's (not a stale one)
+    assert batch["max_seq_len"] == (int(lens.max()) if len(lens) else 0)   # this step's bound
     if batch["is_decode"]:
         assert qsl.tolist() == list(range(len(qsl)))             # T == B: padded row r owns padded token r
     else:

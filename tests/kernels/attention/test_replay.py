@@ -69,6 +69,24 @@ def test_decode_steps_replay_whichever_request_is_the_longest(max_seq_len):
     assert _replayed_calls(stats) <= 44, stats.replay.reason        # 63 before the tile was built from constants
 
 
+def test_a_bf16_decode_rounds_each_cast_in_one_conversion():
+    """bf16 probabilities (for the values' matmul) and output are rounded to nearest even, one torch conversion
+    each (the default mode, half away from zero, takes ~50 replayed calls a cast: 148 calls in all, now 50)."""
+    gen = torch.Generator().manual_seed(5)
+    kc, vc = (torch.randn(NB, BS, KVH, D, generator=gen).bfloat16() for _ in range(2))
+    tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for step in range(CALLS):
+            lens = torch.tensor([1 + step, 0, MB * BS - step], dtype=torch.int32)
+            q = torch.randn(B, QH, D, generator=gen).bfloat16()
+            with run_stats.collect() as stats:
+                out = paged_decode_attention(q, kc, vc, tables, lens)
+            torch.testing.assert_close(out.float(), golden.paged_decode_attention(q, kc, vc, tables, lens).float(),
+                                       rtol=2e-2, atol=2e-2)
+    assert stats.replay.kind == REPLAYED, stats.replay
+    assert _replayed_calls(stats) <= 50, stats.replay.reason
+
+
 def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
     gen = torch.Generator().manual_seed(1)
     kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
