@@ -78,7 +78,7 @@ def _attend(shape: AttnShape, q_tile: int):
     k_rows / v_rows are the caches viewed as [slots * KVH, D]."""
     qh, kvh, d, group, dt = shape.q_heads, shape.kv_heads, shape.head_dim, shape.group, shape.dtype
     rows = q_tile * qh
-    cache_rows = _cache_rows(shape)
+    cache_rows, in_dtype = _cache_rows(shape), _in_dtype(dt)
 
     @pl.jit.inline
     def attend(q_rows, q_pos0, length, table_row, k_rows, v_rows):
@@ -105,12 +105,12 @@ def _attend(shape: AttnShape, q_tile: int):
             p = pl.exp(pl.row_expand_sub(s, m_new))
             alpha = pl.exp(pl.sub(m, m_new))
             l_new = pl.add(pl.mul(l, alpha), pl.row_sum(p))
-            pv = pl.batch_matmul(pl.cast(pl.reshape(p, [kvh, q_tile * group, KV_TILE]), target_type=dt), v)
+            pv = pl.batch_matmul(in_dtype(pl.reshape(p, [kvh, q_tile * group, KV_TILE])), v)
             acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [kvh, q_tile * group, 1])), pv)
             m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
         o = pl.row_expand_div(pl.reshape(acc_out, [rows, d]), pl.maxs(l_out, 1.0e-30))
         o = pl.transpose(pl.reshape(o, [kvh, q_tile, group, d]), 0, 1)
-        return pl.cast(pl.reshape(o, [q_tile, qh * d]), target_type=dt)
+        return in_dtype(pl.reshape(o, [q_tile, qh * d]))
 
     return attend
 
