@@ -150,8 +150,9 @@ def _decode_rows(shape: AttnShape, kv_tile: int):
     [slots * KVH, D] cache view: entry (b, g, i) is KV head g of position kt * kv_tile + i of request b, through
     its block table (a request with no context reads block 0). Everything but the table is computed from
     constants (a replay keeps it; the block gather's index is checked once, when recorded). A position past the
-    table's span gets a row id below -2**30, which the cache gather's bounds check rejects should a length reach
-    it (positions a request does not see are replaced before the gather: _attend_tile)."""
+    table's span gets -2**31 added to its row id (read as an unsigned 32-bit id by the cache gather: past any
+    pool), which the gather's bounds check rejects should a length reach it (positions a request does not see
+    are replaced before the gather: _attend_tile)."""
     kvh, bs, mb = shape.kv_heads, shape.block_size, shape.max_blocks
 
     @pl.jit.inline
