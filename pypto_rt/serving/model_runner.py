@@ -171,4 +171,6 @@ class ModelRunner:
             self._pos[:tokens] = 0
             self._lens[:rows] = 0
             self._qsl[:rows + 1] = np.arange(rows + 1) if is_decode else 0
-            self.model.forward(self.batch_view(rows, tokens, is_decode))
+            batch = self.batch_view(rows, tokens, is_decode)
+            batch.max_seq_len = 0
+            self.model.forward(batch)
