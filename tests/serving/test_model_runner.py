@@ -79,6 +79,7 @@ def test_warmup_writes_no_slot_and_reads_no_block():
     assert [b["is_decode"] for b in model.batches] == [True, False]
     for batch in model.batches:
         assert (batch["slot_mapping"] == -1).all() and (batch["seq_lens"] == 0).all()
+        assert batch["max_seq_len"] == 0
     assert torch.isnan(model.k_cache).all() and torch.isnan(model.v_cache).all()
 
 
