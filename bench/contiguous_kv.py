@@ -99,11 +99,11 @@ def _decode_batch(q_heads, kv_heads, head_dim, dtype, scale):
             p = pl.exp(pl.row_expand_sub(s, m_new))
             alpha = pl.exp(pl.sub(m, m_new))
             l_new = pl.add(pl.mul(l, alpha), pl.row_sum(p))
-            pv = pl.batch_matmul(pl.cast(pl.reshape(p, [heads, group, KV_TILE]), target_type=dtype), v)
+            pv = pl.batch_matmul(pl.cast(pl.reshape(p, [heads, group, KV_TILE]), target_type=dtype, mode="rint"), v)
             acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [heads, group, 1])), pv)
             m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
         o = pl.row_expand_div(pl.reshape(acc_out, [q_rows, head_dim]), pl.maxs(l_out, 1.0e-30))
-        out_flat[:, :] = pl.cast(pl.reshape(o, [batch, q_heads * head_dim]), target_type=dtype)
+        out_flat[:, :] = pl.cast(pl.reshape(o, [batch, q_heads * head_dim]), target_type=dtype, mode="rint")
         return out_flat
 
     return decode_batch

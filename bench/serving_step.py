@@ -89,7 +89,7 @@ def _decode_batch(cfg, batch: int):
     slots = tables[:, CONTEXT // cfg.block_size].long() * cfg.block_size + CONTEXT % cfg.block_size
     return ForwardBatch(torch.randint(0, cfg.vocab_size, (batch,)), positions, slots, tables,
                         torch.full((batch,), CONTEXT + 1, dtype=torch.int32),
-                        torch.arange(batch + 1, dtype=torch.int32), True), per
+                        torch.arange(batch + 1, dtype=torch.int32), True, max_seq_len=CONTEXT + 1), per
 
 
 def run(repeats: int = 5) -> str:

@@ -7,7 +7,7 @@ import pypto.language as pl
 from pypto_rt.kernels.attention.attn_errors import (AttentionArgumentError, check_caches, check_int,
                                                     check_new_rows, describe, fail)
 from pypto_rt.kernels.attention.cache_write import cache_write_kernel
-from pypto_rt.kernels.attention.paged import AttnShape, decode_kernel, prefill_kernel
+from pypto_rt.kernels.attention.paged import AttnShape, decode_kernel, decode_tile, prefill_kernel
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 SLOT_DTYPES = {torch.int32: pl.INT32, torch.int64: pl.INT64}
@@ -72,16 +72,29 @@ def _out(query, out):
     return out
 
 
-def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, out=None):
+def _check_max_seq_len(max_seq_len, shape: AttnShape) -> None:
+    span = shape.max_blocks * shape.block_size
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                    or not 0 <= max_seq_len <= span):
+        fail("max_seq_len", max_seq_len, f"None or an int in 0..{span} (the block table's span: max_blocks "
+              f"{shape.max_blocks} x block_size {shape.block_size}), at least every seq_lens entry")
+
+
+def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, out=None,
+                           max_seq_len=None):
     """query [B, QH, D] -> out [B, QH, D]: request b attends to positions 0..seq_lens[b]-1 of its blocks (the new
-    token's K/V already written); seq_lens[b] == 0 gives zeros. scale defaults to D ** -0.5."""
+    token's K/V already written); seq_lens[b] == 0 gives zeros. scale defaults to D ** -0.5. max_seq_len: the
+    longest seq_lens entry as the host knows it (vLLM's max_seq_len; a serving runner builds seq_lens on the host):
+    it sizes the kernel's KV tile (decode_tile). A length past it is still attended in full, at more tiles' cost."""
     shape = _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale)
     if block_tables.shape[0] != query.shape[0]:
         fail("block_tables", block_tables, f"one row per query ({query.shape[0]})")
+    _check_max_seq_len(max_seq_len, shape)
     out = _out(query, out)
     if query.shape[0] == 0:
         return out
-    decode_kernel(shape)(query, key_cache, value_cache, block_tables, seq_lens, out)
+    decode_kernel(shape, decode_tile(shape.block_size, max_seq_len))(query, key_cache, value_cache, block_tables,
+                                                                     seq_lens, out)
     return out
 
 

@@ -33,8 +33,10 @@ def _attend(q, k, v, q_pos, scale: float) -> torch.Tensor:
     return torch.einsum("hnl,lhd->nhd", probs, v)
 
 
-def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, out=None):
-    """query [B, QH, D] -> [B, QH, D]: request b attends to positions 0..seq_lens[b]-1; seq_lens[b] == 0: zeros."""
+def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, out=None,
+                           max_seq_len=None):
+    """query [B, QH, D] -> [B, QH, D]: request b attends to positions 0..seq_lens[b]-1; seq_lens[b] == 0: zeros.
+    (max_seq_len, the kernel's tile hint, changes nothing here.)"""
     qsl = torch.arange(query.shape[0] + 1, dtype=torch.int32)
     return chunked_prefill_attention(query, key_cache, value_cache, block_tables, seq_lens, qsl, scale=scale,
                                      out=out)

@@ -20,6 +20,8 @@ class ForwardBatch:
     seq_lens: torch.Tensor         # [B] int32: context length after this step's tokens (0: padding row)
     query_start_loc: torch.Tensor  # [B + 1] int32: request b's tokens are input_ids[qsl[b]:qsl[b + 1]]
     is_decode: bool                # every request has exactly one new token (T == B)
+    max_seq_len: int | None = None  # the longest seq_lens entry, as the host knows it (the runner rewrites it
+                                    # every step; None: not given, a reader takes it from seq_lens)
 
     @property
     def num_requests(self) -> int:

@@ -99,7 +99,8 @@ class ModelRunner:
         return (b, b) if is_decode else (b, self.prefill_buckets[bisect.bisect_left(self.prefill_buckets, tokens)])
 
     def prepare(self, step: ScheduledStep, is_decode: bool) -> ForwardBatch:
-        """Write the step's tokens, positions, slots, seq_lens and offsets into the buffers; pad; bind."""
+        """Write the step's tokens, positions, slots, seq_lens and offsets into the buffers; pad; bind (the bound
+        batch's max_seq_len is this step's)."""
         live_rows = len(step.rows)
         t = self._write_decode(step) if is_decode else self._write_prefill(step)
         rows, tokens = self.padded_shape(live_rows, t, is_decode)
@@ -110,7 +111,9 @@ class ModelRunner:
             self._qsl[live_rows:rows + 1] = np.arange(live_rows, rows + 1)
         else:
             self._qsl[live_rows:rows + 1] = t
-        return self.batch_view(rows, tokens, is_decode)
+        batch = self.batch_view(rows, tokens, is_decode)
+        batch.max_seq_len = int(self._lens[:rows].max()) if rows else 0    # from the host's copy: no tensor read
+        return batch
 
     def _write_decode(self, step: ScheduledStep) -> int:
         """Row r feeds one token, at position num_computed_tokens (vectorised: the hot path)."""
@@ -168,4 +171,6 @@ class ModelRunner:
             self._pos[:tokens] = 0
             self._lens[:rows] = 0
             self._qsl[:rows + 1] = np.arange(rows + 1) if is_decode else 0
-            self.model.forward(self.batch_view(rows, tokens, is_decode))
+            batch = self.batch_view(rows, tokens, is_decode)
+            batch.max_seq_len = 0
+            self.model.forward(batch)

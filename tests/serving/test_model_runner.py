@@ -26,6 +26,7 @@ def check_padding(batch):
     assert (lens[live_rows:] == 0).all()
     assert (slots[live_tokens:] == -1).all() and (slots[:live_tokens] >= 0).all()
     assert (batch["input_ids"][live_tokens:] == 0).all() and (batch["positions"][live_tokens:] == 0).all()
+    assert batch["max_seq_len"] == (int(lens.max()) if len(lens) else 0)   # this step's bound
     if batch["is_decode"]:
         assert qsl.tolist() == list(range(len(qsl)))             # T == B: padded row r owns padded token r
     else:
@@ -78,6 +79,7 @@ def test_warmup_writes_no_slot_and_reads_no_block():
     assert [b["is_decode"] for b in model.batches] == [True, False]
     for batch in model.batches:
         assert (batch["slot_mapping"] == -1).all() and (batch["seq_lens"] == 0).all()
+        assert batch["max_seq_len"] == 0
     assert torch.isnan(model.k_cache).all() and torch.isnan(model.v_cache).all()
 
 

@@ -42,7 +42,8 @@ class ToyModel:
         if self.record:
             self.batches.append({name: getattr(batch, name).clone() for name in
                                  ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens",
-                                  "query_start_loc")} | {"is_decode": batch.is_decode, "batch": batch})
+                                  "query_start_loc")} | {"is_decode": batch.is_decode, "batch": batch,
+                                                         "max_seq_len": batch.max_seq_len})
         h = self._hidden(batch.input_ids, batch.positions)
         live = batch.slot_mapping >= 0
         slots = batch.slot_mapping[live]

@@ -83,7 +83,7 @@ class MoEDecoder:
 
     def _step(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(greedy tokens [B] int64, logits [B, V] FP32) of each request's last token of this step."""
-        self._check(batch)
+        longest = self._check(batch)
         cfg, w = self.cfg, self.weights
         heads, eps = (cfg.num_q_heads, cfg.num_kv_heads), cfg.rms_eps
         tokens, requests = batch.num_tokens, batch.num_requests
@@ -96,7 +96,8 @@ class MoEDecoder:
             else:
                 q, k, v = norm_qkv_rope(hidden, residual, lw.input_norm, lw.w_qkv, batch.positions, self.cos_sin,
                                         heads, eps)
-            normed = out_proj_add_norm(self._attend(layer, q, k, v, batch), lw.w_o, residual, lw.post_norm, eps)
+            normed = out_proj_add_norm(self._attend(layer, q, k, v, batch, longest), lw.w_o, residual, lw.post_norm,
+                                       eps)
             hidden = self._moe(layer, normed, live)
             if self.on_expert_counts is not None:
                 self.on_expert_counts(self.moe[layer].recv_counts, layer=layer)
@@ -118,10 +119,10 @@ class MoEDecoder:
             out[rows] = self.moe[layer](x[rows])
         return out
 
-    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                batch: ForwardBatch) -> torch.Tensor:
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+                longest: int) -> torch.Tensor:
         """q [T, QH * D], k, v [T, KVH * D] (rotated) -> the attention output [T, QH * D]; writes the step's K/V
-        into the cache."""
+        into the cache. longest: the batch's longest context (it sizes the decode's KV tile)."""
         cfg, tokens = self.cfg, batch.num_tokens
         qh, kvh, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
         if tokens == 0:
@@ -131,13 +132,16 @@ class MoEDecoder:
         ops = self.attention
         ops.write_kv_cache(key, value, key_cache, value_cache, batch.slot_mapping)
         if batch.is_decode:
-            out = ops.paged_decode_attention(query, key_cache, value_cache, batch.block_tables, batch.seq_lens)
+            out = ops.paged_decode_attention(query, key_cache, value_cache, batch.block_tables, batch.seq_lens,
+                                             max_seq_len=longest)
         else:
             out = ops.chunked_prefill_attention(query, key_cache, value_cache, batch.block_tables, batch.seq_lens,
                                                 batch.query_start_loc)
         return out.reshape(tokens, qh * d)
 
-    def _check(self, batch: ForwardBatch) -> None:
+    def _check(self, batch: ForwardBatch) -> int:
+        """The batch's longest context (its max_seq_len, or read from seq_lens when it has none), after checking
+        the batch fits the model."""
         fail = DecoderError.at_caller
         if not isinstance(batch, ForwardBatch):
             raise fail(f"MoEDecoder.forward takes a ForwardBatch, got {type(batch).__name__}")
@@ -149,13 +153,16 @@ class MoEDecoder:
             raise fail(f"MoEDecoder.forward: the batch has {batch.num_tokens} tokens, over max_tokens_per_rank="
                        f"{limit}", "schedule fewer tokens per step (a smaller prefill chunk) or raise "
                        "DecoderConfig.max_tokens_per_rank")
-        longest = int(batch.seq_lens.max()) if batch.num_requests else 0
+        longest = batch.max_seq_len
+        if longest is None:
+            longest = int(batch.seq_lens.max()) if batch.num_requests else 0
         if longest > self.cfg.max_positions:
             raise fail(f"MoEDecoder.forward: a request reaches {longest} tokens, over max_positions="
                        f"{self.cfg.max_positions} (the rotary table's rows)", "raise DecoderConfig.max_positions")
         if batch.query_start_loc.shape[0] != batch.num_requests + 1:
             raise fail(f"MoEDecoder.forward: query_start_loc has {batch.query_start_loc.shape[0]} entries for "
                        f"{batch.num_requests} requests (block_tables' rows); it needs B + 1")
+        return longest
 
 
 def _live_tokens(batch: ForwardBatch) -> tuple[int, torch.Tensor | None]:

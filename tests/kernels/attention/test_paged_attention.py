@@ -8,7 +8,7 @@ from pypto_rt import config
 from pypto_rt.kernels.attention import (AttentionArgumentError, chunked_prefill_attention,
                                         paged_decode_attention)
 from pypto_rt.kernels.attention import golden
-from pypto_rt.kernels.attention.paged import KV_TILE
+from pypto_rt.kernels.attention.paged import KV_TILE, decode_tile
 
 BS, MB, QH, KVH, D = 16, 20, 4, 2, 8
 MAX_LEN = BS * MB                                   # 320: two KV tiles
@@ -88,6 +88,56 @@ def test_decode_reads_a_stacked_pool_sliced_or_with_offset_block_ids():
     offset = paged_decode_attention(q, stack_k, stack_v, tables + layer * NB, seq_lens)
     torch.testing.assert_close(sliced, want)
     torch.testing.assert_close(offset, want)
+
+
+def test_the_kv_tile_is_the_smallest_power_of_two_from_the_block_size_that_holds_max_seq_len():
+    assert [decode_tile(16, n) for n in (0, 1, 16, 17, 97, 128, 129, 320)] == [16, 16, 16, 32, 128, 128, 256, 256]
+    assert decode_tile(16, None) == KV_TILE == 256                  # no bound from the host: the largest tile
+    assert decode_tile(128, 5) == 128 and decode_tile(24, 5) == 32 and decode_tile(512, 5) == KV_TILE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("max_seq_len", [1, BS, BS + 1, 3 * BS + 2, MAX_LEN])
+def test_decode_sized_to_max_seq_len_at_block_boundaries_and_padded_rows(max_seq_len, dtype):
+    """Each bucket's kernel (16, 32, 64 and the 256-position tile over two tiles): lengths 1, block_size,
+    block_size + 1 and the bound itself, a padded row (zeros, no NaN, whatever its table holds)."""
+    lengths = sorted({min(n, max_seq_len) for n in (1, BS, BS + 1, max_seq_len)}) + [0]
+    kc, vc, tables = pool(lengths, dtype)
+    tables[-1] = -1
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    q = queries(len(lengths), dtype)
+    out = paged_decode_attention(q, kc, vc, tables, seq_lens, max_seq_len=max_seq_len)
+    assert not out.isnan().any()
+    assert torch.equal(out[-1], torch.zeros_like(out[-1]))
+    torch.testing.assert_close(out.float(), golden.paged_decode_attention(q, kc, vc, tables, seq_lens).float(),
+                               **TOL[dtype])
+
+
+def test_lengths_past_max_seq_len_are_still_attended_in_full():
+    """max_seq_len only sizes the tile: a call whose lengths pass it runs more tiles, and is right."""
+    lengths = [BS + 3, MAX_LEN, 2, 0]
+    kc, vc, tables = pool(lengths, torch.float32)
+    seq_lens, q = torch.tensor(lengths, dtype=torch.int32), queries(4, torch.float32)
+    out = paged_decode_attention(q, kc, vc, tables, seq_lens, max_seq_len=BS)
+    torch.testing.assert_close(out, golden.paged_decode_attention(q, kc, vc, tables, seq_lens))
+
+
+@pytest.mark.parametrize("bad", [-1, MAX_LEN + 1, 2.5, True, "97"])
+def test_a_max_seq_len_outside_the_block_tables_span_is_named(bad):
+    kc, vc, tables = pool([3], torch.float32)
+    with pytest.raises(AttentionArgumentError, match=rf"max_seq_len is .* in 0..{MAX_LEN} \(the block table's span"):
+        paged_decode_attention(queries(1, torch.float32), kc, vc, tables, torch.tensor([3], dtype=torch.int32),
+                               max_seq_len=bad)
+
+
+@pytest.mark.parametrize("length", [MAX_LEN + 1, KV_TILE * 2 + 5])
+def test_a_length_past_the_block_tables_span_is_an_error_not_a_silent_read(length):
+    """Positions past max_blocks * block_size have no table entry: the decode raises instead of reading some
+    other block (within the table's last tile and in tiles wholly past it)."""
+    kc, vc, tables = pool([3, MAX_LEN], torch.float32)
+    seq_lens = torch.tensor([3, length], dtype=torch.int32)
+    with pytest.raises(Exception, match="is outside the"):
+        paged_decode_attention(queries(2, torch.float32), kc, vc, tables, seq_lens)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

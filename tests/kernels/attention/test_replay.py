@@ -49,6 +49,44 @@ def test_decode_steps_with_changing_lengths_slots_and_tables_replay():
     assert attended.replay.kind == REPLAYED, attended.replay
 
 
+@pytest.mark.parametrize("max_seq_len", [None, MB * BS])
+def test_decode_steps_replay_whichever_request_is_the_longest(max_seq_len):
+    """The longest request changes every step (lengths rotate over the rows, one row padded): the replay holds,
+    since its guards check each length against the tile (with or without the host's bound), not which is longest."""
+    gen = torch.Generator().manual_seed(3)
+    kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
+    tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
+    kinds = []
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for step in range(CALLS + 2):
+            lens = torch.tensor([MB * BS - step % 5, 0, 3 + step % 7], dtype=torch.int32).roll(step % B)
+            q = torch.randn(B, QH, D, generator=gen)
+            with run_stats.collect() as stats:
+                out = paged_decode_attention(q, kc, vc, tables, lens, max_seq_len=max_seq_len)
+            torch.testing.assert_close(out, golden.paged_decode_attention(q, kc, vc, tables, lens))
+            kinds.append(stats.replay.kind)
+    assert kinds[-4:] == [REPLAYED] * 4, kinds
+    assert _replayed_calls(stats) <= 44, stats.replay.reason        # 63 before the tile was built from constants
+
+
+def test_a_bf16_decode_rounds_each_cast_in_one_conversion():
+    """bf16 probabilities (for the values' matmul) and output are rounded to nearest even, one torch conversion
+    each (the default mode, half away from zero, takes ~50 replayed calls a cast: 148 calls in all, now 50)."""
+    gen = torch.Generator().manual_seed(5)
+    kc, vc = (torch.randn(NB, BS, KVH, D, generator=gen).bfloat16() for _ in range(2))
+    tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
+    with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+        for step in range(CALLS):
+            lens = torch.tensor([1 + step, 0, MB * BS - step], dtype=torch.int32)
+            q = torch.randn(B, QH, D, generator=gen).bfloat16()
+            with run_stats.collect() as stats:
+                out = paged_decode_attention(q, kc, vc, tables, lens)
+            torch.testing.assert_close(out.float(), golden.paged_decode_attention(q, kc, vc, tables, lens).float(),
+                                       rtol=2e-2, atol=2e-2)
+    assert stats.replay.kind == REPLAYED, stats.replay
+    assert _replayed_calls(stats) <= 50, stats.replay.reason
+
+
 def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
     gen = torch.Generator().manual_seed(1)
     kc, vc = torch.randn(NB, BS, KVH, D, generator=gen), torch.randn(NB, BS, KVH, D, generator=gen)
@@ -63,6 +101,29 @@ def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
                 out = chunked_prefill_attention(q, kc, vc, tables, lens, qsl)
             torch.testing.assert_close(out, golden.chunked_prefill_attention(q, kc, vc, tables, lens, qsl))
     assert stats.replay.kind == REPLAYED, stats.replay
+
+
+def test_a_bf16_prefill_rounds_each_cast_in_one_conversion():
+    """A bf16 prefill replays about the FP32 one's torch calls plus a few conversions per request (one per cast,
+    rounding to nearest even: 314 against 296 here; the default mode's emulation made it 608)."""
+    calls = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator().manual_seed(6)
+        kc, vc = (torch.randn(NB, BS, KVH, D, generator=gen).to(dtype) for _ in range(2))
+        tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
+        qsl = torch.tensor([0, 3, 5, 8], dtype=torch.int32)
+        with config.scope(EXECUTOR="compiled"), policy_scope(slower=float("inf"), parallel=float("inf")):
+            for step in range(CALLS):
+                lens = torch.tensor([3 + step, 7 + step, 3], dtype=torch.int32)
+                q = torch.randn(8, QH, D, generator=gen).to(dtype)
+                with run_stats.collect() as stats:
+                    out = chunked_prefill_attention(q, kc, vc, tables, lens, qsl)
+                torch.testing.assert_close(out.float(), golden.chunked_prefill_attention(q, kc, vc, tables, lens,
+                                                                                         qsl).float(),
+                                           rtol=2e-2, atol=2e-2)
+        assert stats.replay.kind == REPLAYED, stats.replay
+        calls[dtype] = _replayed_calls(stats)
+    assert calls[torch.bfloat16] <= calls[torch.float32] + 6 * B, calls
 
 
 def _write_steps(kc, vc, gen, slot_steps, call=write_kv_cache):

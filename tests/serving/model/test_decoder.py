@@ -166,3 +166,28 @@ def test_a_decode_batch_of_16_takes_the_routed_moe_form_and_keeps_the_goldens_to
         got = model.forward_logits(hand.batch([(i, None) for i in range(16)]))
         assert (got - want).abs().max() <= LOGIT_TOLERANCE["bf16"], (got - want).abs().max()
     assert 16 in routed, routed
+
+
+def test_a_decode_step_sizes_its_attention_by_the_batchs_max_seq_len(fp32_model, monkeypatch):
+    """The runner's max_seq_len (the host's number) reaches the paged decode, which sizes its KV tile by it; a batch
+    without one gives the longest seq_lens entry."""
+    from pypto_rt.kernels import attention
+    model, _ = fp32_model
+    seen = []
+
+    class Spy:
+        write_kv_cache, chunked_prefill_attention = attention.write_kv_cache, attention.chunked_prefill_attention
+
+        @staticmethod
+        def paged_decode_attention(*args, **kwargs):
+            seen.append(kwargs.get("max_seq_len"))
+            return attention.paged_decode_attention(*args, **kwargs)
+
+    hand = HandBatches([[1, 2, 3], [4, 5, 6, 7, 8]], BLOCK, blocks_per_request=4)
+    hand.step(model, [(0, 3), (1, 5)])
+    batch = hand.batch([(0, None), (1, None)])
+    monkeypatch.setattr(model, "attention", Spy)
+    model.forward(batch)
+    batch.max_seq_len = 16                                  # a bound above the lengths: passed on as it is
+    model.forward(batch)
+    assert seen == [6, 6, 16, 16], seen                     # two layers a step
