@@ -93,9 +93,25 @@ def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens
     out = _out(query, out)
     if query.shape[0] == 0:
         return out
-    decode_kernel(shape, decode_tile(shape.block_size, max_seq_len))(query, key_cache, value_cache, block_tables,
-                                                                     seq_lens, out)
+    try:
+        decode_kernel(shape, decode_tile(shape.block_size, max_seq_len))(query, key_cache, value_cache,
+                                                                         block_tables, seq_lens, out)
+    except Exception as error:
+        _explain_lengths(seq_lens, shape, error)
+        raise
     return out
+
+
+def _explain_lengths(seq_lens, shape: AttnShape, error: Exception) -> None:
+    """After a failed decode only (no host read on the normal path): a length past the block table's span makes
+    the kernel's bounds-checked gather fail deep in the kernel; name the argument instead."""
+    span = shape.max_blocks * shape.block_size
+    past = (seq_lens > span).nonzero().flatten().tolist()
+    if past:
+        raise AttentionArgumentError.at_caller(
+            f"seq_lens[{past[0]}] is {int(seq_lens[past[0]])}; it must be at most {span}, the block table's span "
+            f"(max_blocks {shape.max_blocks} x block_size {shape.block_size})",
+            "give block_tables enough columns for the longest request") from error
 
 
 def chunked_prefill_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, *,

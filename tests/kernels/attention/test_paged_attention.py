@@ -136,8 +136,10 @@ def test_a_length_past_the_block_tables_span_is_an_error_not_a_silent_read(lengt
     other block (within the table's last tile and in tiles wholly past it)."""
     kc, vc, tables = pool([3, MAX_LEN], torch.float32)
     seq_lens = torch.tensor([3, length], dtype=torch.int32)
-    with pytest.raises(Exception, match="is outside the"):
+    with pytest.raises(AttentionArgumentError, match=rf"seq_lens\[1\] is {length}; it must be at most {MAX_LEN}, "
+                       "the block table's span") as caught:
         paged_decode_attention(queries(2, torch.float32), kc, vc, tables, seq_lens)
+    assert caught.value.span.file == __file__
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
