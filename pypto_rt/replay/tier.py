@@ -16,8 +16,9 @@ them). Measured on this CPU against 0-d/1-d index tensors (index_copy_ on the bu
 is lowered as a pass over the whole written buffer, so a compiled cache write costs O(cache) where the replay costs
 O(rows), and the trial keeps the replay for large buffers; index_copy_ is done in place only into a graph input
 itself (not through the replay's views), which would need the body's slice writes rewritten as index ops.
-Replays calling kernel blocks as they are (opaque or communication blocks) are not compiled; a value carried that
-is not an integer (a float operand) keeps the replay.
+Replays calling kernel blocks as they are (replay.opaque) are not compiled; a value carried that is not an integer
+(a float operand) keeps the replay. A replay that communicates (recorded `pld` effects, replay.comm_block) is
+compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
 (PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background compiles on one daemon worker thread (a
