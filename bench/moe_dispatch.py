@@ -11,10 +11,10 @@ it has one, else from the rows its `sent_rows()` reports. Receive buffer: the ba
 receive; MoEBuffer's `recv.x`. The last column says how a repeated MoEBuffer call ran (pypto_rt.run_stats).
 
 `python -m bench.moe_dispatch [--full] [--worlds 2,4,8] [--iters N] [--budget-s S] [--tier eager]` prints the
-tables on their own; `--tier eager` compiles MoEBuffer's replays on every rank (PYPTO_TIER, issue 17) and times its
-compiled calls against its replayed ones, interleaved with the baseline (a third table, with compile times); `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; about 10 minutes on 2
-cores). Each shape's calls stop at a time budget (at least 5 timed calls each), so a slow contender cannot stall
-the suite.
+tables on their own; `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; about 10
+minutes on 2 cores). Each shape's calls stop at a time budget (at least 5 timed calls each), so a slow contender
+cannot stall the suite. `--tier eager` compiles MoEBuffer's replays on every rank (PYPTO_TIER, issue 17) and times
+its compiled calls against its replayed ones, interleaved with the baseline (a third table, with build times).
 """
 from __future__ import annotations
 

@@ -63,12 +63,24 @@ def _tiers(buf) -> list:
     return tiers(dispatch_kernel(buf.layout)) + tiers(combine_kernel(buf.layout))
 
 
+@contextlib.contextmanager
+def _moe_buffer(rank):
+    """A MoEBuffer of this test's shape on the job's communicator (closed after)."""
+    from pypto_rt.collective import process
+    from pypto_rt.kernels.moe import MoEBuffer, MoEConfig
+
+    process.install(rank.comm())
+    try:
+        yield MoEBuffer(MoEConfig(hidden=H, num_experts=E_RANK * rank.world_size, top_k=K, max_tokens_per_rank=T_MAX,
+                                  dtype=torch.float32))
+    finally:
+        process.close()
+
+
 def _moe_rank(mode: str):
     def rank_fn(rank):
         import os
 
-        from pypto_rt.collective import process
-        from pypto_rt.kernels.moe import MoEBuffer, MoEConfig
         from pypto_rt.ops import distributed
         from pypto_rt.replay import tier as tier_module
 
@@ -80,11 +92,8 @@ def _moe_rank(mode: str):
             notified[-1] += 1
             return notify(*args)
         distributed._notify_cell = counted
-        process.install(rank.comm())
-        try:
+        with _moe_buffer(rank) as buf:
             me, world = rank.rank, rank.world_size
-            buf = MoEBuffer(MoEConfig(hidden=H, num_experts=E_RANK * world, top_k=K, max_tokens_per_rank=T_MAX,
-                                      dtype=torch.float32))
             gen = torch.Generator().manual_seed(7)
             results, stats = [], io.StringIO()
             with config.scope(TIER=mode, STATS="1"), policy_scope(**POLICY), contextlib.redirect_stderr(stats):
@@ -100,8 +109,6 @@ def _moe_rank(mode: str):
                     notified.append(0)
                     results.append(_call(buf, me, world, [CHECKED[r][i] for r in range(world)], gen))
             return results, states, notified, stats.getvalue()
-        finally:
-            process.close()
     return rank_fn
 
 
@@ -120,23 +127,14 @@ def test_dispatch_and_combine_run_compiled_segments_and_match_the_golden(mode):
 
 
 def _failing_rank(rank):
-    from pypto_rt.collective import process
-    from pypto_rt.kernels.moe import MoEBuffer, MoEConfig
-
     def broken(*args):
         raise RuntimeError("injected: the C++ compiler is missing")
     tier_segments._inductor = broken
-    process.install(rank.comm())
-    try:
-        me, world = rank.rank, rank.world_size
-        buf = MoEBuffer(MoEConfig(hidden=H, num_experts=E_RANK * world, top_k=K, max_tokens_per_rank=T_MAX,
-                                  dtype=torch.float32))
+    with _moe_buffer(rank) as buf:
         gen = torch.Generator().manual_seed(8)
         with config.scope(TIER="eager"), policy_scope(**POLICY):
-            results = [_call(buf, me, world, [2, 3], gen) for _ in range(4)]
+            results = [_call(buf, rank.rank, rank.world_size, [2, 3], gen) for _ in range(4)]
         return results, [(t.state, t.why, t.chosen is not None) for t in _tiers(buf)]
-    finally:
-        process.close()
 
 
 @pytest.mark.timeout(120)
