@@ -359,6 +359,8 @@ def _mismatch(segment: Segment, compiled, snapshot: list) -> str | None:
         return [v if c is None else c for v, c in zip(snapshot, copies)]
     want_in, got_in = fresh(), fresh()
     want, got = segment.replayed(*want_in), compiled(*got_in)
+    if len(got) != len(want):
+        return f"its compiled form gives {len(got)} results, the replay {len(want)}"
     for name, w, g in zip(segment.outputs, want, got):
         problem = base._differs(w, g) or _layout(w, g, want_in, got_in)
         if problem:
