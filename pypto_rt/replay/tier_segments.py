@@ -16,7 +16,9 @@ before the segment runs (memory shared between inputs stays shared). Then each s
 fresh copies of its own snapshot, replayed and compiled: results and inputs afterwards must agree (replay.tier's
 tolerance), results must have the replay's strides and alias the same inputs. Live memory and peers are never
 touched. A segment that fails to compile or to agree keeps the whole replay (FAILED, naming the segment); one taking
-a number that is not an integer, or inputs over `tier_max_copy_bytes`, stays replayed. replay.tier's trial then
+a number that is not an integer, or inputs over `tier_max_copy_bytes`, stays replayed, and so does one whose traced
+graph writes a window: the compiled graph may write a written input back whole, over what a peer wrote to another
+part of it meanwhile. replay.tier's trial then
 times whole calls (waits for peers included; the minimum over its calls counts) and keeps the faster. Each rank
 decides alone: compiled or replayed, a rank's communication runs in the same order.
 """
@@ -29,6 +31,7 @@ import time
 import torch
 
 from pypto_rt import config
+from pypto_rt.collective import process
 from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
@@ -257,8 +260,13 @@ def _capture(segment: Segment, snapshots: dict, max_bytes: int):
     return capture
 
 
+class _Kept(Untierable):
+    """The segment stays replayed (not a failure of the whole build); the message says why."""
+
+
 def _snapshot(segment: Segment, inputs: tuple, max_bytes: int):
-    """Copies of a segment's inputs (integers as they are), or why it stays replayed."""
+    """(copies of a segment's inputs, integers as they are; the names of those that are windows), or why it stays
+    replayed."""
     from pypto_rt.replay import tier as base
 
     for name, value in zip(segment.inputs, inputs):
@@ -268,7 +276,8 @@ def _snapshot(segment: Segment, inputs: tuple, max_bytes: int):
         copies = base._snapshot([v if isinstance(v, torch.Tensor) else None for v in inputs], max_bytes)
     except Untierable as e:
         return str(e)
-    return [v if c is None else c for v, c in zip(inputs, copies)]
+    windows = {n for n, v in zip(segment.inputs, inputs) if isinstance(v, torch.Tensor) and process.window_of(v)}
+    return [v if c is None else c for v, c in zip(inputs, copies)], windows
 
 
 def _build(tier, replay, snapshots: dict, threads: int) -> None:
@@ -287,8 +296,11 @@ def _build(tier, replay, snapshots: dict, threads: int) -> None:
             segment.kept, compiled[segment.index] = snapshot, segment.replayed
             continue
         try:
-            compiled[segment.index] = _compile(segment, snapshot, threads)
-            problem = _mismatch(segment, compiled[segment.index], snapshot)
+            compiled[segment.index] = _compile(segment, *snapshot, threads)
+            problem = _mismatch(segment, compiled[segment.index], snapshot[0])
+        except _Kept as e:
+            segment.kept, compiled[segment.index] = str(e), segment.replayed
+            continue
         except Exception as e:   # (whatever the compiler raises: the replay stays)
             problem = f"the torch compiler failed: {type(e).__name__}: {base._first_line(e)}"
         if problem is not None:
@@ -301,15 +313,21 @@ def _build(tier, replay, snapshots: dict, threads: int) -> None:
     tier._built(replay, tiered, problem, t0)
 
 
-def _compile(segment: Segment, snapshot: list, threads: int):
+def _compile(segment: Segment, snapshot: list, windows: set, threads: int):
     """`(*inputs) -> outputs`: the segment compiled for its snapshot's integers as symbols (tensors first in the
-    graph), replayed for integers outside what the graph assumed."""
+    graph), replayed for integers outside what the graph assumed; _Kept when its graph writes one of `windows`."""
     tensors = [i for i, v in enumerate(snapshot) if isinstance(v, torch.Tensor)]
     order = tensors + [i for i, v in enumerate(snapshot) if i not in tensors]
-    traced = compile_trace(segment.source([segment.inputs[i] for i in order]), segment.constants,
-                           f"<pypto-rt tier segment {segment.index}, traced>")
+    names = [segment.inputs[i] for i in order]
+    traced = compile_trace(segment.source(names), segment.constants, f"<pypto-rt tier segment {segment.index}, traced>")
+
+    def check(graph) -> None:
+        written = [names[p] for p in sorted(_written_inputs(graph)) if names[p] in windows]
+        if written:
+            raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
+                        "write an input back whole)")
     graph, assumed = _inductor(traced, [snapshot[i] for i in tensors],
-                               tuple(snapshot[i] for i in order[len(tensors):]), threads)
+                               tuple(snapshot[i] for i in order[len(tensors):]), threads, check)
     replayed = segment.replayed
 
     def run(*inputs):
@@ -322,9 +340,9 @@ def _compile(segment: Segment, snapshot: list, threads: int):
     return run
 
 
-def _inductor(body, tensors: list, values: tuple, threads: int):
+def _inductor(body, tensors: list, values: tuple, threads: int, check):
     """(compiled `body`, the check of what it assumed of `values` or None), with the settings and the retry as
-    scalar C++ of replay.tier's `_compile`."""
+    scalar C++ of replay.tier's `_compile`; `check(traced graph)` runs before compiling."""
     from torch._guards import TracingContext, tracing
     from torch._inductor import config as inductor
     from torch._inductor.compile_fx import compile_fx
@@ -341,6 +359,7 @@ def _inductor(body, tensors: list, values: tuple, threads: int):
         fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
         with inductor.patch({**settings, **changes}), tracing(TracingContext(fake)):
             graph, placeholders = base._trace(body, base._copy(tensors), values)
+            check(graph)
             return compile_fx(graph, placeholders), base._assumptions(shape_env, placeholders) if values else None
     try:
         return attempt({})
@@ -348,6 +367,26 @@ def _inductor(body, tensors: list, values: tuple, threads: int):
         if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:
             raise
         return attempt({"cpp.simdlen": 1})
+
+
+def _written_inputs(graph) -> set[int]:
+    """Positions of the graph inputs its aten ops write (through views of them too)."""
+    inputs = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    bases = {node: i for i, node in enumerate(inputs)}   # node -> the input whose memory it is (or views)
+    written = set()
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for i, arg in enumerate(schema.arguments):
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                written.update(bases[v] for v in (value if isinstance(value, (list, tuple)) else (value,))
+                               if v in bases)
+        first = node.args[0] if node.args else None
+        if schema.returns and schema.returns[0].alias_info is not None and first in bases:
+            bases[node] = bases[first]
+    return written
 
 
 def _mismatch(segment: Segment, compiled, snapshot: list) -> str | None:

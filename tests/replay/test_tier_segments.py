@@ -195,3 +195,26 @@ def test_the_split_keeps_communication_numbers_and_short_runs_as_python_lines_in
     assert tier_segments.segmented(SOURCE, constants, None, min_calls=3) is None   # nothing to overrule
     opaque = SOURCE.replace("comm4(a1", "o5(0, a1")   # a block called as it is: the entry's reason stands
     assert tier_segments.segmented(opaque, {**constants, "o5": print}, "it calls blocks", min_calls=3) is None
+
+
+def test_a_segment_writing_a_window_stays_replayed(monkeypatch):
+    """The compiled graph may write a written input back whole: over a window, that would undo what a peer wrote to
+    another part of it meanwhile. A segment whose traced graph writes a window (a1 here) is kept replayed, before
+    any compile; one that only reads it is not."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    constants = {"f0": torch.as_strided, "add_1": torch.add, "mul_2": torch.mul, "k9": torch.ones(2, 2),
+                 "comm3": lambda *args: None, "comm4": lambda *args: None}
+    split = tier_segments.segmented(SOURCE, constants, "it communicates", min_calls=3)
+    a0, a1, a2 = torch.randn(2, 2), torch.zeros(2, 2), torch.tensor([5])
+    monkeypatch.setattr(tier_segments.process, "window_of",
+                        lambda t: t.untyped_storage().data_ptr() == a1.untyped_storage().data_ptr())
+    snapshots = {}
+    split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20) for s in split.segments})(a0, a1, a2)
+    (writes, windows), (reads, read_windows) = snapshots[0], snapshots[1]
+    assert windows == read_windows == {"a1"}
+    with pytest.raises(tier_segments._Kept, match="it writes the window a1, which peers write meanwhile"):
+        tier_segments._compile(split.segments[0], writes, windows, 1)
+    first, second = split.segments
+    assert tier_segments._written_inputs(make_fx(first.replayed)(*writes)) == {first.inputs.index("a1")}
+    assert tier_segments._written_inputs(make_fx(second.replayed)(*reads)) == set()
