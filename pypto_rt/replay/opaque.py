@@ -41,7 +41,8 @@ def record_block(rec, call, inputs: tuple, block: int, written) -> object:
         with muted(rec):
             return call(block, *plain_inputs(inputs))
     try:
-        code = (rec._const(call, CALL_PREFIX), "(", str(block), ", ") + joined([code_of(rec, v) for v in inputs]) + (")",)
+        code = (rec._const(call, CALL_PREFIX), "(", str(block), ", ") + joined([code_of(rec, v) for v in inputs]) + \
+            (")",)
     except Refused as r:
         rec.refuse(str(r))
         with muted(rec):

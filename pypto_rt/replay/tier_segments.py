@@ -18,9 +18,9 @@ tolerance), results must have the replay's strides and alias the same inputs. Li
 touched. A segment that fails to compile or to agree keeps the whole replay (FAILED, naming the segment); one taking
 a number that is not an integer, or inputs over `tier_max_copy_bytes`, stays replayed, and so does one whose traced
 graph writes a window: the compiled graph may write a written input back whole, over what a peer wrote to another
-part of it meanwhile. replay.tier's trial then
-times whole calls (waits for peers included; the minimum over its calls counts) and keeps the faster. Each rank
-decides alone: compiled or replayed, a rank's communication runs in the same order.
+part of it meanwhile. replay.tier's trial then times whole calls (waits for peers included; the minimum over its
+calls counts) and keeps the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in
+the same order.
 """
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ class Segmented:
         fn = ast.parse(source).body[0]
         self.name, self.params = fn.name, [a.arg for a in fn.args.args]
         self.constants = constants
+        self.traced = {k: _tensor_of if v is torch.tensor else v for k, v in constants.items()}   # (symbolic ints)
         last_guard = max((i for i, s in enumerate(fn.body) if _is_guard(s)), default=-1)
         end = max(last_guard + 1, _reads_before(fn.body, set(self.params) | set(constants)))
         self.prologue = fn.body[:end]
@@ -132,8 +133,7 @@ class Segmented:
                 dropped += [n for n in _names(stmt, ast.Del) if n in outer]
             made += [n for n in _names(stmt, ast.Store) if n not in made]
         outputs = [n for n in made if n in read_later]
-        traced = {k: _tensor_of if v is torch.tensor else v for k, v in self.constants.items()}
-        return Segment(index, run, list(inputs), outputs, dropped, traced)
+        return Segment(index, run, list(inputs), outputs, dropped, self.traced)
 
     def function(self, segments: dict):
         """The replay with segment k's lines replaced by a call of `segments[k]`."""
@@ -179,7 +179,7 @@ def _runs(statements: list, numbers: set) -> list:
             runs[-1][1].append(stmt)
         else:
             runs.append([kind, [stmt]])
-    return [[kind, run] for kind, run in runs]
+    return runs
 
 
 def _lines(run: list) -> int:
