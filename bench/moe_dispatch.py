@@ -10,10 +10,11 @@ bytes (unique (token, destination rank) pairs) are summed over ranks; MoEBuffer'
 it has one, else from the rows its `sent_rows()` reports. Receive buffer: the baseline's largest rank's dispatch
 receive; MoEBuffer's `recv.x`. The last column says how a repeated MoEBuffer call ran (pypto_rt.run_stats).
 
-`python -m bench.moe_dispatch [--full] [--worlds 2,4,8] [--iters N] [--budget-s S]` prints the tables on their
-own; `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; about 10 minutes on 2
-cores). Each shape's calls stop at a time budget (at least 5 timed calls each), so a slow contender cannot stall
-the suite.
+`python -m bench.moe_dispatch [--full] [--worlds 2,4,8] [--iters N] [--budget-s S] [--tier eager]` prints the
+tables on their own; `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; about 10
+minutes on 2 cores). Each shape's calls stop at a time budget (at least 5 timed calls each), so a slow contender
+cannot stall the suite. `--tier eager` compiles MoEBuffer's replays on every rank (PYPTO_TIER, issue 17) and times
+its compiled calls against its replayed ones, interleaved with the baseline (a third table, with build times).
 """
 from __future__ import annotations
 
@@ -35,13 +36,14 @@ JOB_TIMEOUT_S = 120                           # the ranks' no-progress deadline 
 
 
 def run_world(world: int, shape_set: str, iters: int, warmup: int, baseline_only: bool = False,
-              budget_s: float = 60.0) -> list[list[dict]]:
+              budget_s: float = 60.0, tier: str = "off") -> list[list[dict]]:
     """One launched job of `world` ranks; every rank's rows (rank-major). Raises RuntimeError if a rank failed."""
     from pypto_rt.launch import launch
 
     with tempfile.TemporaryDirectory(prefix="moe-bench-") as tmp:
         out = os.path.join(tmp, "results.json")
-        args = ["--set", shape_set, "--iters", iters, "--warmup", warmup, "--budget-s", budget_s, "--out", out]
+        args = ["--set", shape_set, "--iters", iters, "--warmup", warmup, "--budget-s", budget_s, "--out", out,
+                "--tier", tier]
         result = launch(RANK_PROGRAM, *args, *(["--baseline-only"] if baseline_only else []), nproc=world,
                         comm="shm", log_dir=os.path.join(tmp, "logs"), timeout_s=JOB_TIMEOUT_S)
         if not result.passed:
@@ -154,31 +156,53 @@ def _routing(shape: dict) -> str:
     return "skewed" if shape["skewed"] else "uniform"
 
 
+def _tier_row(rows: list[dict], world: int) -> list | None:
+    """Compiled against replayed MoEBuffer calls (--tier eager), or None when the shape was not run so."""
+    if not rows[0]["ours"].get("replayed_samples"):
+        return None
+    shape = rows[0]["shape"]
+    base, compiled = latency(rows, "baseline"), latency(rows, "ours")
+    replayed = latency([{"ours": {"samples": r["ours"]["replayed_samples"]}} for r in rows], "ours")
+    built = {}
+    for r in rows:
+        for t in r["ours"].get("tiers", []):
+            built.setdefault(t["entry"], []).append(f"{t['state']} {t['compile_s']:.1f} s")
+    return [world, _label(shape), _routing(shape), f"{dur(compiled[0])} / {dur(compiled[1])}",
+            f"{dur(replayed[0])} / {dur(replayed[1])}", ratio(replayed[0] / compiled[0]),
+            ratio(base[0] / compiled[0]), "; ".join(f"{e}: {', '.join(v)}" for e, v in built.items()) or "-"]
+
+
 def report(worlds: dict[int, list[list[dict]]]) -> str:
     """The two tables (time, bytes) over every world size and shape."""
-    timing, nbytes = [], []
+    timing, nbytes, tiers = [], [], []
     for world, ranks in worlds.items():
         for rows in zip(*ranks):      # one shape: every rank's row
             timing.append(_timing_row(list(rows), world))
             nbytes.append(_bytes_row(list(rows), world))
+            tiers.append(_tier_row(list(rows), world))
+    tier_table = [] if not any(tiers) else [
+        table(["ranks", "shape (per rank)", "routing", "MoEBuffer compiled median / p90", "replayed median / p90",
+               "compiled speed-up over replayed", "baseline / compiled",
+               "tiers per entry, each rank (state, build time)"], [t for t in tiers if t]), ""]
     return "\n".join([
         table(["ranks", "shape (per rank)", "routing", "timed calls", "baseline median / p90", "baseline GB/s",
                "MoEBuffer median / p90", "MoEBuffer GB/s", "speed-up (baseline / ours)", "target"], timing), "",
         table(["ranks", "shape (per rank)", "routing", "logical bytes per rank", "baseline wire / live",
                "MoEBuffer wire / live", "baseline host reads per call", "MoEBuffer host reads per call (busiest rank)",
                "baseline receive buffer (largest rank)", "MoEBuffer recv.x",
-               "MoEBuffer repeated call (dispatch / combine)"], nbytes), "",
+               "MoEBuffer repeated call (dispatch / combine)"], nbytes), "", *tier_table,
         "Skewed: every token of every rank routes to rank 0's experts. Live rows: unique (token, destination rank) "
         "pairs, each way; the baseline sends one row per selected (token, expert) pair, plus [E] int64 counts. "
         "Latency is the slowest rank's per call (barrier before each call); GB/s is logical bytes per rank / median.",
         *_replay_notes(worlds)])
 
 
-def run(worlds=(2, 4, 8), full: bool = False, iters: int | None = None, budget_s: float | None = None) -> str:
+def run(worlds=(2, 4, 8), full: bool = False, iters: int | None = None, budget_s: float | None = None,
+        tier: str = "off") -> str:
     shape_set = "full" if full else "quick"
     iters, warmup = iters or (50 if full else 20), 10 if full else 3
     budget_s = budget_s or (25.0 if full else 15.0)
-    results = {world: run_world(world, shape_set, iters, warmup, budget_s=budget_s) for world in worlds}
+    results = {world: run_world(world, shape_set, iters, warmup, budget_s=budget_s, tier=tier) for world in worlds}
     cores = os.cpu_count() or 1
     note = (f"Up to {iters} timed calls per contender after up to {warmup} warm-up, per shape; fewer where a shape "
             f"would take over {budget_s:g} s (at least 5). Worlds above {cores} ranks oversubscribe this machine's "
@@ -195,8 +219,10 @@ if __name__ == "__main__":
     parser.add_argument("--iters", type=int, default=None, help="timed calls per contender (default 20; --full 50)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds per shape, both contenders (default 15; --full 25)")
+    parser.add_argument("--tier", choices=["off", "eager"], default="off",
+                        help="eager: MoEBuffer's replays compiled on every rank, timed against its replays")
     args = parser.parse_args()
     start = time.perf_counter()
-    body = run(tuple(int(w) for w in args.worlds.split(",")), args.full, args.iters, args.budget_s)
+    body = run(tuple(int(w) for w in args.worlds.split(",")), args.full, args.iters, args.budget_s, args.tier)
     print(f"## {TITLE}\n\n{body}\n\n"
           f"_(moe_dispatch: {time.perf_counter() - start:.1f} s)_")

@@ -9,6 +9,11 @@ expert step as identity (only communication is timed). "ours" is `pypto_rt.kerne
 collectively per shape, when that name is importable; else the row says "not built yet". The calls per shape
 stop at a time budget every rank agrees on (`plan_calls`). Rank 0 writes every rank's samples and counters to
 `--out` as JSON.
+
+`--tier eager` (PYPTO_TIER for MoEBuffer's calls, issue 17): each buffer is called until its replays are compiled
+(eager: at the first replay; not timed), then "ours" is timed with every compiled tier swapped in and "ours
+(replayed)" with the replays, interleaved with the baseline in the same iterations; the tiers' states and compile
+times go to the results.
 """
 from __future__ import annotations
 
@@ -145,6 +150,38 @@ def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights):
     return buf, call, recv_bytes
 
 
+def _specialisations(buf) -> list:
+    """The replayed specialisations of the buffer's window kernels (none on other transports)."""
+    from pypto_rt.kernels.moe.dispatch import WindowTransport, combine_kernel, dispatch_kernel
+
+    if not isinstance(buf.transport, WindowTransport):
+        return []
+    kernels = (dispatch_kernel(buf.layout), combine_kernel(buf.layout))
+    return [spec for k in kernels for spec in k.state.replay.values() if spec.tier is not None]
+
+
+def compile_tiers(call, buf, calls: int = 4) -> list[dict]:
+    """Call the buffer `calls` times with PYPTO_TIER=eager (every rank the same count: the calls are collective),
+    enough for the engine runs, the recording and the capture call its replays are compiled from; its tiers."""
+    from pypto_rt import config
+
+    with config.scope(TIER="eager"):
+        for _ in range(calls):
+            call()
+    return [{"entry": spec.tier.entry.split(".")[0], "state": spec.tier.state, "compile_s": spec.tier.compile_s,
+             "text": spec.tier.text} for spec in _specialisations(buf)]
+
+
+def tiered(call, buf, compiled: bool):
+    """`call` with every compiled tier of the buffer's kernels swapped in (or the replays)."""
+    def run():
+        for spec in _specialisations(buf):
+            if spec.tier.tiered is not None:
+                spec.tier.chosen = spec.tier.tiered if compiled else spec.replay
+        return call()
+    return run
+
+
 def replay_state(buf, x, topk_idx, topk_weights) -> dict:
     """How one more (untimed) call's dispatch and combine ran, by run_stats: {"dispatch": {"kind": "replayed" |
     "refused" | ..., "reason": ..., "host_reads": elements its host program read (None: the runtime does not count
@@ -167,7 +204,7 @@ def ours_counters(buf, x, topk_idx, topk_weights) -> dict:
 
 
 def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: float = 60.0,
-                  absent: str = NOT_BUILT) -> dict:
+                  absent: str = NOT_BUILT, tier: str = "off") -> dict:
     """Check, then time, both contenders on one shape (at most `iters` timed calls each, fewer where they would
     take over `budget_s`); this rank's samples and counters. Without `ours`, its status says `absent`."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -184,6 +221,10 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
         idx32 = topk_idx.int()   # what the gate returns
         buf, contenders["ours"], recv_bytes = make_buffer(ours, shape, x, idx32, topk_weights)
         row = {"status": "ok", "stats_before": stats_of(buf), "recv_bytes": recv_bytes}
+        if tier == "eager":
+            row["tiers"] = compile_tiers(contenders["ours"], buf)
+            call = contenders["ours"]
+            contenders["ours"], contenders["ours_replayed"] = tiered(call, buf, True), tiered(call, buf, False)
     base.host_reads = 0
     warmup, iters = plan_calls(contenders, iters, warmup, budget_s) if iters else (warmup, 0)
     samples = time_interleaved(contenders, iters, warmup)
@@ -192,7 +233,8 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
         getattr(buf, "close", lambda: None)()    # one buffer per shape: free its windows if it can
     return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": int(bool(iters)) + warmup + iters,
             "baseline": {"samples": samples["baseline"], "host_reads": base.host_reads},
-            "ours": {**row, "samples": samples.get("ours", [])}, "bytes": accounting(shape, world, rank)}
+            "ours": {**row, "samples": samples.get("ours", []), "replayed_samples": samples.get("ours_replayed")},
+            "bytes": accounting(shape, world, rank)}
 
 
 def main(argv=None) -> int:
@@ -204,13 +246,16 @@ def main(argv=None) -> int:
                         help="seconds per shape for warm-up and timed calls, both contenders (at least 5 calls)")
     parser.add_argument("--baseline-only", action="store_true", help="do not run MoEBuffer even if built")
     parser.add_argument("--out", required=True, help="rank 0 writes the JSON results here")
+    parser.add_argument("--tier", choices=["off", "eager"], default="off",
+                        help="eager: MoEBuffer's replays compiled (PYPTO_TIER), timed against its replays")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     try:
         ours = None if args.baseline_only else load_ours()
         absent = "not run (--baseline-only)" if args.baseline_only else NOT_BUILT
-        mine = [measure_shape(s, args.iters, args.warmup, ours, args.budget_s, absent) for s in SETS[args.set]]
+        mine = [measure_shape(s, args.iters, args.warmup, ours, args.budget_s, absent, args.tier)
+                for s in SETS[args.set]]
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         if dist.get_rank() == 0:

@@ -3,7 +3,7 @@
 A block of a communication task that calls `pld` ops runs *signalling* under the recorder (orchestration sets
 `Recorder.signalling` while it runs): its plain torch calls are recorded as any block's, and each `pld` op
 (notify, wait, remote_store, put: pypto_rt.ops.distributed) becomes one line calling the op's effect on its
-operands, `communicate(rec, reason, effect, args)` below: e.g. `f3(a14, 1, [0, 0], 'set', s2)` for a notify of
+operands, `communicate(rec, reason, effect, args)` below: e.g. `comm3(a14, 1, [0, 0], 'set', s2)` for a notify of
 value `s2` (an epoch read with `pl.read`) on the entry window `a14`. The operands are code of the replay: window
 tensors by name (an entry window, or a view the run made of one: a replay with other windows of the same shapes
 signals on those), numbers read from data as code (a peer, an offset, a value change per replay); the effect
@@ -22,6 +22,8 @@ from pypto_rt.replay import opaque
 from pypto_rt.replay.calls import Refused
 from pypto_rt.replay.records import Call, Ref, joined
 
+EFFECT_PREFIX = "comm"   # a recorded effect's constant is named comm<N> (the compiled tier finds the lines by it)
+
 
 def communicate(rec, reason: str, effect, args: tuple):
     """Run a `pld` op's `effect(*args)`, recorded as one line when `rec` records a signalling block (see the module
@@ -30,7 +32,7 @@ def communicate(rec, reason: str, effect, args: tuple):
         rec.refuse(reason)
     if rec.refused is None:
         try:
-            code = (rec._const(effect, "f"), "(") + joined([opaque.code_of(rec, v) for v in args]) + (")",)
+            code = (rec._const(effect, EFFECT_PREFIX), "(") + joined([opaque.code_of(rec, v) for v in args]) + (")",)
         except Refused as r:
             rec.refuse(str(r))
         else:

@@ -31,6 +31,7 @@ from pypto_rt.replay.calls import SIMPLE, Refused, storage_id
 from pypto_rt.replay.records import Call, Code, Ref, joined
 from pypto_rt.replay.scalars import TRACED, untraced
 
+CALL_PREFIX = "o"   # a block's call is the constant o<N> (the compiled tier finds the lines by it)
 _CONSTANTS = (DataType, Unbound, enum.Enum, bytes)   # immutable inputs written as constants
 
 
@@ -40,7 +41,8 @@ def record_block(rec, call, inputs: tuple, block: int, written) -> object:
         with muted(rec):
             return call(block, *plain_inputs(inputs))
     try:
-        code = (rec._const(call, "o"), "(", str(block), ", ") + joined([code_of(rec, v) for v in inputs]) + (")",)
+        code = (rec._const(call, CALL_PREFIX), "(", str(block), ", ") + joined([code_of(rec, v) for v in inputs]) + \
+            (")",)
     except Refused as r:
         rec.refuse(str(r))
         with muted(rec):

@@ -44,6 +44,8 @@ class ReplayPolicy:
                                        # faster is kept
     tier_timeout_s: float = 300.0      # a compile still running after this keeps the replay
     tier_max_copy_bytes: int = 256 << 20   # the check copies the arguments' memory: larger ones stay replayed
+    tier_min_segment_calls: int = 8    # a replay that communicates is compiled per run of torch calls between its
+                                       # communication lines (replay.tier_segments); shorter runs stay replayed
     # -- kernel blocks (replay.kernel), per specialisation ---------------------------------------------------
     kernel_normal_runs: int = 32       # blocks (over all calls) run by the kernel before one is recorded: a
                                        # recording costs 10-70 blocks' time, so a one-off run does not pay it

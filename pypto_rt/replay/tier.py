@@ -16,8 +16,9 @@ them). Measured on this CPU against 0-d/1-d index tensors (index_copy_ on the bu
 is lowered as a pass over the whole written buffer, so a compiled cache write costs O(cache) where the replay costs
 O(rows), and the trial keeps the replay for large buffers; index_copy_ is done in place only into a graph input
 itself (not through the replay's views), which would need the body's slice writes rewritten as index ops.
-Replays calling kernel blocks as they are (opaque or communication blocks) are not compiled; a value carried that
-is not an integer (a float operand) keeps the replay.
+Replays calling kernel blocks as they are (replay.opaque) are not compiled; a value carried that is not an integer
+(a float operand) keeps the replay. A replay that communicates (recorded `pld` effects, replay.comm_block) is
+compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
 (PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background compiles on one daemon worker thread (a
@@ -46,7 +47,9 @@ import time
 import torch
 
 from pypto_rt import config
+from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
+from pypto_rt.replay.policy import current_policy
 from pypto_rt.replay.tier_source import Untierable, split_source
 
 REPLAY, COMPILING, TRIAL, COMPILED, FAILED = "replay", "compiling", "trial", "compiled", "failed"
@@ -56,10 +59,14 @@ class Tier:
     """The compiled tier of one specialisation's replay. `pick` gives the function a call runs: `chosen` once
     decided (the replay or the compiled one; one attribute read on the hot path), else per state."""
     __slots__ = ("entry", "source", "constants", "state", "why", "compile_s", "tiered", "chosen", "started",
-                 "trial_ns", "lock", "text", "stats")
+                 "trial_ns", "lock", "text", "stats", "segments")
 
     def __init__(self, entry: str, source: str, constants: dict, why_not: str | None = None):
         self.entry, self.source, self.constants = entry, source, constants
+        # a replay that communicates is compiled segment by segment (replay.tier_segments), or says why not
+        self.segments = tier_segments.segmented(source, constants, why_not, current_policy().tier_min_segment_calls)
+        if self.segments is not None:
+            why_not = self.segments.why_not
         self.state, self.why = REPLAY, why_not or ""
         self.compile_s = 0.0
         self.tiered = None          # the verified compiled function (prologue, then the compiled body)
@@ -92,6 +99,8 @@ class Tier:
         if state == REPLAY and not self.why:
             mode = policy.tier
             if mode == "eager" or (mode == "background" and steady):
+                if self.segments is not None:
+                    return tier_segments.capturing(self, replay, policy, background=mode == "background")
                 self._start(replay, args, policy, background=mode == "background")
                 if self.state == TRIAL:
                     return self.tiered
@@ -152,6 +161,10 @@ class Tier:
             problem = _mismatch(replay, tiered, inputs)
         except Exception as e:   # (whatever the compiler raises: the replay stays)
             tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
+        self._built(replay, tiered, problem, t0)
+
+    def _built(self, replay, tiered, problem: str | None, t0: float) -> None:
+        """A build begun at `t0` ended: on to the trial with `tiered`, or failed with `problem`."""
         with self.lock:
             if self.state != COMPILING:   # (timed out meanwhile)
                 return
@@ -179,6 +192,8 @@ class Tier:
             text = f"tier replay (PYPTO_TIER={mode}: {'not compiled' if mode == 'off' else 'compiled once steady'})"
         else:
             text = f"tier {self.state} ({self.why})" if self.why else f"tier {self.state}"
+        if self.segments is not None and self.segments.why_not is None:
+            text = f"{text} · {self.segments.describe()}"
         self.text = text
         if self.stats:
             print(f"pypto-rt stats [{self.entry}]: {text}", file=sys.stderr)

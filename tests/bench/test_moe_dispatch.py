@@ -137,3 +137,20 @@ def test_ours_host_reads_from_run_stats_on_the_busiest_rank():
 
     assert moe_dispatch._ours_reads([row(0, 0), row(2, 1)]) == "3 (host program)"
     assert moe_dispatch._ours_reads([row(0, 0), row(None, None)]) == "n/a (no counter)"   # runtime without it
+
+
+def test_tier_eager_rows_give_compiled_against_replayed_and_build_times():
+    shape = {"phase": "decode", "tokens": 8, "hidden": 64, "top_k": 2, "skewed": False}
+
+    def row(compiled, replayed, build_s):
+        tiers = [{"entry": "dispatch_kernel", "state": "trial", "compile_s": build_s, "text": ""}]
+        return {"shape": shape, "baseline": {"samples": [4.0, 4.0, 4.0]},
+                "ours": {"samples": compiled, "replayed_samples": replayed, "tiers": tiers}}
+
+    cells = moe_dispatch._tier_row([row([1.0, 1.0, 1.0], [3.0, 3.0, 3.0], 2.0),
+                                    row([2.0, 1.0, 2.0], [2.0, 3.0, 2.0], 4.5)], 2)
+    # per call the slowest rank: compiled 2, 1, 2 s; replayed 3, 3, 3 s
+    assert cells[3].startswith("2000.0 ms") and cells[4].startswith("3000.0 ms"), cells
+    assert (cells[5], cells[6]) == ("1.50x", "2.00x"), cells
+    assert cells[7] == "dispatch_kernel: trial 2.0 s, trial 4.5 s", cells
+    assert moe_dispatch._tier_row([{**row([1.0], [1.0], 1.0), "ours": {"samples": [1.0]}}], 2) is None

@@ -1,0 +1,424 @@
+"""The compiled tier of a replay that communicates: its runs of torch calls between communication lines are compiled
+one by one; the communication lines stay Python and run in program order.
+
+A communicating replay (replay.comm_block) is straight-line code in which recorded `pld` effects (`comm<N>(...)`:
+window stores, puts, notifies, waits), the numbers they take (row counts read with `.item()` from data the run
+computed) and arithmetic on numbers stand between runs of plain torch calls. Each run of at least
+`policy.tier_min_segment_calls` lines is a *segment*: a function of the names it reads that earlier lines made
+(tensors, tensor constants, integers) returning the names it makes that later lines read. It is traced and compiled
+as replay.tier compiles a whole body (make_fx, inductor; integers symbolic, tensor sizes static; in-place writes into
+windows and outputs land in their memory). The tiered replay is the replay with each segment's lines replaced by a
+call of its compiled function; everything else runs as recorded, in the same order.
+
+The check never runs a communication effect twice: the segments are built from a *capture call*, an ordinary
+replayed call (its communication runs once, in order, as any replay's) that copies each segment's inputs just
+before the segment runs (memory shared between inputs stays shared). Then each segment is compiled and run twice on
+fresh copies of its own snapshot, replayed and compiled: results and inputs afterwards must agree (replay.tier's
+tolerance), results must have the replay's strides and alias the same inputs. Live memory and peers are never
+touched. A segment that fails to compile or to agree keeps the whole replay (FAILED, naming the segment); one taking
+a number that is not an integer, or inputs over `tier_max_copy_bytes`, stays replayed, and so does one whose traced
+graph writes a window: the compiled graph may write a written input back whole, over what a peer wrote to another
+part of it meanwhile. replay.tier's trial then times whole calls (waits for peers included; the minimum over its
+calls counts) and keeps the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in
+the same order.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import time
+
+import torch
+
+from pypto_rt import config
+from pypto_rt.collective import process
+from pypto_rt.replay import comm_block, opaque
+from pypto_rt.replay.guards import GUARD_MISS
+from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
+
+_EFFECT = re.compile(rf"{comm_block.EFFECT_PREFIX}\d+")
+_OPAQUE = re.compile(rf"{opaque.CALL_PREFIX}\d+")
+_PYTHON, _TORCH = "python", "torch"
+
+
+def segmented(source: str, constants: dict, why_not: str | None, min_calls: int) -> Segmented | None:
+    """The segments of a replay entry found not compilable as a whole (`why_not`) because it communicates; None
+    for any other replay (no communication line, or a kernel block called as it is: `why_not` stands)."""
+    if not why_not:
+        return None
+    statements = ast.parse(source).body[0].body
+    if not any(_calls(s, _EFFECT) for s in statements) or any(_calls(s, _OPAQUE) for s in statements):
+        return None
+    return Segmented(source, constants, min_calls)
+
+
+class Segment:
+    """A run of torch lines between communication lines: `_seg<index>(*inputs) -> outputs`."""
+    __slots__ = ("index", "statements", "inputs", "outputs", "dropped", "replayed", "kept", "constants")
+
+    def __init__(self, index: int, statements: list, inputs: list, outputs: list, dropped: list, constants: dict):
+        self.index, self.statements, self.inputs, self.outputs = index, statements, inputs, outputs
+        self.dropped = dropped   # inputs it deletes: the tiered replay deletes them after the call
+        self.constants = constants
+        self.replayed = compile_trace(self.source(inputs), constants, f"<pypto-rt tier segment {index}>")
+        self.kept = None         # once built: why it stays replayed in the tiered replay, "" when compiled
+
+    @property
+    def name(self) -> str:
+        first, last = self.statements[0].lineno, self.statements[-1].lineno
+        return f"segment {self.index} (replay lines {first}-{last})"
+
+    def source(self, params: list) -> str:
+        back = ast.parse(f"return ({''.join(o + ', ' for o in self.outputs)})").body
+        return _function(f"_seg{self.index}", ", ".join(params), self.statements + back)
+
+
+class Segmented:
+    """A communicating replay split into parts: Python lines (communication, numbers, short runs of torch lines)
+    and segments, in program order (see the module text)."""
+
+    def __init__(self, source: str, constants: dict, min_calls: int):
+        fn = ast.parse(source).body[0]
+        self.name, self.params = fn.name, [a.arg for a in fn.args.args]
+        self.constants = constants
+        self.traced = {k: _tensor_of if v is torch.tensor else v for k, v in constants.items()}   # (symbolic ints)
+        last_guard = max((i for i, s in enumerate(fn.body) if _is_guard(s)), default=-1)
+        end = max(last_guard + 1, _reads_before(fn.body, set(self.params) | set(constants)))
+        self.prologue = fn.body[:end]
+        self.parts: list = []   # lists of Python statements and Segments, in order
+        self.segments: list[Segment] = []
+        self.lines = sum(1 for s in fn.body[end:] if not isinstance(s, ast.Delete))
+        self.why_not = None
+        try:
+            self._split(fn.body[end:], min_calls)
+        except Untierable as e:
+            self.why_not = str(e)
+        if self.why_not is None and not self.segments:
+            self.why_not = (f"it communicates, and no run of torch calls between its communication lines is "
+                            f"{min_calls} lines long (policy.tier_min_segment_calls)")
+
+    def _split(self, statements: list, min_calls: int) -> None:
+        read = {n for s in self.prologue for n in _names(s, ast.Store)}
+        parts = _merge([[_PYTHON if kind == _TORCH and _lines(run) < min_calls else kind, run]
+                        for kind, run in _runs(statements, set(read))])
+        outer = set(self.params) | read   # names the tiered replay's own lines define
+        later = [set() for _ in parts] + [set()]
+        for i in range(len(parts) - 1, -1, -1):
+            later[i] = later[i + 1] | {n for s in parts[i][1] for n in _names(s, ast.Load)}
+        for i, (kind, run) in enumerate(parts):
+            if kind == _PYTHON:
+                kept = []
+                for stmt in run:
+                    stmt = _kept_deletes(stmt, outer)
+                    if stmt is not None:
+                        kept.append(stmt)
+                        outer |= set(_names(stmt, ast.Store))
+                self.parts.append(kept)
+                continue
+            segment = self._segment(len(self.segments), run, outer, later[i + 1])
+            self.segments.append(segment)
+            self.parts.append(segment)
+            outer |= set(segment.outputs)
+
+    def _segment(self, index: int, run: list, outer: set, read_later: set) -> Segment:
+        made, inputs, dropped = [], {}, []
+        for stmt in run:
+            for name in _names(stmt, ast.Load) + _names(stmt, ast.Del):
+                if name in made or name in inputs:
+                    continue
+                if name in outer or isinstance(self.constants.get(name), torch.Tensor):
+                    inputs[name] = None   # (a tensor constant is an input too: the check runs on copies of it)
+            if isinstance(stmt, ast.Delete):
+                dropped += [n for n in _names(stmt, ast.Del) if n in outer]
+            made += [n for n in _names(stmt, ast.Store) if n not in made]
+        outputs = [n for n in made if n in read_later]
+        return Segment(index, run, list(inputs), outputs, dropped, self.traced)
+
+    def function(self, segments: dict):
+        """The replay with segment k's lines replaced by a call of `segments[k]`."""
+        body = list(self.prologue)
+        for part in self.parts:
+            if type(part) is not Segment:
+                body += part
+                continue
+            call = f"_seg{part.index}({', '.join(part.inputs)})"
+            body += ast.parse(f"{''.join(o + ', ' for o in part.outputs)}= {call}" if part.outputs else call).body
+            if part.dropped:
+                body += ast.parse(f"del {', '.join(part.dropped)}").body
+        names = {f"_seg{k}": fn for k, fn in segments.items()}
+        source = _function(self.name, ", ".join(self.params), body)
+        return compile_trace(source, {**self.constants, **names}, "<pypto-rt tiered replay, segmented>")
+
+    def describe(self) -> str:
+        """The split as PYPTO_STATS shows it with the tier."""
+        lines = sum(_lines(s.statements) for s in self.segments)
+        text = (f"segmented: {len(self.segments)} runs of torch lines between communication lines ({lines} of "
+                f"{self.lines} lines)")
+        if any(s.kept is None for s in self.segments):
+            return text
+        kept = "".join(f"; {s.name} kept replayed: {s.kept}" for s in self.segments if s.kept)
+        return f"{text}, {sum(1 for s in self.segments if not s.kept)} compiled{kept}"
+
+
+def _runs(statements: list, numbers: set) -> list:
+    """[kind, statements] runs: Python (communication, reads of data, numbers) or torch lines; a `del` goes with the
+    run before it. `numbers`: names holding numbers (grows with the Python lines)."""
+    runs: list = []
+    for stmt in statements:
+        if isinstance(stmt, ast.Delete) and runs:
+            runs[-1][1].append(stmt)
+            continue
+        python = (isinstance(stmt, (ast.If, ast.Return, ast.Delete)) or _reads_data(stmt) or _calls(stmt, _EFFECT)
+                  or (not any(isinstance(n, ast.Call) for n in ast.walk(stmt))
+                      and set(_names(stmt, ast.Load)) <= numbers))
+        if python:
+            numbers.update(_names(stmt, ast.Store))
+        kind = _PYTHON if python else _TORCH
+        if runs and runs[-1][0] == kind:
+            runs[-1][1].append(stmt)
+        else:
+            runs.append([kind, [stmt]])
+    return runs
+
+
+def _lines(run: list) -> int:
+    return sum(1 for s in run if not isinstance(s, ast.Delete))
+
+
+def _merge(runs: list) -> list:
+    merged: list = []
+    for kind, run in runs:
+        if merged and merged[-1][0] == kind:
+            merged[-1][1] += run
+        else:
+            merged.append([kind, list(run)])
+    return merged
+
+
+def _kept_deletes(stmt, outer: set):
+    """`stmt`, a `del` only of names the tiered replay's own lines define (a segment's inner names are gone)."""
+    if not isinstance(stmt, ast.Delete):
+        return stmt
+    names = [n for n in _names(stmt, ast.Del) if n in outer]
+    return ast.parse(f"del {', '.join(names)}").body[0] if names else None
+
+
+def _names(stmt, ctx) -> list[str]:
+    return list(dict.fromkeys(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)))
+
+
+def _calls(stmt, pattern) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and pattern.fullmatch(n.func.id)
+               for n in ast.walk(stmt))
+
+
+# -- the capture call, the build --------------------------------------------------------------------------------
+def capturing(tier, replay, policy, background: bool):
+    """The function this call runs to start `tier`'s build: the replay, copying each segment's inputs before it
+    runs; after the call, the build (on this thread, or queued for the tier's worker). `replay` when another call
+    started it already."""
+    from pypto_rt.replay import tier as base
+
+    with tier.lock:
+        if tier.state != base.REPLAY or tier.why:
+            return replay
+        tier.state, tier.started, tier.stats = base.COMPILING, time.perf_counter(), config.STATS.get() == "1"
+        tier._describe()
+    segmented, threads, max_bytes = tier.segments, torch.get_num_threads(), policy.tier_max_copy_bytes
+    snapshots: dict = {}
+    run = segmented.function({s.index: _capture(s, snapshots, max_bytes) for s in segmented.segments})
+
+    def again():   # (the call did not get through: a later call captures)
+        with tier.lock:
+            if tier.state == base.COMPILING:
+                tier.state, tier.started = base.REPLAY, 0.0
+                tier._describe()
+
+    def call(*args):
+        try:
+            outputs = run(*args)
+        except BaseException:
+            again()
+            raise
+        if outputs is GUARD_MISS or len(snapshots) < len(segmented.segments):
+            again()
+            return outputs
+        job = lambda: _build(tier, replay, snapshots, threads)   # noqa: E731
+        if not background:
+            job()
+        elif not base._submit(job):
+            again()
+        return outputs
+    return call
+
+
+def _capture(segment: Segment, snapshots: dict, max_bytes: int):
+    def capture(*inputs):
+        snapshots[segment.index] = _snapshot(segment, inputs, max_bytes)
+        return segment.replayed(*inputs)
+    return capture
+
+
+class _Kept(Untierable):
+    """The segment stays replayed (not a failure of the whole build); the message says why."""
+
+
+def _snapshot(segment: Segment, inputs: tuple, max_bytes: int):
+    """(copies of a segment's inputs, integers as they are; the names of those that are windows), or why it stays
+    replayed."""
+    from pypto_rt.replay import tier as base
+
+    for name, value in zip(segment.inputs, inputs):
+        if not isinstance(value, torch.Tensor) and type(value) is not int:
+            return f"it takes a {type(value).__name__} ({name}); only tensors and integers go to a compiled graph"
+    try:
+        copies = base._snapshot([v if isinstance(v, torch.Tensor) else None for v in inputs], max_bytes)
+    except Untierable as e:
+        return str(e)
+    windows = {n for n, v in zip(segment.inputs, inputs) if isinstance(v, torch.Tensor) and process.window_of(v)}
+    return [v if c is None else c for v, c in zip(inputs, copies)], windows
+
+
+def _build(tier, replay, snapshots: dict, threads: int) -> None:
+    """Compile and check every segment that can be (see the module text), then hand the tiered replay (or why not)
+    to `tier`. Never raises."""
+    from pypto_rt.replay import tier as base
+
+    base._use_our_cache()
+    import torch._inductor.compile_fx  # noqa: F401
+    t0 = time.perf_counter()
+    segmented, compiled = tier.segments, {}
+    tiered, problem = None, None
+    for segment in segmented.segments:
+        snapshot = snapshots[segment.index]
+        if isinstance(snapshot, str):
+            segment.kept, compiled[segment.index] = snapshot, segment.replayed
+            continue
+        try:
+            compiled[segment.index] = _compile(segment, *snapshot, threads)
+            problem = _mismatch(segment, compiled[segment.index], snapshot[0])
+        except _Kept as e:
+            segment.kept, compiled[segment.index] = str(e), segment.replayed
+            continue
+        except Exception as e:   # (whatever the compiler raises: the replay stays)
+            problem = f"the torch compiler failed: {type(e).__name__}: {base._first_line(e)}"
+        if problem is not None:
+            problem = f"{segment.name}: {problem}"
+            break
+        segment.kept = ""
+    if problem is None:
+        tiered = segmented.function(compiled)
+        tiered.outside = 0   # (per segment: see each compiled segment's `outside`)
+    tier._built(replay, tiered, problem, t0)
+
+
+def _compile(segment: Segment, snapshot: list, windows: set, threads: int):
+    """`(*inputs) -> outputs`: the segment compiled for its snapshot's integers as symbols (tensors first in the
+    graph), replayed for integers outside what the graph assumed; _Kept when its graph writes one of `windows`."""
+    tensors = [i for i, v in enumerate(snapshot) if isinstance(v, torch.Tensor)]
+    order = tensors + [i for i, v in enumerate(snapshot) if i not in tensors]
+    names = [segment.inputs[i] for i in order]
+    traced = compile_trace(segment.source(names), segment.constants, f"<pypto-rt tier segment {segment.index}, traced>")
+
+    def check(graph) -> None:
+        written = [names[p] for p in sorted(_written_inputs(graph)) if names[p] in windows]
+        if written:
+            raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
+                        "write an input back whole)")
+    graph, assumed = _inductor(traced, [snapshot[i] for i in tensors],
+                               tuple(snapshot[i] for i in order[len(tensors):]), threads, check)
+    replayed = segment.replayed
+
+    def run(*inputs):
+        graph_inputs = [inputs[i] for i in order]
+        if assumed is not None and not assumed(graph_inputs):
+            run.outside += 1
+            return replayed(*inputs)
+        return graph(*graph_inputs)
+    run.outside = 0
+    return run
+
+
+def _inductor(body, tensors: list, values: tuple, threads: int, check):
+    """(compiled `body`, the check of what it assumed of `values` or None), with the settings and the retry as
+    scalar C++ of replay.tier's `_compile`; `check(traced graph)` runs before compiling."""
+    from torch._guards import TracingContext, tracing
+    from torch._inductor import config as inductor
+    from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from pypto_rt.replay import tier as base
+
+    settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads,
+                "emulate_precision_casts": True}
+
+    def attempt(changes: dict):
+        shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
+        fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
+        with inductor.patch({**settings, **changes}), tracing(TracingContext(fake)):
+            graph, placeholders = base._trace(body, base._copy(tensors), values)
+            check(graph)
+            return compile_fx(graph, placeholders), base._assumptions(shape_env, placeholders) if values else None
+    try:
+        return attempt({})
+    except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation
+        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:
+            raise
+        return attempt({"cpp.simdlen": 1})
+
+
+def _written_inputs(graph) -> set[int]:
+    """Positions of the graph inputs its aten ops write (through views of them too)."""
+    inputs = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    bases = {node: i for i, node in enumerate(inputs)}   # node -> the input whose memory it is (or views)
+    written = set()
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for i, arg in enumerate(schema.arguments):
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                written.update(bases[v] for v in (value if isinstance(value, (list, tuple)) else (value,))
+                               if v in bases)
+        first = node.args[0] if node.args else None
+        if schema.returns and schema.returns[0].alias_info is not None and first in bases:
+            bases[node] = bases[first]
+    return written
+
+
+def _mismatch(segment: Segment, compiled, snapshot: list) -> str | None:
+    """Why `compiled` does not do what the replayed segment does on fresh copies of `snapshot`, or None."""
+    from pypto_rt.replay import tier as base
+
+    def fresh():
+        copies = base._copy([v if isinstance(v, torch.Tensor) else None for v in snapshot])
+        return [v if c is None else c for v, c in zip(snapshot, copies)]
+    want_in, got_in = fresh(), fresh()
+    want, got = segment.replayed(*want_in), compiled(*got_in)
+    if len(got) != len(want):
+        return f"its compiled form gives {len(got)} results, the replay {len(want)}"
+    for name, w, g in zip(segment.outputs, want, got):
+        problem = base._differs(w, g) or _layout(w, g, want_in, got_in)
+        if problem:
+            return f"its compiled {name} differs from the replay's: {problem}"
+    for name, w, g in zip(segment.inputs, want_in, got_in):
+        problem = base._differs(w, g) if isinstance(w, torch.Tensor) else None
+        if problem:
+            return f"its input {name} differs afterwards from the replay's: {problem}"
+    return None
+
+
+def _layout(want: torch.Tensor, got: torch.Tensor, want_in: list, got_in: list) -> str | None:
+    """Why `got` could not stand for `want` in the lines after the segment (strides, memory shared with an input)."""
+    if want.stride() != got.stride():
+        return f"strides {got.stride()} instead of {want.stride()}"
+
+    def aliased(t, inputs):
+        return [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+                and x.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()]
+    if aliased(want, want_in) != aliased(got, got_in):
+        return "it does not share memory with the same inputs"
+    return None
