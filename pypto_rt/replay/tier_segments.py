@@ -53,7 +53,7 @@ def segmented(source: str, constants: dict, why_not: str | None, min_calls: int)
     return Segmented(source, constants, min_calls)
 
 
-class Segment:
+class TorchRun:
     """A run of torch lines between communication lines: `_seg<index>(*inputs) -> outputs`."""
     __slots__ = ("index", "statements", "inputs", "outputs", "dropped", "replayed", "kept", "constants")
 
@@ -87,7 +87,7 @@ class Segmented:
         end = max(last_guard + 1, _reads_before(fn.body, set(self.params) | set(constants)))
         self.prologue = fn.body[:end]
         self.parts: list = []   # lists of Python statements and Segments, in order
-        self.segments: list[Segment] = []
+        self.segments: list[TorchRun] = []
         self.lines = sum(1 for s in fn.body[end:] if not isinstance(s, ast.Delete))
         self.why_not = None
         try:
@@ -121,7 +121,7 @@ class Segmented:
             self.parts.append(segment)
             outer |= set(segment.outputs)
 
-    def _segment(self, index: int, run: list, outer: set, read_later: set) -> Segment:
+    def _segment(self, index: int, run: list, outer: set, read_later: set) -> TorchRun:
         made, inputs, dropped = [], {}, []
         for stmt in run:
             for name in _names(stmt, ast.Load) + _names(stmt, ast.Del):
@@ -133,13 +133,13 @@ class Segmented:
                 dropped += [n for n in _names(stmt, ast.Del) if n in outer]
             made += [n for n in _names(stmt, ast.Store) if n not in made]
         outputs = [n for n in made if n in read_later]
-        return Segment(index, run, list(inputs), outputs, dropped, self.traced)
+        return TorchRun(index, run, list(inputs), outputs, dropped, self.traced)
 
     def function(self, segments: dict):
         """The replay with segment k's lines replaced by a call of `segments[k]`."""
         body = list(self.prologue)
         for part in self.parts:
-            if type(part) is not Segment:
+            if type(part) is not TorchRun:
                 body += part
                 continue
             call = f"_seg{part.index}({', '.join(part.inputs)})"
@@ -253,7 +253,7 @@ def capturing(tier, replay, policy, background: bool):
     return call
 
 
-def _capture(segment: Segment, snapshots: dict, max_bytes: int):
+def _capture(segment: TorchRun, snapshots: dict, max_bytes: int):
     def capture(*inputs):
         snapshots[segment.index] = _snapshot(segment, inputs, max_bytes)
         return segment.replayed(*inputs)
@@ -264,7 +264,7 @@ class _Kept(Untierable):
     """The segment stays replayed (not a failure of the whole build); the message says why."""
 
 
-def _snapshot(segment: Segment, inputs: tuple, max_bytes: int):
+def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int):
     """(copies of a segment's inputs, integers as they are; the names of those that are windows), or why it stays
     replayed."""
     from pypto_rt.replay import tier as base
@@ -313,7 +313,7 @@ def _build(tier, replay, snapshots: dict, threads: int) -> None:
     tier._built(replay, tiered, problem, t0)
 
 
-def _compile(segment: Segment, snapshot: list, windows: set, threads: int):
+def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int):
     """`(*inputs) -> outputs`: the segment compiled for its snapshot's integers as symbols (tensors first in the
     graph), replayed for integers outside what the graph assumed; _Kept when its graph writes one of `windows`."""
     tensors = [i for i, v in enumerate(snapshot) if isinstance(v, torch.Tensor)]
@@ -389,7 +389,7 @@ def _written_inputs(graph) -> set[int]:
     return written
 
 
-def _mismatch(segment: Segment, compiled, snapshot: list) -> str | None:
+def _mismatch(segment: TorchRun, compiled, snapshot: list) -> str | None:
     """Why `compiled` does not do what the replayed segment does on fresh copies of `snapshot`, or None."""
     from pypto_rt.replay import tier as base
 
