@@ -123,10 +123,16 @@ def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return values
     fixed = recording.fixed(targets)
     if recording.recording() and not fixed:   # (a recording reads no index it cannot fix: every replay sorts)
-        return values[_last_positions(*torch.sort(targets, stable=True), targets)]
+        return _rows_at(values, _last_positions(*torch.sort(targets, stable=True), targets))
     with recording.unrecorded() if fixed else contextlib.nullcontext():   # fixed: the same targets every replay,
         winners = _winners(targets)                                       # resolved once, now
-    return values if winners is None else values[winners]
+    return values if winners is None else _rows_at(values, winners)
+
+
+def _rows_at(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """values[positions] (int64 positions along dim 0); 2-byte rows move as FP32 words (`_as_words`)."""
+    words = _as_words(values)
+    return values[positions] if words is None else words.index_select(0, positions).view(values.dtype)
 
 
 def _winners(targets: torch.Tensor) -> torch.Tensor | None:

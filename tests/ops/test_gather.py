@@ -355,6 +355,7 @@ def test_bf16_row_gather_and_scatter_move_fp32_words_with_every_bit_kept():
     with _Calls() as calls:
         G.scatter_update(tv(cache), 0, tv(torch.tensor([[5], [1], [5]], dtype=torch.int32)), tv(src))
     assert torch.equal(cache[[5, 1]].view(torch.int16), src[[2, 1]].view(torch.int16)) and "index_copy_" in calls.names
+    assert calls.names.count("index_select") == 1, calls.names   # the last write's rows too (target 5 twice)
     odd = _with_nan_payloads(3, 5)   # an odd width keeps the element copy
     assert torch.equal(G.mgather(tv(odd), tv(torch.tensor([[2], [0]], dtype=torch.int32)), coalesce="row").data
                        .view(torch.int16), odd[[2, 0]].view(torch.int16))
