@@ -53,7 +53,7 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(n
 
 @pytest.mark.timeout(180)
 def test_the_live_form_sums_its_arrivals_in_chunks_with_a_short_last_one():
-    """The live form's combine sums SUM_CHUNK arrived tokens per pass (128 in the library: prefill sizes); at 2 per
+    """The live form's combine sums SUM_CHUNK arrived tokens per pass (256 in the library: prefill sizes); at 2 per
     pass, up to 6 arrivals per source take several passes and an odd count a 1-token last one, all exact."""
     job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "live", "--sum-chunk", "2", "--top-k", "3",
                                                                  "--experts-per-rank", "3"), limit_s=170)

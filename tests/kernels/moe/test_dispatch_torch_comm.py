@@ -29,7 +29,7 @@ def test_dispatch_and_combine_match_torch_on_gloo(nproc, routing, dtype):
 
 @pytest.mark.timeout(180)
 def test_combine_on_gloo_sums_the_arrivals_in_chunks_with_a_short_last_one():
-    # 2 arrived tokens per weighted-sum pass (dispatch_parts.SUM_CHUNK; 128 in the library): several passes, an
+    # 2 arrived tokens per weighted-sum pass (dispatch_parts.SUM_CHUNK; 256 in the library): several passes, an
     # odd count a 1-token last one
     job = launch(2, os.path.join(PROGS, "dispatch_combine.py"), "--comm", "gloo", "--timeout-s", "60",
                  args=("--sum-chunk", "2", "--top-k", "3"), limit_s=170)
