@@ -67,7 +67,7 @@ import pypto.language as pl
 import pypto.language.distributed as pld
 from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, expand_arrived, lower_sources,
                                                  route_layout, route_rows, source_rows, stage_by_destination,
-                                                 sum_returned, weighted_all, weighted_sums)
+                                                 sum_returned, sums_by_chunk, weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -236,9 +236,8 @@ def combine_kernel(layout: Layout):
                     n = pl.read(counts_in, [s, n_experts + me])
                     if n > 0:
                         rows = source_rows(meta_in, base, s, n, t_max, lanes, top_k, e_local)
-                        sums[s * t_max : s * t_max + n, :] = pl.cast(
-                            weighted_sums(y, meta_in[s * t_max : (s + 1) * t_max, :], n, top_k, hidden, rows),
-                            dtype, mode="rint")
+                        sums = sums_by_chunk(sums, s * t_max, y, meta_in[s * t_max : s * t_max + n, :], rows, n,
+                                             top_k, hidden, dtype)
             for src in pl.range(world):   # source src's sums (its block of sums) back to it, as many rows as it sent
                 count = pl.read(counts_in, [src, n_experts + me])
                 pld.tensor.put(dst=back_in, peer=src, src=sums, dst_offsets=[me * t_max, 0],

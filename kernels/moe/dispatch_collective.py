@@ -30,7 +30,7 @@ import pypto.language as pl
 import pypto.language.distributed as pld
 from pypto_rt.kernels.moe.dispatch import T_DYN, Layout
 from pypto_rt.kernels.moe.dispatch_parts import (expand_arrived, lower_ranks_take, prefix_matrix, route_layout,
-                                                 route_rows, stage_by_destination, sum_returned, weighted_sums)
+                                                 route_rows, stage_by_destination, sum_returned, sums_by_chunk)
 
 
 @pl.jit.inline
@@ -133,7 +133,9 @@ def combine_kernel(layout: Layout):
             arrivals = pl.load(counts, [0, n_experts + me], [world, 1])
             n = row_total(arrivals)
             if n > 0:
-                back_send[0:n, :] = pl.cast(weighted_sums(y, recv_meta, n, top_k, hidden), dtype, mode="rint")
+                back_send = sums_by_chunk(back_send, 0, y, recv_meta[0:n, :],
+                                          pl.cast(recv_meta[0:n, 0:top_k], pl.INT32, mode="trunc"), n, top_k, hidden,
+                                          dtype)
             sent = pl.load(counts, [me, n_experts], [1, world])
             pld.all_to_all_v(back_recv, back_send, send_counts=arrivals, recv_counts=sent)
 

@@ -105,6 +105,15 @@ def _check_bounds_now(name: str, index: torch.Tensor, bound: int, what: str) -> 
         raise OpError(f"pl.{name}: index {int(bad)} is outside {what} (valid range 0..{bound - 1})")
 
 
+def _as_words(rows: torch.Tensor) -> torch.Tensor | None:
+    """Contiguous [n, d] rows of a 2-byte dtype (bf16, fp16, int16) with even d viewed as [n, d / 2] FP32 words,
+    else None. torch's CPU index_select and index_copy_ move float rows with vector copies, 2-byte ones element by
+    element (2-3x slower: a [8192, 1024] bf16 row gather 29 ms against 12 ms); a copy moves the bits unchanged."""
+    if rows.dim() != 2 or rows.element_size() != 2 or rows.shape[1] % 2 or not rows.is_contiguous():
+        return None
+    return rows.view(torch.float32)
+
+
 def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """Per write i (flat `targets`, `values` one row each), the value the last write to its target
     writes: assigning these, duplicate targets all write the same value, so the last write wins whatever order
@@ -114,10 +123,16 @@ def _last_written(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return values
     fixed = recording.fixed(targets)
     if recording.recording() and not fixed:   # (a recording reads no index it cannot fix: every replay sorts)
-        return values[_last_positions(*torch.sort(targets, stable=True), targets)]
+        return _rows_at(values, _last_positions(*torch.sort(targets, stable=True), targets))
     with recording.unrecorded() if fixed else contextlib.nullcontext():   # fixed: the same targets every replay,
         winners = _winners(targets)                                       # resolved once, now
-    return values if winners is None else values[winners]
+    return values if winners is None else _rows_at(values, winners)
+
+
+def _rows_at(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """values[positions] (int64 positions along dim 0); 2-byte rows move as FP32 words (`_as_words`)."""
+    words = _as_words(values)
+    return values[positions] if words is None else words.index_select(0, positions).view(values.dtype)
 
 
 def _winners(targets: torch.Tensor) -> torch.Tensor | None:
@@ -379,7 +394,10 @@ def scatter_update(input, *args, **kwargs):
     n_rows = input.data.numel() // d
     _check_bounds("scatter_update", idx, n_rows, f"the {n_rows} rows of input {_shape(input)}")
     rows = _last_written(idx, rows).to(input.data.dtype)
-    if input.ndim == 2:
+    words, row_words = _as_words(input.data), _as_words(rows)
+    if words is not None and row_words is not None:   # (repeated targets write equal rows: any order)
+        words.index_copy_(0, idx, row_words)
+    elif input.ndim == 2:
         input.data[idx] = rows
     else:
         bs = input.shape[1]
@@ -454,7 +472,11 @@ def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=N
         table, valid = mem.data.reshape(-1), idx.valid
     oob = _oob_mode("mgather", gather_oob)
     pos, keep = _oob("mgather", raw if every else torch.where(live, raw, 0), table.shape[0], oob)
-    out = table.index_select(0, pos) if mode == "row" else table[pos]
+    if mode == "row":
+        words = _as_words(table)
+        out = table.index_select(0, pos) if words is None else words.index_select(0, pos).view(table.dtype)
+    else:
+        out = table[pos]
     if not (every and oob != "zero"):   # zero the rows of invalid or dropped entries (only "zero" drops any)
         keep = keep & live
         out = torch.where(keep.reshape(keep.shape + (1,) * (out.ndim - keep.ndim)), out,

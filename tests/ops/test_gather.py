@@ -336,6 +336,31 @@ def test_mgather_of_a_fully_valid_index_makes_no_masking_pass_over_the_rows():
     assert torch.equal(zero.data, torch.stack([mem[1], torch.zeros(4)]))
 
 
+def _with_nan_payloads(rows: int, width: int) -> torch.Tensor:
+    """bf16 rows whose bits include NaN payloads, infinities, -0 and subnormals (a copy must keep every bit)."""
+    bits = torch.randint(-2**15, 2**15, (rows, width), generator=GEN, dtype=torch.int16)
+    bits[0, :4] = torch.tensor([0x7FC1, -0x7F, 0x7F80, 0x0001], dtype=torch.int16)   # NaN, -0-ish, inf, subnormal
+    return bits.view(torch.bfloat16)
+
+
+def test_bf16_row_gather_and_scatter_move_fp32_words_with_every_bit_kept():
+    # torch's CPU index_select / index_copy_ copy float rows with vector moves and 2-byte rows element by element
+    # (2-3x slower at prefill sizes): rows of 2-byte data with an even width move as FP32 words
+    mem, idx = _with_nan_payloads(6, 8), torch.tensor([[4], [0], [5], [0]], dtype=torch.int32)
+    with _Calls() as calls:
+        out = G.mgather(tv(mem), tv(idx), coalesce="row")
+    assert out.data.dtype == torch.bfloat16 and torch.equal(out.data.view(torch.int16), mem[[4, 0, 5, 0]].view(torch.int16))
+    assert "view" in calls.names, calls.names
+    cache, src = torch.zeros(8, 8, dtype=torch.bfloat16), _with_nan_payloads(3, 8)
+    with _Calls() as calls:
+        G.scatter_update(tv(cache), 0, tv(torch.tensor([[5], [1], [5]], dtype=torch.int32)), tv(src))
+    assert torch.equal(cache[[5, 1]].view(torch.int16), src[[2, 1]].view(torch.int16)) and "index_copy_" in calls.names
+    assert calls.names.count("index_select") == 1, calls.names   # the last write's rows too (target 5 twice)
+    odd = _with_nan_payloads(3, 5)   # an odd width keeps the element copy
+    assert torch.equal(G.mgather(tv(odd), tv(torch.tensor([[2], [0]], dtype=torch.int32)), coalesce="row").data
+                       .view(torch.int16), odd[[2, 0]].view(torch.int16))
+
+
 # ------------------------------------------------------------------------ gatherb / mgather / paged
 def test_gatherb_copies_32_byte_blocks():
     src = torch.arange(64, dtype=torch.float32).reshape(1, 64)  # 8 blocks of 8 floats

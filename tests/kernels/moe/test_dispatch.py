@@ -51,6 +51,15 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(n
     _all_pass(job, nproc, checks=6 * 4 + 2)
 
 
+@pytest.mark.timeout(180)
+def test_the_live_form_sums_its_arrivals_in_chunks_with_a_short_last_one():
+    """The live form's combine sums SUM_CHUNK arrived tokens per pass (256 in the library: prefill sizes); at 2 per
+    pass, up to 6 arrivals per source take several passes and an odd count a 1-token last one, all exact."""
+    job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "live", "--sum-chunk", "2", "--top-k", "3",
+                                                                 "--experts-per-rank", "3"), limit_s=170)
+    _all_pass(job, 2, checks=12)
+
+
 @pytest.mark.timeout(120)
 def test_mistakes_raise_before_communicating_and_the_buffer_keeps_working():
     job = launch(2, ERRORS, "--timeout-s", "60", args=("recover",))

@@ -28,6 +28,18 @@ def test_dispatch_and_combine_match_torch_on_gloo(nproc, routing, dtype):
 
 
 @pytest.mark.timeout(180)
+def test_combine_on_gloo_sums_the_arrivals_in_chunks_with_a_short_last_one():
+    # 2 arrived tokens per weighted-sum pass (dispatch_parts.SUM_CHUNK; 256 in the library): several passes, an
+    # odd count a 1-token last one
+    job = launch(2, os.path.join(PROGS, "dispatch_combine.py"), "--comm", "gloo", "--timeout-s", "60",
+                 args=("--sum-chunk", "2", "--top-k", "3"), limit_s=170)
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(2):
+        for call in range(3):
+            assert f"rank {rank}/2: PASS call {call}: combine" in job.out, job.out[-3000:]
+
+
+@pytest.mark.timeout(180)
 def test_a_bad_expert_id_on_gloo_names_the_rank_and_argument_and_ends_the_job():
     job = launch(2, os.path.join(PROGS, "bad_expert_id.py"), "--comm", "gloo", "--timeout-s", "120", limit_s=170)
     assert job.rc != 0

@@ -2,7 +2,7 @@
 
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed] [--dtype bf16|fp32]
-                                               [--form auto|fixed|live] [--steady]
+                                               [--form auto|fixed|live] [--steady] [--sum-chunk N]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
@@ -11,7 +11,8 @@ the second call, which passes it as `add`; the expert rows past recv.counts are 
 read), and recv.counts must equal the job's route counts per local expert; neither call may read data on the
 host. Exit 0 when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
 --steady keeps each rank's token count from call to call (the routing still changes), so calls from the fifth
-on replay, and checks that they do.
+on replay, and checks that they do. --sum-chunk sets the live form's tokens per weighted-sum pass
+(dispatch_parts.SUM_CHUNK), so small jobs take several passes and a short last one.
 """
 import argparse
 
@@ -19,7 +20,7 @@ import torch
 
 import pypto.language.distributed as pld
 from pypto_rt import run_stats
-from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch
+from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_parts
 from pypto_rt.replay.policy import ReplayPolicy
 from pypto_rt.run_stats import REPLAYED
 
@@ -44,7 +45,10 @@ def main():
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
     ap.add_argument("--steady", action="store_true")
+    ap.add_argument("--sum-chunk", type=int, default=None)
     args = ap.parse_args()
+    if args.sum_chunk is not None:
+        dispatch_parts.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
         dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
     me, world = pld.rank(), pld.world_size()
