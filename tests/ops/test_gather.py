@@ -7,6 +7,7 @@ from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
 from pypto_rt.language.enums import MaskPattern
 from pypto_rt.ops import gather as G
+from pypto_rt.ops import mgather as MG
 from pypto_rt.ops import mscatter as M
 from pypto_rt.ops.dtype_rules import from_torch
 from pypto_rt.ops.value import TensorValue
@@ -328,11 +329,11 @@ def test_scatter_update_with_distinct_targets_writes_the_rows_without_resolving_
 def test_mgather_of_a_fully_valid_index_makes_no_masking_pass_over_the_rows():
     mem, idx = torch.randn(6, 4, generator=GEN), torch.tensor([[4, 0, 5]], dtype=torch.int32)
     with _Calls() as calls:
-        out = G.mgather(tv(mem), tv(idx, valid=(1, 3)), coalesce="row")   # a box covering the index
+        out = MG.mgather(tv(mem), tv(idx, valid=(1, 3)), coalesce="row")   # a box covering the index
     assert torch.equal(out.data, mem[[4, 0, 5]]) and out.valid_shape == (3, 4)
     assert calls.names.count("where") == 0, calls.names   # the index needs no masking, the rows no zeroing pass
     oob = torch.tensor([[1], [9]], dtype=torch.int32)
-    zero = G.mgather(tv(mem), tv(oob), coalesce="row", gather_oob="zero")   # dropped rows are still zeroed
+    zero = MG.mgather(tv(mem), tv(oob), coalesce="row", gather_oob="zero")   # dropped rows are still zeroed
     assert torch.equal(zero.data, torch.stack([mem[1], torch.zeros(4)]))
 
 
@@ -348,7 +349,7 @@ def test_bf16_row_gather_and_scatter_move_fp32_words_with_every_bit_kept():
     # (2-3x slower at prefill sizes): rows of 2-byte data with an even width move as FP32 words
     mem, idx = _with_nan_payloads(6, 8), torch.tensor([[4], [0], [5], [0]], dtype=torch.int32)
     with _Calls() as calls:
-        out = G.mgather(tv(mem), tv(idx), coalesce="row")
+        out = MG.mgather(tv(mem), tv(idx), coalesce="row")
     assert out.data.dtype == torch.bfloat16 and torch.equal(out.data.view(torch.int16), mem[[4, 0, 5, 0]].view(torch.int16))
     assert "view" in calls.names, calls.names
     cache, src = torch.zeros(8, 8, dtype=torch.bfloat16), _with_nan_payloads(3, 8)
@@ -357,7 +358,7 @@ def test_bf16_row_gather_and_scatter_move_fp32_words_with_every_bit_kept():
     assert torch.equal(cache[[5, 1]].view(torch.int16), src[[2, 1]].view(torch.int16)) and "index_copy_" in calls.names
     assert calls.names.count("index_select") == 1, calls.names   # the last write's rows too (target 5 twice)
     odd = _with_nan_payloads(3, 5)   # an odd width keeps the element copy
-    assert torch.equal(G.mgather(tv(odd), tv(torch.tensor([[2], [0]], dtype=torch.int32)), coalesce="row").data
+    assert torch.equal(MG.mgather(tv(odd), tv(torch.tensor([[2], [0]], dtype=torch.int32)), coalesce="row").data
                        .view(torch.int16), odd[[2, 0]].view(torch.int16))
 
 
@@ -375,27 +376,27 @@ def test_gatherb_copies_32_byte_blocks():
 def test_mgather_row_and_elem_with_oob_modes():
     mem = torch.arange(40, dtype=torch.float32).reshape(8, 5)
     idx = torch.tensor([[7, 0, 3, 2]], dtype=torch.int32)
-    out = G.mgather(tv(mem), tv(idx, valid=(1, 3)), coalesce="row")
+    out = MG.mgather(tv(mem), tv(idx, valid=(1, 3)), coalesce="row")
     assert out.shape == (4, 5) and out.valid == (3, 5)
     assert torch.equal(out.data[:3], mem[[7, 0, 3]]) and out.data[3].abs().sum() == 0
     oob = torch.tensor([[-1, 41], [3, 40]], dtype=torch.int32)
-    z = G.mgather(tv(mem), tv(oob), coalesce="elem", gather_oob="zero")
+    z = MG.mgather(tv(mem), tv(oob), coalesce="elem", gather_oob="zero")
     assert z.data.tolist() == [[0.0, 0.0], [3.0, 0.0]]
-    w = G.mgather(tv(mem), tv(oob), coalesce=1, gather_oob="wrap")
+    w = MG.mgather(tv(mem), tv(oob), coalesce=1, gather_oob="wrap")
     assert w.data.tolist() == [[float((2**32 - 1) % 40), 1.0], [3.0, 0.0]]
     with pytest.raises(OpError, match="outside"):
-        G.mgather(tv(mem), tv(oob), coalesce="elem")
+        MG.mgather(tv(mem), tv(oob), coalesce="elem")
 
 
 def test_paged_gather_translates_through_the_block_table():
     pool = torch.randn(16, 6, generator=GEN)
     table = torch.tensor([3, 1, 0, 2], dtype=torch.int32)
     idx = torch.tensor([0, 5, 9, 14], dtype=torch.int32)
-    out = G.paged_gather(tv(pool), tv(idx), tv(table), 4, 4, 6, col_off=1)
+    out = MG.paged_gather(tv(pool), tv(idx), tv(table), 4, 4, 6, col_off=1)
     phys = [int(table[i // 4]) * 4 + int(i) % 4 for i in idx]
     assert out.shape == (6, 4) and out.valid == (4, 4)
     assert torch.equal(out.data[:4], pool[phys, 1:5]) and out.data[4:].abs().sum() == 0
-    t = G.paged_gather(tv(pool), tv(idx.reshape(1, 4)), tv(table), 4, 4, 6, col_off=1, is_trans=True)
+    t = MG.paged_gather(tv(pool), tv(idx.reshape(1, 4)), tv(table), 4, 4, 6, col_off=1, is_trans=True)
     assert t.shape == (4, 6) and torch.equal(t.data, out.data.t())
 
 
@@ -458,7 +459,7 @@ def test_an_mgather_index_read_as_uint32_is_checked_with_one_compare():
 
     mem, idx = torch.randn(5, 3), torch.tensor([[4], [0], [2]], dtype=torch.int32)
     with Recorder([mem, idx]) as rec:
-        out = G.mgather(tv(mem), tv(idx, D.INT32), coalesce="row")
+        out = MG.mgather(tv(mem), tv(idx, D.INT32), coalesce="row")
     source = rec.source([rec.name_of(out.data)])
     assert "assertasync_" in source and "ge_" not in source and "clamp_" not in source, source
     replay = compile_trace(source, rec.constants)
