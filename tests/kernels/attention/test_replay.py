@@ -71,7 +71,8 @@ def test_decode_steps_replay_whichever_request_is_the_longest(max_seq_len):
 
 def test_a_bf16_decode_rounds_each_cast_in_one_conversion():
     """bf16 probabilities (for the values' matmul) and output are rounded to nearest even, one torch conversion
-    each (the default mode, half away from zero, takes ~50 replayed calls a cast: 148 calls in all, now 50)."""
+    each (the default mode, half away from zero, takes ~50 replayed calls a cast: 148 calls in all, now 54: 50, and
+    the K and V row gathers' two word views each, ops.mgather)."""
     gen = torch.Generator().manual_seed(5)
     kc, vc = (torch.randn(NB, BS, KVH, D, generator=gen).bfloat16() for _ in range(2))
     tables = torch.randperm(NB, generator=gen)[: B * MB].int().view(B, MB)
@@ -84,7 +85,7 @@ def test_a_bf16_decode_rounds_each_cast_in_one_conversion():
             torch.testing.assert_close(out.float(), golden.paged_decode_attention(q, kc, vc, tables, lens).float(),
                                        rtol=2e-2, atol=2e-2)
     assert stats.replay.kind == REPLAYED, stats.replay
-    assert _replayed_calls(stats) <= 50, stats.replay.reason
+    assert _replayed_calls(stats) <= 54, stats.replay.reason
 
 
 def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
@@ -105,7 +106,8 @@ def test_prefill_chunks_of_changing_lengths_over_growing_contexts_replay():
 
 def test_a_bf16_prefill_rounds_each_cast_in_one_conversion():
     """A bf16 prefill replays about the FP32 one's torch calls plus a few conversions per request (one per cast,
-    rounding to nearest even: 314 against 296 here; the default mode's emulation made it 608)."""
+    rounding to nearest even, and the 2-byte row gathers' word views, ops.mgather: 338 against 296 here; the default
+    mode's emulation made it 608)."""
     calls = {}
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator().manual_seed(6)
@@ -123,7 +125,7 @@ def test_a_bf16_prefill_rounds_each_cast_in_one_conversion():
                                            rtol=2e-2, atol=2e-2)
         assert stats.replay.kind == REPLAYED, stats.replay
         calls[dtype] = _replayed_calls(stats)
-    assert calls[torch.bfloat16] <= calls[torch.float32] + 6 * B, calls
+    assert calls[torch.bfloat16] <= calls[torch.float32] + 14 * B, calls
 
 
 def _write_steps(kc, vc, gen, slot_steps, call=write_kv_cache):
