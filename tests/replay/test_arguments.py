@@ -170,10 +170,47 @@ def test_a_guard_miss_on_the_fast_path_runs_on_the_engine(fast_calls):
     assert check(N - 1) == GUARD_MISS and fast_calls == [False]   # the `if` goes the other way
 
 
+@pl.program
+class Scaler:
+    """A program whose instances compare equal to anything: a match must still tell its `self`s apart."""
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+    @pl.function(type=pl.FunctionType.Opaque)
+    def scale(self, x: pl.Tensor[[N, N], pl.FP32], y: pl.Out[pl.Tensor[[N, N], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+            y[:, :] = pl.add(pl.mul(x, 2.0), 1.0)
+        return y
+
+
+def test_a_program_method_replays_on_the_fast_path_for_its_own_self_only(fast_calls):
+    """A `@pl.program` method (conformance c05) takes the fast path; its `self` is matched by identity, as the
+    specialisation key has it: another instance gets its own recording."""
+    first, second = Scaler(), Scaler()
+    x = torch.randn(N, N)
+
+    def run(program):
+        y = torch.empty(N, N)
+        with policy_scope(**KEEP):
+            kind = decided(program.scale, x, y)
+        return kind, torch.equal(y, x * 2.0 + 1.0)
+    for _ in range(CALLS):
+        run(first)
+    fast_calls.clear()
+    assert run(first) == (REPLAYED, True) and fast_calls == [True]
+    fast_calls.clear()
+    assert run(second)[1] and fast_calls == [False]
+
+
 def _variants():
     base = torch.randn(N, N)
     shared = torch.randn(3 * N, N)
+    program, other_program = Scaler(), Scaler()
     return {
+        "program": (program, base, torch.empty(N, N)),
+        "other program": (other_program, base, torch.empty(N, N)),
         "base": (base, 2.0, torch.empty(N, N)),
         "other data": (torch.randn(N, N), 2.0, torch.empty(N, N)),
         "transposed": (torch.randn(N, N).t(), 2.0, torch.empty(N, N)),
