@@ -32,8 +32,9 @@ compiled call's fixed cost).
 
 In-place writes into the caller's tensors (Out, InOut, scatters into caches) land in their memory: the traced graph
 writes its inputs, and inductor's code writes them in place. Returned arguments come back as the caller's own
-tensors. Inductor's code is called without compile_fx's wrappers where the graph allows (replay.tier_graph). The compiled artifacts go to inductor's FX-graph cache in `<PYPTO_CACHE_DIR>/inductor` (unless
-TORCHINDUCTOR_CACHE_DIR is set): a fresh process tracing the same body gets its compiled code from disk.
+tensors. Inductor's code is called without compile_fx's wrappers where the graph allows (replay.tier_graph). The
+compiled artifacts go to inductor's FX-graph cache in `<PYPTO_CACHE_DIR>/inductor` (unless TORCHINDUCTOR_CACHE_DIR
+is set): a fresh process tracing the same body gets its compiled code from disk.
 """
 from __future__ import annotations
 
@@ -98,6 +99,10 @@ class Tier:
                     return self.tiered
         return replay
 
+    def settled(self, policy) -> bool:
+        """Whether nothing is left to decide under `policy`: chosen, or a replay that is not compiled."""
+        return self.chosen is not None or (self.state == REPLAY and (bool(self.why) or policy.tier == "off"))
+
     def timed(self, fn, ns: int, replay, policy) -> None:
         """Note a trial call's time; after `tier_trial_calls` of each (past a warm-up call each), keep the
         faster."""
@@ -151,7 +156,7 @@ class Tier:
         try:
             tiered = _compile(body, inputs, threads)
             problem = _mismatch(replay, tiered, inputs)
-            if problem is not None and getattr(tiered, "wrapped", None) is not None:   # (the direct call: see tier_graph)
+            if problem is not None and getattr(tiered, "wrapped", None) is not None:   # (a direct call: tier_graph)
                 tiered = tiered.wrapped
                 problem = _mismatch(replay, tiered, inputs)
         except Exception as e:   # (whatever the compiler raises: the replay stays)

@@ -153,6 +153,22 @@ def test_knobs_changed_between_calls_take_effect_on_the_fast_path(fast_calls, mo
     assert run_scale(x) == (REPLAYED, True) and fast_calls == [True]
 
 
+def test_a_settled_call_skips_the_trial_bookkeeping_until_the_policy_or_stats_change(fast_calls, monkeypatch,
+                                                                                     capsys):
+    """Past its trials a replayed call runs the chosen function untimed (`_replay_steady`); a changed policy, or
+    PYPTO_STATS=1, takes the full path again (what it decides or prints), then settles again."""
+    x = warm()
+    full, real = [], replay._replay
+    monkeypatch.setattr(replay, "_replay", lambda *args, **kwargs: full.append(1) or real(*args, **kwargs))
+    assert [run_scale(x) for _ in range(3)] == [(REPLAYED, True)] * 3 and full == []
+    with policy_scope(**KEEP, misses=7):
+        assert [decided(scale, x, 2.0, torch.empty(N, N)) for _ in range(3)] == [REPLAYED] * 3 and full == [1]
+    with config.scope(STATS="1"):
+        assert run_scale(x) == (REPLAYED, True) and len(full) == 2
+    assert "pypto-rt stats [scale]: replayed" in capsys.readouterr().err
+    assert run_scale(x) == (REPLAYED, True) and len(full) == 2 and fast_calls[-5:] == [True] * 5
+
+
 def test_a_guard_miss_on_the_fast_path_runs_on_the_engine(fast_calls):
     x = torch.randn(N, N)
 
