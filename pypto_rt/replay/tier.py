@@ -49,6 +49,7 @@ import torch
 from pypto_rt import config
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.tier_graph import capturing, direct_call, tensor_constants, with_constants
+from pypto_rt.replay.tier_passes import join_k_steps
 from pypto_rt.replay.tier_source import Untierable, split_source
 
 REPLAY, COMPILING, TRIAL, COMPILED, FAILED = "replay", "compiling", "trial", "compiled", "failed"
@@ -154,11 +155,9 @@ class Tier:
         import torch._inductor.compile_fx  # noqa: F401
         t0 = time.perf_counter()
         try:
-            tiered = _compile(body, inputs, threads)
-            problem = _mismatch(replay, tiered, inputs)
-            if problem is not None and getattr(tiered, "wrapped", None) is not None:   # (a direct call: tier_graph)
-                tiered = tiered.wrapped
-                problem = _mismatch(replay, tiered, inputs)
+            tiered, problem = _checked(replay, _compile(body, inputs, threads), inputs)
+            if problem is not None and getattr(tiered, "joined", 0):   # (joined K steps summed past the tolerance)
+                tiered, problem = _checked(replay, _compile(body, inputs, threads, join=False), inputs)
         except Exception as e:   # (whatever the compiler raises: the replay stays)
             tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
         with self.lock:
@@ -194,11 +193,22 @@ class Tier:
 
 
 # -- compiling and checking ------------------------------------------------------------------------------------
-def _compile(split, inputs: list, threads: int):
+def _checked(replay, tiered, inputs: list) -> tuple:
+    """(`tiered`, or its wrapped call where the direct one disagrees (replay.tier_graph), why it does not give
+    what `replay` gives, or None)."""
+    problem = _mismatch(replay, tiered, inputs)
+    if problem is not None and getattr(tiered, "wrapped", None) is not None:
+        tiered = tiered.wrapped
+        problem = _mismatch(replay, tiered, inputs)
+    return tiered, problem
+
+
+def _compile(split, inputs: list, threads: int, join: bool = True):
     """The tiered function: the prologue, then the compiled body on the tensor arguments, the replay's tensor
     constants and the values carried from the prologue, its outputs that are arguments given back as the caller's
     own tensors. It calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped`
-    is the same through compile_fx's wrappers (else None)."""
+    is the same through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
+    (replay.tier_passes); `joined` says how many were."""
     from torch._functorch import config as functorch
     from torch._guards import TracingContext, tracing
     from torch._inductor import config as inductor
@@ -223,20 +233,22 @@ def _compile(split, inputs: list, threads: int):
         with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
                 tracing(TracingContext(fake)):
             graph, placeholders = _trace(with_constants(body, names, len(positions)), examples, values)
+            joined = join_k_steps(graph) if join else 0
             compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
             guards = _assumptions(shape_env, placeholders) if values else None
-            return compiled, guards, direct_call(graph, found)
+            return compiled, guards, direct_call(graph, found), joined
     try:
-        compiled, guards, direct = inductor_compile({})
+        compiled, guards, direct, joined = inductor_compile({})
     except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation:
         if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:   # once more, as scalar C++
             raise
-        compiled, guards, direct = inductor_compile({"cpp.simdlen": 1})
+        compiled, guards, direct, joined = inductor_compile({"cpp.simdlen": 1})
     wrapped = _tiered(split, lambda graph_inputs: compiled(*graph_inputs), constants, guards)
+    wrapped.joined = joined
     if direct is None:
         return wrapped
     tiered = _tiered(split, direct, constants, guards)
-    tiered.wrapped = wrapped
+    tiered.wrapped, tiered.joined = wrapped, joined
     return tiered
 
 

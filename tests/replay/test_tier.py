@@ -278,6 +278,18 @@ def test_a_direct_graph_call_that_disagrees_falls_back_to_the_wrapped_call(monke
     assert found.state == TRIAL and found.tiered.wrapped is None, found.text
 
 
+def test_a_graph_whose_joined_k_steps_disagree_is_compiled_again_without_joining(monkeypatch):
+    def spoiling(graph):   # (as if joining reordered a sum past the tolerance)
+        adds = [n for n in graph.graph.nodes if n.target is torch.ops.aten.add.Tensor]
+        for node in adds:
+            node.target = torch.ops.aten.sub.Tensor
+        graph.recompile()
+        return len(adds)
+    monkeypatch.setattr(tier_module, "join_k_steps", spoiling)
+    found = _warm_fresh("eager")
+    assert found.state == TRIAL and found.tiered.joined == 0, found.text
+
+
 def test_a_compile_past_the_timeout_keeps_the_replay(monkeypatch):
     release = threading.Event()
 
