@@ -49,7 +49,7 @@ import torch
 from pypto_rt import config
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.tier_graph import capturing, direct_call, tensor_constants, with_constants
-from pypto_rt.replay.tier_passes import join_k_steps
+from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 from pypto_rt.replay.tier_source import Untierable, split_source
 
 REPLAY, COMPILING, TRIAL, COMPILED, FAILED = "replay", "compiling", "trial", "compiled", "failed"
@@ -233,7 +233,7 @@ def _compile(split, inputs: list, threads: int, join: bool = True):
         with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
                 tracing(TracingContext(fake)):
             graph, placeholders = _trace(with_constants(body, names, len(positions)), examples, values)
-            joined = join_k_steps(graph) if join else 0
+            joined = join_k_steps(graph) + join_tiles(graph) if join else 0
             compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
             guards = _assumptions(shape_env, placeholders) if values else None
             return compiled, guards, direct_call(graph, found), joined

@@ -119,3 +119,103 @@ def _make(graph: torch.fx.Graph, side, made: dict):
             node = graph.call_function(aten.t.default, (node,))
         made[key] = node
     return node
+
+
+def join_tiles(graph: torch.fx.GraphModule) -> int:
+    """Join the writes of output tiles computed as `copy_(out[box], casts(mm(left, right)))` whose boxes and
+    operands follow each other along M or N (and nothing between the two writes changes memory or reads `out`)
+    into one write of one product, repeatedly (a whole grid of tiles); the number of writes joined (the graph is
+    recompiled when any was). Every output element is the same dot product as before: bit for bit."""
+    joined = 0
+    while True:
+        writes = [n for n in graph.graph.nodes if _tile(n) is not None]
+        pair = next(((w1, w2, spec) for w1, w2 in zip(writes, writes[1:])
+                     for spec in [_joined_tiles(graph.graph, w1, w2)] if spec is not None), None)
+        if pair is None:
+            break
+        first, second, (out, box, casts, sides) = pair
+        made: dict = {}   # (per join: nodes made for another join may come after this one)
+        with graph.graph.inserting_before(second):
+            value = graph.graph.call_function(aten.mm.default, tuple(_make(graph.graph, s, made) for s in sides))
+            for dtype in casts:
+                value = graph.graph.call_function(aten._to_copy.default, (value,), {"dtype": dtype})
+            graph.graph.call_function(aten.copy_.default, (_make(graph.graph, (out, box, (), False, 0), made),
+                                                           value))
+        for write in (second, first):
+            graph.graph.erase_node(write)
+        joined += 1
+    if joined:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return joined
+
+
+def _tile(node):
+    """(out base, box, casts, (left, right)) of a tile write `copy_(out[box], casts(mm(left, right)))` whose
+    product and casts have no other use; else None."""
+    if node.op != "call_function" or node.target is not aten.copy_.default or node.kwargs or len(node.args) != 2:
+        return None
+    dest, value = node.args
+    casts = []
+    while isinstance(value, torch.fx.Node) and value.target is aten._to_copy.default and len(value.users) == 1 \
+            and set(value.kwargs) == {"dtype"} and len(value.args) == 1:
+        casts.append(value.kwargs["dtype"])
+        value = value.args[0]
+    if not isinstance(value, torch.fx.Node) or len(value.users) != 1:
+        return None
+    term, target = _term(value), _operand(dest, k_last=True)
+    if term is None or target is None or target[2] or target[3]:
+        return None
+    return target[0], target[1], tuple(casts[::-1]), term
+
+
+def _joined_tiles(graph: torch.fx.Graph, first, second):
+    """(out base, joined box, casts, (left, right)) of two tile writes that join, else None."""
+    a, b = _tile(first), _tile(second)
+    if a[0] is not b[0] or a[2] != b[2] or not _quiet_between(graph, first, second, a[0]):
+        return None
+    (left, right), (left2, right2) = a[3], b[3]
+    if any(side[0] is a[0] for side in (left, right, left2, right2)):
+        return None   # (an operand read from the tensor written)
+    for dim, operands in ((0, _along(left, left2) if right == right2 else None),
+                          (1, _along(right, right2) if left == left2 else None)):
+        box = _next_box(a[1], b[1], dim)
+        if operands is not None and box is not None:
+            return a[0], box, a[2], (operands, right) if dim == 0 else (left, operands)
+    return None
+
+
+def _along(first, second):
+    """`first` and `second` joined along the product's M (left operand) or N (right operand) dim, else None."""
+    base, ranges, casts, transposed, k = first
+    if (base, casts, transposed, k) != (second[0], second[2], second[3], second[4]):
+        return None
+    dim = 1 - k   # (the operand's other dim: M of the left, N of the right)
+    box = _next_box(ranges, second[1], dim)
+    return None if box is None else (base, box, casts, transposed, k)
+
+
+def _next_box(box, following, dim: int):
+    """The box joining `box` and `following` when `following` comes right after it along `dim`, else None."""
+    if box[dim][1] != following[dim][0] or any(r != f for d, (r, f) in enumerate(zip(box, following)) if d != dim):
+        return None
+    joined = list(box)
+    joined[dim] = (box[dim][0], following[dim][1])
+    return tuple(joined)
+
+
+def _quiet_between(graph: torch.fx.Graph, first, second, out) -> bool:
+    """Whether every node between the two writes is pure and reads `out` only through slices."""
+    views, between = {out}, False
+    for node in graph.nodes:
+        if node is second:
+            return True
+        if node is first:
+            between = True
+            continue
+        if between and (node.is_impure() or any(a in views for a in node.all_input_nodes)
+                        and node.target is not aten.slice.Tensor):
+            return False
+        if any(a in views for a in node.all_input_nodes) and node.target is aten.slice.Tensor:
+            views.add(node)
+    return False

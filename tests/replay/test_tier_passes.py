@@ -1,14 +1,15 @@
 """Passes over the compiled tier's traced graph (replay.tier_passes): a matmul's K steps joined into one product.
 
-What users depend on: the joined graph computes the same product (within float reordering), and only sums over
-adjacent K ranges of the same operands are joined.
+What users depend on: the joined graph computes the same product (within float reordering for K steps, bit for bit
+for output tiles), only sums over adjacent K ranges of the same operands are joined, and tile writes only where
+nothing between them changes memory or reads the output.
 """
 from __future__ import annotations
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from pypto_rt.replay.tier_passes import join_k_steps
+from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 
 M, K, N, STEP = 8, 32, 16, 8
 
@@ -56,3 +57,37 @@ def test_a_sum_in_either_order_is_joined():
     graph = make_fx(reversed_sum)(a, b)
     assert join_k_steps(graph) == 1 and products(graph) == 1
     torch.testing.assert_close(graph(a, b)[0], a[:, :16] @ b[:16, :])
+
+
+TILE_M, TILE_N = 4, 8
+
+
+def tiles(a, w, out):
+    """c02's grid: one product per output tile, cast and written into its box of `out`."""
+    for m0 in range(0, M, TILE_M):
+        for n0 in range(0, N, TILE_N):
+            out[m0:m0 + TILE_M, n0:n0 + TILE_N] = torch.mm(a[m0:m0 + TILE_M, :].float(),
+                                                            w[n0:n0 + TILE_N, :].float().t()).bfloat16()
+    return (out,)
+
+
+def test_a_grid_of_tile_writes_becomes_one_product_bit_for_bit():
+    a, w = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16)
+    graph = make_fx(tiles)(a, w, torch.empty(M, N, dtype=torch.bfloat16))
+    grid = (M // TILE_M) * (N // TILE_N)
+    assert products(graph) == grid and join_tiles(graph) == grid - 1 and products(graph) == 1
+    want, got = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
+    tiles(a, w, want)
+    graph(a, w, got)
+    assert torch.equal(got, want)
+
+
+def test_tile_writes_with_a_read_of_the_output_between_them_stay_apart():
+    def read_between(a, w, out, seen):
+        out[0:TILE_M, :] = torch.mm(a[0:TILE_M, :], w)
+        seen.copy_(out[0:TILE_M, :].sum())   # (reads the first tile: must see it written)
+        out[TILE_M:2 * TILE_M, :] = torch.mm(a[TILE_M:2 * TILE_M, :], w)
+        return (out, seen)
+    a, w = torch.randn(M, K), torch.randn(K, N)
+    graph = make_fx(read_between)(a, w, torch.empty(M, N), torch.empty(()))
+    assert join_tiles(graph) == 0
