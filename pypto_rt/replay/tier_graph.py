@@ -12,7 +12,9 @@ checks its function against the replay before the swap, and falls back to the wr
 disagrees.
 
 Tensors the replay keeps as constants (masks, index tables computed when recording) are graph inputs after the
-tensor arguments, passed on every call, rather than constants AOT would lift into parameters.
+tensor arguments, passed on every call, rather than constants AOT would lift into parameters. A boolean one goes
+in as float32 and is compared with 0 inside the graph (the same mask): inductor's C++ loads a bool mask lane by
+lane (c01's fillpad `where`: 158 µs against 68 µs with the float compare, measured on this CPU).
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ import torch
 
 
 def tensor_constants(body) -> tuple[list[str], list[torch.Tensor]]:
-    """(names, tensors): the tensors the body reads as globals (the replay's constants)."""
+    """(names, graph inputs): the tensors the body reads as globals (the replay's constants), booleans as float32
+    (see the module text)."""
     names = [n for n in body.__code__.co_names if type(body.__globals__.get(n)) is torch.Tensor]
-    return names, [body.__globals__[n] for n in names]
+    tensors = [body.__globals__[n] for n in names]
+    return names, [t.float() if t.dtype is torch.bool else t for t in tensors]
 
 
 def with_constants(body, names: list[str], tensors: int):
@@ -33,10 +37,12 @@ def with_constants(body, names: list[str], tensors: int):
     if not names:
         return body
     count = len(names)
+    flags = [body.__globals__[n].dtype is torch.bool for n in names]   # (given as float32: the mask again)
 
     def traced(*inputs):
         own = dict(body.__globals__)
-        own.update(zip(names, inputs[tensors:tensors + count]))
+        given = inputs[tensors:tensors + count]
+        own.update((n, t.ne(0) if flag else t) for n, t, flag in zip(names, given, flags))
         return types.FunctionType(body.__code__, own)(*inputs[:tensors], *inputs[tensors + count:])
     return traced
 
