@@ -153,7 +153,8 @@ def join_tiles(graph: torch.fx.GraphModule) -> int:
 def _tile(node):
     """(out base, box, casts, (left, right)) of a tile write `copy_(out[box], casts(mm(left, right)))` whose
     product and casts have no other use; else None."""
-    if node.op != "call_function" or node.target is not aten.copy_.default or node.kwargs or len(node.args) != 2:
+    if node.op != "call_function" or node.target is not aten.copy_.default or node.kwargs or len(node.args) != 2 \
+            or node.users:
         return None
     dest, value = node.args
     casts = []
