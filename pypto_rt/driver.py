@@ -49,8 +49,9 @@ def run_entry(kernel, args: tuple, kwargs: dict):
     """Run an entry call; Out/InOut tensors are written in place, the kernel's return value is returned."""
     try:
         if kernel.state.replay_by_arguments and not kwargs:   # a call like one replayed before (compiled executor)
-            replayed, result = _replay_by_arguments()(kernel, args)
-            if replayed:
+            replay = _replay or _replay_entry()
+            result = replay.by_arguments(kernel, args)
+            if result is not replay.MISS:
                 return result   # (the caller's tensors already)
         binding = bind_call(kernel, args, kwargs)
         if kernel.kind == "host":   # a multi-rank host program: its body here, its dispatches on rank processes
@@ -69,15 +70,16 @@ def run_entry(kernel, args: tuple, kwargs: dict):
     return unwrap(result)
 
 
-_by_arguments = None   # orchestration.run.replay_by_arguments, imported when a kernel first has a replay
+_replay = None   # replay.entry (its `by_arguments`: the replayed call's fast path), imported when a kernel first has
+                 # a replay (the compiled runtime sits below the driver; a module, read per call, as tests patch it)
 
 
-def _replay_by_arguments():
-    global _by_arguments
-    if _by_arguments is None:
-        from pypto_rt.orchestration.run import replay_by_arguments   # the compiled runtime sits above the driver
-        _by_arguments = replay_by_arguments
-    return _by_arguments
+def _replay_entry():
+    global _replay
+    if _replay is None:
+        from pypto_rt.replay import entry
+        _replay = entry
+    return _replay
 
 
 def unwrap(result):

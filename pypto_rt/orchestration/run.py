@@ -20,13 +20,6 @@ def run_compiled(kernel, binding, args: tuple | None = None):
     return replay.run(kernel, binding, lambda inline: _run_on_engine(kernel, binding, inline), args)
 
 
-def replay_by_arguments(kernel, args: tuple) -> tuple[bool, object]:
-    """(True, the call's return value) when it replayed straight from its positional arguments, else (False,
-    None)."""
-    result = replay.by_arguments(kernel, args)
-    return (False, None) if result is replay.MISS else (True, result)
-
-
 def _run_on_engine(kernel, binding, inline: bool):
     """(the entry's return value, the engine's stats); inline: a recorded run, every block on this thread (one
     worker, so coalesced loops make one chunk; its communication blocks are recorded as opaque calls)."""

@@ -5,7 +5,8 @@ strides, offset, dtype, device and storage one method call at a time (replay.ent
 An `ArgumentMatch` holds what a specialisation's key says about arguments like those it was made from, laid out
 to be checked in bulk: the argument types and plain values as tuples, and per tensor its sizes, strides, dtype and
 device checked in C by torch's own tensor guards (those torch.compile checks before reusing a graph; a Python
-comparison where this torch has none), its storage offset, and which tensors share storage.
+comparison where this torch has none), its storage offset, and which tensors share storage. A `@pl.program`
+method's `self` is matched by identity, as the key has it.
 
 Invariant: `matches(args)` holds only where `_key(args)` equals the key of the arguments it was made from. It may be
 stricter (a tensor that requires grad, a call in another dispatch mode, empty tensors): such a call goes the
@@ -32,7 +33,8 @@ _layout = operator.attrgetter("shape", "dtype", "device")
 
 class ArgumentMatch:
     """What one specialisation's key says about the caller's own arguments, to check in bulk (see the module)."""
-    __slots__ = ("kinds", "tensor_at", "value_at", "values", "guard", "layout", "offsets", "groups")
+    __slots__ = ("kinds", "tensor_at", "value_at", "values", "guard", "layout", "offsets", "groups", "same_at",
+                 "same")
 
     def __init__(self, args: tuple, tensors: list, storages: tuple):
         self.kinds = tuple(map(type, args))
@@ -40,6 +42,9 @@ class ArgumentMatch:
         self.tensor_at = None if every else [i for i, kind in enumerate(self.kinds) if kind is _TENSOR]
         self.value_at = None if every else [i for i, kind in enumerate(self.kinds) if kind is not _TENSOR]
         self.values = None if every else tuple(args[i] for i in self.value_at)
+        # a program's `self`: the very object (the values' `==` could hold for another); None when there is none
+        self.same_at = [i for i in self.value_at or () if self.kinds[i] not in _PLAIN] or None
+        self.same = None if self.same_at is None else tuple(args[i] for i in self.same_at)
         self.guard = _guard(tensors)
         self.layout = None if self.guard is not None else _layouts(tensors)
         self.offsets = tuple(map(_offset, tensors))
@@ -47,10 +52,10 @@ class ArgumentMatch:
 
     @staticmethod
     def of(args: tuple) -> "ArgumentMatch | None":
-        """The match for arguments like `args`; None for arguments it cannot describe (a `@pl.program`'s
-        `self`, an empty tensor: those go the bound way)."""
+        """The match for arguments like `args`; None for arguments it cannot describe (an argument of another
+        kind, an empty tensor: those go the bound way)."""
         kinds = set(map(type, args))
-        if not kinds <= _PLAIN | {_TENSOR}:
+        if not all(kind in _PLAIN or kind is _TENSOR or getattr(kind, "__pypto_program__", False) for kind in kinds):
             return None
         tensors = [a for a in args if type(a) is _TENSOR]
         storages = tuple(map(_storage_ptr, map(_storage, tensors)))
@@ -70,6 +75,8 @@ class ArgumentMatch:
         elif self.tensor_at is None:
             tensors = args
         else:
+            if self.same_at is not None and any(args[i] is not v for i, v in zip(self.same_at, self.same)):
+                return False
             if tuple([args[i] for i in self.value_at]) != self.values:
                 return False
             tensors = [args[i] for i in self.tensor_at]

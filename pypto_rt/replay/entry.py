@@ -89,7 +89,7 @@ from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
 class _Specialisation:
     __slots__ = ("engine_ns", "replay_ns", "replay", "off", "results", "plain_results", "calls", "guards", "hits",
                  "misses", "warnings", "engine_turn", "parallel_runs", "replayed", "opaque", "opaque_kernels",
-                 "recordings", "communicates", "block_guards", "tier", "replayed_tier")
+                 "recordings", "communicates", "block_guards", "tier", "replayed_tier", "steady")
 
     def __init__(self):
         self.engine_ns: list[int] = []
@@ -113,6 +113,7 @@ class _Specialisation:
         self.block_guards: set = set()     # kernels whose blocks made guards in the recording
         self.tier: Tier | None = None      # the replay's compiled tier (replay.tier), once recorded
         self.replayed_tier = ""            # the tier text `replayed` was made with
+        self.steady = None          # the policy under which nothing is left to decide: `_replay_steady` (else None)
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
         return self.replay is not None and not self.communicates and len(self.replay_ns) <= policy.trial_replays
@@ -175,7 +176,11 @@ def by_arguments(kernel, args: tuple):
             match, spec = _matched(kernel, matches, args)
     except (RuntimeError, NotImplementedError):   # a tensor without storage or strides (sparse): binding says why
         return MISS
-    if spec is None or spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
+    if spec is None:
+        return MISS
+    if spec.steady is policy and not stats:
+        return _replay_steady(kernel, spec, policy, match.inputs(args), threads)
+    if spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
         return MISS
     return _replay(kernel, spec, policy, match.inputs(args), stats, threads, bound=False)
 
@@ -265,8 +270,9 @@ def _missed(kernel, spec: _Specialisation, policy: ReplayPolicy, run_on_engine):
     spec.misses += 1
     if spec.misses >= policy.misses and spec.misses > spec.hits and not _record_again(spec, spec.block_guards,
                                                                                         policy):
-        spec.off, spec.replay = ReplayDecision(ENGINE, f"the data took another course than recorded in "
-                                                       f"{spec.misses} of {spec.misses + spec.hits} calls"), None
+        spec.off = ReplayDecision(ENGINE, f"the data took another course than recorded in {spec.misses} of "
+                                          f"{spec.misses + spec.hits} calls")
+        spec.replay = spec.steady = None
     standing = spec.standing(policy)
     _decided(kernel, ReplayDecision(GUARD_MISS_KIND, "guards failed (the data takes another course): engine "
                                                      f"run; from now on {standing}"), "")
@@ -366,7 +372,7 @@ def _record_again(spec: _Specialisation, kernels: set, policy: ReplayPolicy) -> 
     if not kernels - spec.opaque_kernels or spec.recordings >= policy.max_recordings:
         return False
     spec.opaque_kernels |= kernels
-    spec.replay, spec.replayed, spec.hits, spec.misses, spec.tier = None, None, 0, 0, None
+    spec.replay, spec.replayed, spec.hits, spec.misses, spec.tier, spec.steady = None, None, 0, 0, None, None
     spec.replay_ns, spec.engine_turn = [], False   # (the new recording gets a trial of its own)
     return True
 
@@ -443,12 +449,36 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
         timed = spec.replay_ns[1:]   # (none with a trial of no replays; no engine run with `normal_runs` 0)
         if len(spec.replay_ns) > policy.trial_replays and timed and spec.engine_ns and \
                 min(timed) > policy.slower * min(spec.engine_ns):
-            spec.off, spec.replay = ReplayDecision(ENGINE, "the engine ran it faster"), None
+            spec.off, spec.replay, spec.steady = ReplayDecision(ENGINE, "the engine ran it faster"), None, None
     if stats:
         _decided(kernel, decision, f" · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
     else:
         note_replay(kernel.name, decision)
+    if spec.replay is not None and not spec.in_trial(policy) and (tier is None or tier.settled(policy)):
+        spec.steady = policy
     return rebuild(spec.results, outputs) if bound else spec.plain_results(outputs)
+
+
+def _replay_steady(kernel, spec: _Specialisation, policy: ReplayPolicy, args, threads: int):
+    """`_replay` from `by_arguments` (PYPTO_STATS off) once nothing is left to decide: the chosen function, untimed."""
+    tier = spec.tier
+    run = spec.replay if tier is None or tier.chosen is None else tier.chosen
+    previous = get_num_threads()
+    if previous != threads:
+        set_num_threads(threads)
+    try:
+        outputs = run(*args)
+    finally:
+        if previous != threads:
+            set_num_threads(previous)
+    if outputs is GUARD_MISS:
+        return MISS
+    spec.hits += 1
+    for message, category, filename, lineno in spec.warnings:
+        warnings.warn_explicit(message, category, filename, lineno)
+    note_replay(kernel.name, spec.replayed if tier is None or tier.text is spec.replayed_tier else
+                spec.standing(policy))
+    return spec.plain_results(outputs)
 
 
 def _decided(kernel, decision: ReplayDecision, printed: str | None = None) -> None:

@@ -32,9 +32,10 @@ then runs a trial: compiled and replayed calls alternate, timed, and the faster 
 compiled call's fixed cost).
 
 In-place writes into the caller's tensors (Out, InOut, scatters into caches) land in their memory: the traced graph
-writes its inputs, and inductor copies the results back into them. Returned arguments come back as the caller's
-own tensors. The compiled artifacts go to inductor's FX-graph cache in `<PYPTO_CACHE_DIR>/inductor` (unless
-TORCHINDUCTOR_CACHE_DIR is set): a fresh process tracing the same body gets its compiled code from disk.
+writes its inputs, and inductor's code writes them in place. Returned arguments come back as the caller's own
+tensors. Inductor's code is called without compile_fx's wrappers where the graph allows (replay.tier_graph). The
+compiled artifacts go to inductor's FX-graph cache in `<PYPTO_CACHE_DIR>/inductor` (unless TORCHINDUCTOR_CACHE_DIR
+is set): a fresh process tracing the same body gets its compiled code from disk.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ from pypto_rt import config
 from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
+from pypto_rt.replay.tier_graph import capturing, direct_call, tensor_constants, with_constants
+from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 from pypto_rt.replay.tier_source import Untierable, split_source
 
 REPLAY, COMPILING, TRIAL, COMPILED, FAILED = "replay", "compiling", "trial", "compiled", "failed"
@@ -106,6 +109,10 @@ class Tier:
                     return self.tiered
         return replay
 
+    def settled(self, policy) -> bool:
+        """Whether nothing is left to decide under `policy`: chosen, or a replay that is not compiled."""
+        return self.chosen is not None or (self.state == REPLAY and (bool(self.why) or policy.tier == "off"))
+
     def timed(self, fn, ns: int, replay, policy) -> None:
         """Note a trial call's time; after `tier_trial_calls` of each (past a warm-up call each), keep the
         faster."""
@@ -157,8 +164,9 @@ class Tier:
         import torch._inductor.compile_fx  # noqa: F401
         t0 = time.perf_counter()
         try:
-            tiered = _compile(body, inputs, threads)
-            problem = _mismatch(replay, tiered, inputs)
+            tiered, problem = _checked(replay, _compile(body, inputs, threads), inputs)
+            if problem is not None and getattr(tiered, "joined", 0):   # (joined K steps summed past the tolerance)
+                tiered, problem = _checked(replay, _compile(body, inputs, threads, join=False), inputs)
         except Exception as e:   # (whatever the compiler raises: the replay stays)
             tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
         self._built(replay, tiered, problem, t0)
@@ -200,17 +208,32 @@ class Tier:
 
 
 # -- compiling and checking ------------------------------------------------------------------------------------
-def _compile(split, inputs: list, threads: int):
-    """The tiered function: the prologue, then the compiled body on the tensor arguments and the values carried
-    from the prologue, its outputs that are arguments given back as the caller's own tensors."""
-    from torch._inductor import config as inductor
+def _checked(replay, tiered, inputs: list) -> tuple:
+    """(`tiered`, or its wrapped call where the direct one disagrees (replay.tier_graph), why it does not give
+    what `replay` gives, or None)."""
+    problem = _mismatch(replay, tiered, inputs)
+    if problem is not None and getattr(tiered, "wrapped", None) is not None:
+        tiered = tiered.wrapped
+        problem = _mismatch(replay, tiered, inputs)
+    return tiered, problem
+
+
+def _compile(split, inputs: list, threads: int, join: bool = True):
+    """The tiered function: the prologue, then the compiled body on the tensor arguments, the replay's tensor
+    constants and the values carried from the prologue, its outputs that are arguments given back as the caller's
+    own tensors. It calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped`
+    is the same through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
+    (replay.tier_passes); `joined` says how many were."""
+    from torch._functorch import config as functorch
     from torch._guards import TracingContext, tracing
+    from torch._inductor import config as inductor
     from torch._inductor.compile_fx import compile_fx
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    prologue, body, positions, outputs_from, carried = split
-    examples = [t for t in _copy(inputs) if t is not None]
+    body, positions = split[1], split[2]
+    names, constants = tensor_constants(body)
+    examples = [t for t in _copy(inputs) if t is not None] + _copy(constants)
     values = _carried_values(split, inputs)
     # emulate_precision_casts: a cast to bf16/fp16 and back rounds as eager torch does (inductor would keep fp32)
     settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads,
@@ -221,16 +244,33 @@ def _compile(split, inputs: list, threads: int):
         # values, tensors the replay keeps as constants enter the symbolic trace as they are)
         shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
         fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
-        with inductor.patch({**settings, **changes}), tracing(TracingContext(fake)):
-            graph, placeholders = _trace(body, examples, values)
-            compiled = compile_fx(graph, placeholders)
-            return compiled, _assumptions(shape_env, placeholders) if values else None
+        found = []   # (AOT's own cache off: a hit there skips the inner compile that tells the direct call)
+        with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
+                tracing(TracingContext(fake)):
+            graph, placeholders = _trace(with_constants(body, names, len(positions)), examples, values)
+            joined = join_k_steps(graph) + join_tiles(graph) if join else 0
+            compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
+            guards = _assumptions(shape_env, placeholders) if values else None
+            return compiled, guards, direct_call(graph, found), joined
     try:
-        compiled, guards = inductor_compile({})
+        compiled, guards, direct, joined = inductor_compile({})
     except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation:
         if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:   # once more, as scalar C++
             raise
-        compiled, guards = inductor_compile({"cpp.simdlen": 1})
+        compiled, guards, direct, joined = inductor_compile({"cpp.simdlen": 1})
+    wrapped = _tiered(split, lambda graph_inputs: compiled(*graph_inputs), constants, guards)
+    wrapped.joined = joined
+    if direct is None:
+        return wrapped
+    tiered = _tiered(split, direct, constants, guards)
+    tiered.wrapped, tiered.joined = wrapped, joined
+    return tiered
+
+
+def _tiered(split, call, constants: list, guards):
+    """The tiered function calling the compiled graph by `call(list of graph inputs)`; `outside` counts the calls
+    whose carried values the graph's assumptions did not hold for (the body replayed)."""
+    prologue, positions, outputs_from = split[0], split[2], split[3]
     returns = tuple(enumerate(outputs_from))
     replay = _body_replay(split)
 
@@ -238,13 +278,13 @@ def _compile(split, inputs: list, threads: int):
         scalars = prologue(*args) if prologue is not None else ()
         if scalars is GUARD_MISS:
             return GUARD_MISS
-        graph_inputs = [*[args[i] for i in positions], *scalars]
+        graph_inputs = [*[args[i] for i in positions], *constants, *scalars]
         if guards is not None and not guards(graph_inputs):
             tiered.outside += 1   # (values the graph was not built for: the body replayed)
             return replay(args, scalars)
-        outs = compiled(*graph_inputs)
+        outs = call(graph_inputs)
         return tuple(outs[k] if p < 0 else args[p] for k, p in returns)
-    tiered.outside = 0   # calls whose carried values the graph's assumptions did not hold for
+    tiered.outside, tiered.wrapped = 0, None
     return tiered
 
 

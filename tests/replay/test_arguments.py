@@ -153,6 +153,22 @@ def test_knobs_changed_between_calls_take_effect_on_the_fast_path(fast_calls, mo
     assert run_scale(x) == (REPLAYED, True) and fast_calls == [True]
 
 
+def test_a_settled_call_skips_the_trial_bookkeeping_until_the_policy_or_stats_change(fast_calls, monkeypatch,
+                                                                                     capsys):
+    """Past its trials a replayed call runs the chosen function untimed (`_replay_steady`); a changed policy, or
+    PYPTO_STATS=1, takes the full path again (what it decides or prints), then settles again."""
+    x = warm()
+    full, real = [], replay._replay
+    monkeypatch.setattr(replay, "_replay", lambda *args, **kwargs: full.append(1) or real(*args, **kwargs))
+    assert [run_scale(x) for _ in range(3)] == [(REPLAYED, True)] * 3 and full == []
+    with policy_scope(**KEEP, misses=7):
+        assert [decided(scale, x, 2.0, torch.empty(N, N)) for _ in range(3)] == [REPLAYED] * 3 and full == [1]
+    with config.scope(STATS="1"):
+        assert run_scale(x) == (REPLAYED, True) and len(full) == 2
+    assert "pypto-rt stats [scale]: replayed" in capsys.readouterr().err
+    assert run_scale(x) == (REPLAYED, True) and len(full) == 2 and fast_calls[-5:] == [True] * 5
+
+
 def test_a_guard_miss_on_the_fast_path_runs_on_the_engine(fast_calls):
     x = torch.randn(N, N)
 
@@ -170,10 +186,47 @@ def test_a_guard_miss_on_the_fast_path_runs_on_the_engine(fast_calls):
     assert check(N - 1) == GUARD_MISS and fast_calls == [False]   # the `if` goes the other way
 
 
+@pl.program
+class Scaler:
+    """A program whose instances compare equal to anything: a match must still tell its `self`s apart."""
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+    @pl.function(type=pl.FunctionType.Opaque)
+    def scale(self, x: pl.Tensor[[N, N], pl.FP32], y: pl.Out[pl.Tensor[[N, N], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="scale"):
+            y[:, :] = pl.add(pl.mul(x, 2.0), 1.0)
+        return y
+
+
+def test_a_program_method_replays_on_the_fast_path_for_its_own_self_only(fast_calls):
+    """A `@pl.program` method (conformance c05) takes the fast path; its `self` is matched by identity, as the
+    specialisation key has it: another instance gets its own recording."""
+    first, second = Scaler(), Scaler()
+    x = torch.randn(N, N)
+
+    def run(program):
+        y = torch.empty(N, N)
+        with policy_scope(**KEEP):
+            kind = decided(program.scale, x, y)
+        return kind, torch.equal(y, x * 2.0 + 1.0)
+    for _ in range(CALLS):
+        run(first)
+    fast_calls.clear()
+    assert run(first) == (REPLAYED, True) and fast_calls == [True]
+    fast_calls.clear()
+    assert run(second)[1] and fast_calls == [False]
+
+
 def _variants():
     base = torch.randn(N, N)
     shared = torch.randn(3 * N, N)
+    program, other_program = Scaler(), Scaler()
     return {
+        "program": (program, base, torch.empty(N, N)),
+        "other program": (other_program, base, torch.empty(N, N)),
         "base": (base, 2.0, torch.empty(N, N)),
         "other data": (torch.randn(N, N), 2.0, torch.empty(N, N)),
         "transposed": (torch.randn(N, N).t(), 2.0, torch.empty(N, N)),

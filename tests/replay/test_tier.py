@@ -259,6 +259,37 @@ def test_a_compiled_function_that_disagrees_with_the_replay_is_not_swapped_in(mo
     assert found.state == FAILED and "differs from the replay" in found.why, found.text
 
 
+def test_the_compiled_graph_is_called_without_compile_fx_wrappers(flag_compiled):
+    """Where AOT kept the traced graph's inputs and outputs, the tier calls inductor's code itself (replay.tier_graph:
+    ~9 µs a call less); the wrapped call is kept beside it and gives the same."""
+    assert flag_compiled.tiered.wrapped is not None
+    x = torch.randn(ROWS, COLS)
+    direct, wrapped = torch.empty(ROWS, COLS), torch.empty(ROWS, COLS)
+    flag_compiled.tiered(x, torch.tensor([1], dtype=torch.int32), direct)
+    flag_compiled.tiered.wrapped(x, torch.tensor([1], dtype=torch.int32), wrapped)
+    assert torch.equal(direct, wrapped) and torch.allclose(direct, x * 3.0 + 1.0)
+
+
+def test_a_direct_graph_call_that_disagrees_falls_back_to_the_wrapped_call(monkeypatch):
+    def forgetful(traced, found):
+        return lambda inputs: tuple(inputs)   # (writes nothing: as if a wrapper's copy-back were needed)
+    monkeypatch.setattr(tier_module, "direct_call", forgetful)
+    found = _warm_fresh("eager")
+    assert found.state == TRIAL and found.tiered.wrapped is None, found.text
+
+
+def test_a_graph_whose_joined_k_steps_disagree_is_compiled_again_without_joining(monkeypatch):
+    def spoiling(graph):   # (as if joining reordered a sum past the tolerance)
+        adds = [n for n in graph.graph.nodes if n.target is torch.ops.aten.add.Tensor]
+        for node in adds:
+            node.target = torch.ops.aten.sub.Tensor
+        graph.recompile()
+        return len(adds)
+    monkeypatch.setattr(tier_module, "join_k_steps", spoiling)
+    found = _warm_fresh("eager")
+    assert found.state == TRIAL and found.tiered.joined == 0, found.text
+
+
 def test_a_compile_past_the_timeout_keeps_the_replay(monkeypatch):
     release = threading.Event()
 
