@@ -27,6 +27,8 @@ communicator's calls).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from pypto_rt.collective import process
@@ -101,13 +103,14 @@ def _pieces(view: torch.Tensor, values: torch.Tensor):
 
 class _Effect:
     """A `pld` op's effect on its operands, what replay.comm_block records as one line; `bind()` gives each
-    recorded line its own. Its window operands stay resolved between calls: (buffer, byte offset of the operand's
+    recorded line its own. Its window operand stays resolved between calls: (buffer, byte offset of the operand's
     first element, every rank's window as elements of the operand's dtype where this process maps them, else
     None), looked up again only when the key changes: the tensor's address, shape, strides, dtype and
-    process.epoch() (a window allocated or freed since, so a replay with other windows finds those)."""
+    process.epoch() (a window allocated or freed since, so a replay with other windows finds those). The buffer is
+    held weakly: a line kept by a replay never keeps a freed window's memory mapped."""
 
     def __init__(self):
-        self._last: tuple | None = None   # (key, resolution) of the latest window operand: one swap per change
+        self._last: tuple | None = None   # (key, weak buffer, offset, typed?) of the latest operand: one swap
 
     def bind(self) -> "_Effect":
         return type(self)()
@@ -117,13 +120,12 @@ class _Effect:
             _window(name, x, what)   # raises: not a window tensor
         key = (x.data_ptr(), x.shape, x.stride(), x.dtype, process.epoch())
         last = self._last
-        if last is not None and last[0] == key:
-            return last[1]
-        buf, offset = _window(name, x, what)
-        typed = getattr(buf.window, "typed", None)
-        found = (buf, offset, typed(x.dtype) if typed is not None and offset % x.element_size() == 0 else None)
-        self._last = (key, found)
-        return found
+        buf = last[1]() if last is not None and last[0] == key else None
+        if buf is None:
+            buf, offset = _window(name, x, what)
+            typed = hasattr(buf.window, "typed") and offset % x.element_size() == 0
+            self._last = last = (key, weakref.ref(buf), offset, typed)
+        return buf, last[2], buf.window.typed(x.dtype) if last[3] else None
 
     def cell(self, name: str, x, offsets, what: str) -> tuple:
         """(buffer, byte offset, offsets as ints) of the INT32 signal cell x[offsets]."""

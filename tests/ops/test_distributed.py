@@ -201,3 +201,20 @@ def test_a_wait_whose_cell_holds_its_value_returns_at_once_and_one_that_never_co
     with pytest.raises(CommTimeoutError) as e:
         OPS["pld.system.wait"](signal=tv(signal, D.INT32), offsets=[1, 1], expected=5, cmp=WaitCmp.Eq)
     assert len(waits) == 1 and (e.value.wait["cell"], e.value.wait["seen"], e.value.wait["expected"]) == ([1, 1], 4, 5)
+
+
+def test_a_bound_effect_does_not_keep_a_freed_window_alive(window):
+    """A replay keeps its recorded lines (and their bound effects) as long as its kernel lives: once the job's
+    windows are freed, a line must not hold their buffer (or its mapped memory)."""
+    import gc
+    import weakref
+
+    from pypto_rt.ops import distributed
+
+    win = window([2, 4])
+    put = distributed._put_box.bind()
+    put(win, 0, torch.ones(2, 4), None, None, None, False)
+    buffer = weakref.ref(process.window_of(win)[0])
+    process.close()
+    gc.collect()
+    assert buffer() is None
