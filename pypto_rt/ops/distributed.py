@@ -102,12 +102,13 @@ def _pieces(view: torch.Tensor, values: torch.Tensor):
 
 
 class _Effect:
-    """A `pld` op's effect on its operands, what replay.comm_block records as one line; `bind()` gives each
-    recorded line its own. Its window operand stays resolved between calls: (buffer, byte offset of the operand's
-    first element, every rank's window as elements of the operand's dtype where this process maps them, else
-    None), looked up again only when the key changes: the tensor's address, shape, strides, dtype and
-    process.epoch() (a window allocated or freed since, so a replay with other windows finds those). The buffer is
-    held weakly: a line kept by a replay never keeps a freed window's memory mapped."""
+    """A `pld` op's effect on its operands, what replay.comm_block records as one line; `bind()` gives each recorded
+    line its own. Its window operand stays resolved between calls: (buffer, byte offset of the operand's first
+    element, every rank's window as elements of the operand's dtype where this process maps them, else None), looked
+    up again only when the key changes: the tensor's address and its storage's (process.window_of finds windows by
+    storage), shape, strides, dtype and process.epoch() (a window allocated or freed since, so a replay with other
+    windows finds those). The buffer is held weakly: a line kept by a replay never keeps a freed window's memory
+    mapped."""
 
     def __init__(self):
         self._last: tuple | None = None   # (key, weak buffer, offset, typed?) of the latest operand: one swap
@@ -118,7 +119,7 @@ class _Effect:
     def window(self, name: str, x, what: str) -> tuple:
         if not isinstance(x, torch.Tensor):
             _window(name, x, what)   # raises: not a window tensor
-        key = (x.data_ptr(), x.shape, x.stride(), x.dtype, process.epoch())
+        key = (x.data_ptr(), x.untyped_storage().data_ptr(), x.shape, x.stride(), x.dtype, process.epoch())
         last = self._last
         buf = last[1]() if last is not None and last[0] == key else None
         if buf is None:
