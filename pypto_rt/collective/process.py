@@ -21,6 +21,7 @@ _comm: Communicator | None = None
 _lock = threading.Lock()
 _buffers: dict[int, "WindowBuffer"] = {}     # storage data_ptr of a window's local bytes -> its buffer
 _task = threading.local()
+_epoch = 0   # bumped whenever the set of window buffers (or the communicator) changes: see epoch()
 
 
 class WindowBuffer:
@@ -85,8 +86,16 @@ def world_size() -> int:
 
 def install(comm: Communicator) -> None:
     """Make `comm` this process's communicator (a host-form rank process does this before running kernels)."""
-    global _comm
+    global _comm, _epoch
     _comm = comm
+    _epoch += 1
+
+
+def epoch() -> int:
+    """A number that changes whenever a window buffer is allocated or freed or the communicator changes: what
+    `window_of` answered for a tensor stays the answer while the epoch and the tensor's address, shape, strides
+    and dtype stay the same (ops.distributed keeps a recorded effect's windows resolved by it)."""
+    return _epoch
 
 
 def communicator(what: str) -> Communicator:
@@ -105,11 +114,13 @@ def communicator(what: str) -> Communicator:
 
 def alloc(nbytes: int, what: str = "pld.alloc_window_buffer") -> WindowBuffer:
     """COLLECTIVE: a zeroed symmetric window buffer of `nbytes` bytes (every rank, same order)."""
+    global _epoch
     if _host_form is not None:
         return _host_form.alloc(int(nbytes))
     comm = communicator(what)
     buf = WindowBuffer(comm, comm.alloc_window(int(nbytes), label=what))
     _buffers[buf.window.local.untyped_storage().data_ptr()] = buf
+    _epoch += 1
     return buf
 
 
@@ -135,19 +146,21 @@ def window_of(tensor) -> tuple[WindowBuffer, int] | None:
 
 def close() -> None:
     """End this process's part in the job (an exit barrier: peers may still read this rank's windows)."""
-    global _comm
+    global _comm, _epoch
     with _lock:
         comm, _comm = _comm, None
         _buffers.clear()
+        _epoch += 1
     if comm is not None:
         comm.close()
 
 
 def abort(why: str) -> None:
-    global _comm
+    global _comm, _epoch
     with _lock:
         comm, _comm = _comm, None
         _buffers.clear()
+        _epoch += 1
     if comm is not None:
         comm.abort(why)
 

@@ -47,6 +47,7 @@ class ShmWindow(Window):
         self.owner = owner
         self.segments = segments
         self._views = [s.tensor[:nbytes] for s in segments]
+        self._typed: dict[torch.dtype, list[torch.Tensor]] = {}
         self._rank = rank
 
     @property
@@ -55,6 +56,23 @@ class ShmWindow(Window):
 
     def peer(self, rank: int) -> torch.Tensor:
         return self._views[rank]
+
+    @property
+    def closed(self) -> bool:
+        return self.owner._closed
+
+    def typed(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Every rank's bytes as elements of `dtype` (index r: rank r; element i starts at byte i * itemsize), made
+        once per dtype: a one-sided copy into a peer is one `copy_` into a strided view of these."""
+        views = self._typed.get(dtype)
+        if views is None:
+            usable = self.nbytes - self.nbytes % torch.empty(0, dtype=dtype).element_size()
+            views = self._typed[dtype] = [v[:usable].view(dtype) for v in self._views]
+        return views
+
+    def cells(self, rank: int):
+        """Rank `rank`'s bytes as int32 cells (a memoryview: reading one is a plain load, no tensor made)."""
+        return self.segments[rank].cells32
 
 
 class ShmCommunicator(StagedCollectives, Communicator):

@@ -19,9 +19,15 @@ rank's window). Semantics:
   `all_to_all_v(out, inp, send_counts, recv_counts)`, `broadcast(data, root=)`, `barrier()`; a `signal=`
   window, as the real collectives take, is accepted and not needed.
 notify, wait, remote_store and put apply their effect on their operands (window tensors, peer, offsets, values)
-through `recording.communicate`, so a run recorded for replay records it as one call (replay.comm_block).
+through `recording.communicate`, so a run recorded for replay records it as one call (replay.comm_block). An effect
+keeps its window operand resolved between calls (`_Effect`: revalidated by address, shape, strides, dtype and
+process.epoch()); on the `shm` communicator a store or put is one `copy_` into a strided view of the peer's window
+and a wait whose cell already holds its value returns at once (atomic adds and other communicators go through the
+communicator's calls).
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -56,17 +62,29 @@ def _peer(name: str, buf, peer) -> int:
     return peer
 
 
+def _extent(name: str, dims, offsets, shape, what: str) -> tuple[list[int], list[int]]:
+    """(offsets, shape) of the box at `offsets` of a tensor of shape `dims` (shape defaults to the rest of each
+    axis), bounds-checked."""
+    offsets = [int(o) for o in offsets]
+    shape = [s - o for s, o in zip(dims, offsets)] if shape is None else [int(s) for s in shape]
+    if not (len(offsets) == len(shape) == len(dims)) or any(
+            o < 0 or n < 0 or o + n > s for o, n, s in zip(offsets, shape, dims)):
+        raise OpError(f"pld.{name}: the box at {offsets} of shape {shape} does not fit `{what}` of shape "
+                      f"{list(dims)}")
+    return offsets, shape
+
+
 def _box(name: str, data: torch.Tensor, offsets, shape, what: str) -> torch.Tensor:
     """The view data[offsets : offsets + shape] (shape defaults to the rest of each axis), bounds-checked."""
-    offsets = [int(o) for o in offsets]
-    shape = [s - o for s, o in zip(data.shape, offsets)] if shape is None else [int(s) for s in shape]
-    if not (len(offsets) == len(shape) == data.dim()) or any(
-            o < 0 or n < 0 or o + n > s for o, n, s in zip(offsets, shape, data.shape)):
-        raise OpError(f"pld.{name}: the box at {offsets} of shape {shape} does not fit `{what}` of shape "
-                      f"{list(data.shape)}")
+    offsets, shape = _extent(name, data.shape, offsets, shape, what)
     for axis, (o, n) in enumerate(zip(offsets, shape)):
         data = data.narrow(axis, o, n)
     return data
+
+
+def _index(offsets: list[int], strides) -> int:
+    """Elements from a tensor's first element to the one at `offsets`."""
+    return sum(o * s for o, s in zip(offsets, strides))
 
 
 def _pieces(view: torch.Tensor, values: torch.Tensor):
@@ -83,13 +101,58 @@ def _pieces(view: torch.Tensor, values: torch.Tensor):
         yield from _pieces(view[i], values[i])
 
 
-def _cell(name: str, x, offsets, what: str):
-    buf, base = _window(name, x, what)
-    data = _tensor(x)
-    if data.dtype != torch.int32:
-        raise OpError(f"pld.{name}: the signal `{what}` must be INT32, got {data.dtype}")
-    cell = _box(name, data, offsets, [1] * data.dim(), what)
-    return buf, cell.data_ptr() - buf.base, [int(o) for o in offsets]
+class _Effect:
+    """A `pld` op's effect on its operands, what replay.comm_block records as one line; `bind()` gives each recorded
+    line its own. Its window operand stays resolved between calls: (buffer, byte offset of the operand's first
+    element, every rank's window as elements of the operand's dtype where this process maps them, else None), looked
+    up again only when the key changes: the tensor's address and its storage's (process.window_of finds windows by
+    storage), shape, strides, dtype and process.epoch() (a window allocated or freed since, so a replay with other
+    windows finds those). The buffer is held weakly: a line kept by a replay never keeps a freed window's memory
+    mapped."""
+
+    def __init__(self):
+        self._last: tuple | None = None   # (key, weak buffer, offset, typed?) of the latest operand: one swap
+
+    def bind(self) -> "_Effect":
+        return type(self)()
+
+    def window(self, name: str, x, what: str) -> tuple:
+        if not isinstance(x, torch.Tensor):
+            _window(name, x, what)   # raises: not a window tensor
+        key = (x.data_ptr(), x.untyped_storage().data_ptr(), x.shape, x.stride(), x.dtype, process.epoch())
+        last = self._last
+        buf = last[1]() if last is not None and last[0] == key else None
+        if buf is None:
+            buf, offset = _window(name, x, what)
+            typed = hasattr(buf.window, "typed") and offset % x.element_size() == 0
+            self._last = last = (key, weakref.ref(buf), offset, typed)
+        return buf, last[2], buf.window.typed(x.dtype) if last[3] else None
+
+    def cell(self, name: str, x, offsets, what: str) -> tuple:
+        """(buffer, byte offset, offsets as ints) of the INT32 signal cell x[offsets]."""
+        buf, offset, _ = self.window(name, x, what)
+        if x.dtype != torch.int32:
+            raise OpError(f"pld.{name}: the signal `{what}` must be INT32, got {x.dtype}")
+        at, _ = _extent(name, x.shape, offsets, [1] * x.dim(), what)
+        return buf, offset + 4 * _index(at, x.stride()), at
+
+
+def _write(name: str, found: tuple, target: torch.Tensor, peer, offsets, atomic: bool, values: torch.Tensor,
+           what: str) -> None:
+    """Write (or atomically add) `values` into rank `peer`'s elements under the box of `target` (a window operand,
+    `found` its resolution) at `offsets`: one copy into a strided view of the peer's window where this process maps
+    it, else through the communicator one contiguous run at a time (and for atomic adds, which take its lock)."""
+    buf, offset, typed = found
+    peer = _peer(name, buf, peer)
+    at, shape = _extent(name, target.shape, offsets, list(values.shape), what)
+    if typed is None or atomic or buf.window.closed:
+        view = target
+        for axis, (o, n) in enumerate(zip(at, shape)):
+            view = view.narrow(axis, o, n)
+        _store(buf, peer, view, atomic, values)
+    elif values.numel():
+        start = offset // target.element_size() + _index(at, target.stride())
+        typed[peer].as_strided(shape, target.stride(), start).copy_(values)
 
 
 # ------------------------------------------------------------------------------------------------ signals
@@ -101,9 +164,10 @@ def notify(target, peer, offsets, value=1, op=NotifyOp.AtomicAdd):
                           (_tensor(target), peer, offsets, kind, value))
 
 
-def _notify_cell(target, peer, offsets, kind: str, value) -> None:
-    buf, offset, _ = _cell("system.notify", target, offsets, "target")
-    buf.comm.notify(buf.window, _peer("system.notify", buf, peer), offset, int(value), kind)
+class _Notify(_Effect):
+    def __call__(self, target, peer, offsets, kind: str, value) -> None:
+        buf, offset, _ = self.cell("system.notify", target, offsets, "target")
+        buf.comm.notify(buf.window, _peer("system.notify", buf, peer), offset, int(value), kind)
 
 
 @op("pld.system.wait")
@@ -113,13 +177,22 @@ def wait(signal, offsets, expected, cmp=WaitCmp.Ge):
                           (_tensor(signal), offsets, kind, process.current_label(), expected))
 
 
-def _wait_cell(signal, offsets, kind: str, label, expected) -> None:
-    buf, offset, cell = _cell("system.wait", signal, offsets, "signal")
-    comm = buf.comm
-    # the [NR, ...] signal convention: row r is the cell rank r notifies (named in a hang's wait-for picture)
-    rows = signal.shape[0] if signal.dim() else 0
-    peers = [cell[0]] if rows == comm.world_size and cell and cell[0] != comm.rank else None
-    comm.wait(buf.window, offset, int(expected), kind, label=label, cell=cell, peers=peers)
+class _Wait(_Effect):
+    def __call__(self, signal, offsets, kind: str, label, expected) -> None:
+        buf, offset, cell = self.cell("system.wait", signal, offsets, "signal")
+        comm, expected = buf.comm, int(expected)
+        cells = getattr(buf.window, "cells", None)
+        if cells is not None and offset % 4 == 0 and not buf.window.closed:
+            seen = cells(comm.rank)[offset // 4]   # already there: no wait to set up
+            if (seen >= expected) if kind == "ge" else (seen == expected):
+                return
+        # the [NR, ...] signal convention: row r is the cell rank r notifies (named in a hang's wait-for picture)
+        rows = signal.shape[0] if signal.dim() else 0
+        peers = [cell[0]] if rows == comm.world_size and cell and cell[0] != comm.rank else None
+        comm.wait(buf.window, offset, expected, kind, label=label, cell=cell, peers=peers)
+
+
+_notify_cell, _wait_cell = _Notify(), _Wait()
 
 
 # ------------------------------------------------------------------------------------------ one-sided access
@@ -164,10 +237,10 @@ def remote_store(src, target, peer, offsets, atomic=None):
                           (_tensor(target), peer, offsets, _is_add(atomic), _tensor(src)))
 
 
-def _store_box(target, peer, offsets, atomic: bool, values: torch.Tensor) -> None:
-    buf, _ = _window("remote_store", target, "target")
-    view = _box("remote_store", target, offsets, list(values.shape), "target")
-    _store(buf, _peer("remote_store", buf, peer), view, atomic, values)
+class _StoreBox(_Effect):
+    def __call__(self, target, peer, offsets, atomic: bool, values: torch.Tensor) -> None:
+        found = self.window("remote_store", target, "target")
+        _write("remote_store", found, target, peer, offsets, atomic, values, "target")
 
 
 @op("pld.tensor.put")
@@ -176,11 +249,15 @@ def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=N
                           (_tensor(dst), peer, _tensor(src), dst_offsets, src_offsets, shape, _is_add(atomic)))
 
 
-def _put_box(dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
-    buf, _ = _window("tensor.put", dst, "dst")
-    values = _box("tensor.put", local, src_offsets or [0] * local.dim(), shape, "src")
-    view = _box("tensor.put", dst, dst_offsets or [0] * dst.dim(), list(values.shape), "dst")
-    _store(buf, _peer("tensor.put", buf, peer), view, atomic, values)
+class _PutBox(_Effect):
+    def __call__(self, dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
+        found = self.window("tensor.put", dst, "dst")
+        at, shape = _extent("tensor.put", local.shape, src_offsets or [0] * local.dim(), shape, "src")
+        values = local.as_strided(shape, local.stride(), local.storage_offset() + _index(at, local.stride()))
+        _write("tensor.put", found, dst, peer, dst_offsets or [0] * dst.dim(), atomic, values, "dst")
+
+
+_store_box, _put_box = _StoreBox(), _PutBox()
 
 
 @op("pld.tensor.get", writes="dst")

@@ -8,8 +8,11 @@ value `s2` (an epoch read with `pl.read`) on the entry window `a14`. The operand
 tensors by name (an entry window, or a view the run made of one: a replay with other windows of the same shapes
 signals on those), numbers read from data as code (a peer, an offset, a value change per replay); the effect
 finds the window buffer, the peer's bytes and the cell at replay, as the op does, and a wait keeps its region
-label, deadline and multi-rank report. The effect runs unseen by the recorder (its torch calls are its own). The
-lines keep program order: each is an effect on data the run computed (windows are volatile, replay.capture).
+label, deadline and multi-rank report. An effect that can `bind()` gives each line its own instance, which keeps its
+window operand resolved between calls and looks it up again when the operand's address, shape, strides, dtype or
+the job's windows change (ops.distributed: a put is then one copy into a view of the peer's window). The effect
+runs unseen by the recorder (its torch calls are its own). The lines keep program order: each is an effect on data
+the run computed (windows are volatile, replay.capture).
 
 What cannot be recorded so refuses the recording inside the block, and the next recording calls the kernel's
 blocks as they are (replay.opaque, replay.entry; PYPTO_STATS says why): an op with no recorded form (remote_load,
@@ -31,6 +34,7 @@ def communicate(rec, reason: str, effect, args: tuple):
     if rec.refused is None and not rec.signalling:
         rec.refuse(reason)
     if rec.refused is None:
+        effect = getattr(effect, "bind", lambda: effect)()   # the line's own: it keeps its windows resolved
         try:
             code = (rec._const(effect, EFFECT_PREFIX), "(") + joined([opaque.code_of(rec, v) for v in args]) + (")",)
         except Refused as r:

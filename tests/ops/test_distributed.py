@@ -143,3 +143,78 @@ def test_a_put_or_store_of_zero_rows_writes_nothing_anywhere_in_the_window(windo
     want[3:3 + rows, 0:4] = local[1:1 + rows, 4:8]
     want[1:1 + rows, 4:8] = local[2:2 + rows, 0:4]
     assert torch.equal(win, want)
+
+
+def test_a_bound_effect_keeps_its_window_resolved_and_finds_another_window_it_is_given(window, monkeypatch):
+    """A recorded put (one bound effect per line, replay.comm_block) looks its window up once, not per call; given
+    another window of the same shape (a replay called with other windows), or once a window was allocated since
+    (process.epoch()), it looks again and writes where the operand now lies."""
+    from pypto_rt.ops import distributed
+
+    first, second = window([4, 8]), window([4, 8])
+    lookups, real = [], process.window_of
+    monkeypatch.setattr(process, "window_of", lambda t: lookups.append(t) or real(t))
+    put = distributed._put_box.bind()
+    local = torch.arange(32, dtype=torch.float32).reshape(4, 8) + 1
+    put(first, 0, local, [1, 2], [0, 0], [2, 3], False)
+    put(first, 0, local + 100, [1, 2], [0, 0], [2, 3], False)
+    assert len(lookups) == 1 and torch.equal(first[1:3, 2:5], local[:2, :3] + 100)
+    put(second, 0, local, [0, 0], [2, 5], [2, 3], False)
+    assert len(lookups) == 2 and torch.equal(second[:2, :3], local[2:4, 5:8])
+    assert float(first.sum()) == float((local[:2, :3] + 100).sum())   # the first window got nothing more
+    window([1])   # a window allocated since: the next call looks its operand up again
+    put(second, 0, local, [3, 0], [0, 0], [1, 8], False)
+    assert len(lookups) == 3 and torch.equal(second[3], local[0])
+
+
+def test_a_put_or_store_into_a_mapped_window_is_one_copy_not_a_communicator_call_per_row(window, monkeypatch):
+    """On the shm communicator a box that is not contiguous in the window (here 3 and 2 rows) is written with one
+    copy into a view of the peer's window; an atomic add still takes the communicator's locked path."""
+    win = window([8, 16])
+    comm = process.communicator("test")
+    stores = []
+    monkeypatch.setattr(comm, "remote_store", lambda *a, **k: stores.append(a))
+    local = torch.arange(64, dtype=torch.float32).reshape(4, 16) + 1
+    OPS["pld.tensor.put"](dst=tv(win), peer=0, src=tv(local), dst_offsets=[2, 3], src_offsets=[1, 4], shape=[3, 5])
+    OPS["pld.tile.remote_store"](tv(local[:2, :2].double()), tv(win), peer=0, offsets=[6, 14])
+    want = torch.zeros(8, 16)
+    want[2:5, 3:8] = local[1:4, 4:9]
+    want[6:8, 14:16] = local[:2, :2]
+    assert torch.equal(win, want) and stores == []
+    OPS["pld.tensor.remote_store"](tv(torch.ones(2, 2)), tv(win), peer=0, offsets=[0, 0], atomic=True)
+    assert len(stores) == 2 and torch.equal(win, want)   # two contiguous runs, through the (stubbed) communicator
+
+
+def test_a_wait_whose_cell_holds_its_value_returns_at_once_and_one_that_never_comes_times_out_naming_it(
+        window, monkeypatch):
+    from pypto_rt.collective.base import CommTimeoutError
+
+    signal = window([2, 2], torch.int32)
+    comm = process.communicator("test")
+    signal[1, 1] = 4
+    waits, real = [], comm.wait
+    monkeypatch.setattr(comm, "wait", lambda *a, **k: waits.append(a) or real(*a, **k))
+    OPS["pld.system.wait"](signal=tv(signal, D.INT32), offsets=[1, 1], expected=4, cmp=WaitCmp.Ge)
+    OPS["pld.system.wait"](signal=tv(signal, D.INT32), offsets=[1, 1], expected=4, cmp=WaitCmp.Eq)
+    assert waits == []   # no wait set up: the cell already holds the value
+    monkeypatch.setattr(comm, "timeout_s", 0.2)
+    with pytest.raises(CommTimeoutError) as e:
+        OPS["pld.system.wait"](signal=tv(signal, D.INT32), offsets=[1, 1], expected=5, cmp=WaitCmp.Eq)
+    assert len(waits) == 1 and (e.value.wait["cell"], e.value.wait["seen"], e.value.wait["expected"]) == ([1, 1], 4, 5)
+
+
+def test_a_bound_effect_does_not_keep_a_freed_window_alive(window):
+    """A replay keeps its recorded lines (and their bound effects) as long as its kernel lives: once the job's
+    windows are freed, a line must not hold their buffer (or its mapped memory)."""
+    import gc
+    import weakref
+
+    from pypto_rt.ops import distributed
+
+    win = window([2, 4])
+    put = distributed._put_box.bind()
+    put(win, 0, torch.ones(2, 4), None, None, None, False)
+    buffer = weakref.ref(process.window_of(win)[0])
+    process.close()
+    gc.collect()
+    assert buffer() is None

@@ -1,0 +1,77 @@
+"""Where one rank's decode dispatch+combine goes (issue 14's effect work): CPU time per call and, with --profile,
+cProfile's top functions, inside a launched job with the bench's shape and MoEBuffer, no barriers between calls.
+
+    .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
+
+Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
+PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
+(compiled: every tier swapped in; replayed: the replays) after 20 untimed ones: wall time and `time.thread_time`
+(CPU of the calling thread, waits' polls included) per call. Rank 0 prints the profile of as many more calls.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import io
+import pstats
+import time
+
+import torch
+import torch.distributed as dist
+
+from bench.moe_rank import GLOO_TIMEOUT_S, compile_tiers, load_ours, make_buffer, tiered
+from bench.moe_routing import MoEShape, make_inputs
+
+
+def per_call(run, calls: int) -> tuple[float, float]:
+    """(wall ms, CPU ms) per call of `run`."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(calls):
+        run()
+    return (time.perf_counter() - wall) / calls * 1e3, (time.thread_time() - cpu) / calls * 1e3
+
+
+def profile(run, calls: int, top: int = 30) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        run()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/moe_call_cpu.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--form", choices=["compiled", "replayed"], default="compiled")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--profile", action="store_true", help="rank 0 prints cProfile's top functions")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    try:
+        rank, shape = dist.get_rank(), MoEShape("decode", 8, 4096, 6, False)
+        x, topk_idx, topk_weights = make_inputs(shape, dist.get_world_size(), rank)
+        buf, call, _ = make_buffer(load_ours(), shape, x, topk_idx.int(), topk_weights)
+        tiers = compile_tiers(call, buf)
+        run = tiered(call, buf, args.form == "compiled")
+        per_call(run, 20)
+        dist.barrier()
+        wall, cpu = per_call(run, args.calls)
+        print(f"rank {rank} {args.form} ({', '.join(t['state'] for t in tiers)}): wall {wall:.3f} ms, "
+              f"CPU {cpu:.3f} ms per call", flush=True)
+        dist.barrier()
+        if args.profile:
+            text = profile(run, args.calls)
+            if rank == 0:
+                print(text, flush=True)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
