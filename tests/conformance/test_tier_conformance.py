@@ -1,6 +1,7 @@
 """The conformance kernels give the same results with the compiled tier on (issue 17, PYPTO_TIER=eager).
 
-Each single-rank kernel (c01-c07; c08/c09 communicate, and communicating replays are not compiled) runs through the
+Each single-rank kernel (c01-c07; c08/c09 are multi-rank programs: compiled communicating replays are checked by
+tests/replay/test_tier_segments.py on MoE dispatch and combine) runs through the
 golden harness (`run_jit`, fresh random inputs per call, the kernel's own tolerance) until its replay is compiled,
 then again with every specialisation made to run its compiled function, so the calls checked are compiled calls.
 
