@@ -42,7 +42,7 @@ class MoEDecoder:
         chunked_prefill_attention come from (default `pypto_rt.kernels.attention`)."""
         if not isinstance(cfg, DecoderConfig):
             raise DecoderError.at_caller(f"MoEDecoder takes a DecoderConfig, got {type(cfg).__name__}")
-        self.cfg, self.block_size = cfg, cfg.block_size
+        self.cfg, self.block_size, self.vocab_size = cfg, cfg.block_size, cfg.vocab_size
         self.attention = attention or attention_kernels
         self.weights = load_dense_weights(cfg, state_dict)
         moe_cfg = cfg.moe_config()
