@@ -26,7 +26,8 @@ replay (benchmarks, serving warm-up); off (the default) never compiles. Before t
 against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
-vector code, is retried once as scalar C++) or a compile past `tier_timeout_s` keeps the replay. A verified build
+vector code, is retried once as scalar C++; its outer-loop fusion's KeyError once without fusion) or a compile
+past `tier_timeout_s` keeps the replay. A verified build
 then runs a trial: compiled and replayed calls alternate, timed, and the faster is kept (a tiny call loses to the
 compiled call's fixed cost).
 
@@ -42,6 +43,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 
 import torch
 
@@ -212,10 +214,11 @@ def _compile(split, inputs: list, threads: int):
             return compiled, _assumptions(shape_env, placeholders) if values else None
     try:
         compiled, guards = inductor_compile({})
-    except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation:
-        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:   # once more, as scalar C++
+    except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
+        retry = _retry_settings(e)
+        if retry is None:
             raise
-        compiled, guards = inductor_compile({"cpp.simdlen": 1})
+        compiled, guards = inductor_compile(retry)
     returns = tuple(enumerate(outputs_from))
     replay = _body_replay(split)
 
@@ -231,6 +234,20 @@ def _compile(split, inputs: list, threads: int):
         return tuple(outs[k] if p < 0 else args[p] for k, p in returns)
     tiered.outside = 0   # calls whose carried values the graph's assumptions did not hold for
     return tiered
+
+
+def _retry_settings(e: Exception) -> dict | None:
+    """Inductor settings to compile once more with after `e`, or None: a C++ compile error is a bug of its vector
+    code generation (as scalar C++); a KeyError from the C++ scheduler's outer-loop fusion with a local buffer
+    (torch 2.13 asks a buffer's users for their load of it, and a user that writes it has none: seen on an RMSNorm
+    writing its residual in place) compiles without fusing (the trial then times it against the replay)."""
+    if "CppCompileError" in f"{type(e).__name__} {e}"[:300]:
+        return {"cpp.simdlen": 1}
+    inner = getattr(e, "inner_exception", e)
+    if isinstance(inner, KeyError) and any(frame.name == "try_outer_loop_fusion_with_local_buf"
+                                           for frame in traceback.extract_tb(inner.__traceback__)):
+        return {"max_fusion_size": 1}
+    return None
 
 
 def _body_replay(split):
