@@ -52,6 +52,7 @@ class MoEDecoder:
         self.cos_sin = rope_cache(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
         self.num_blocks = 0
         self.key_pool = self.value_pool = None
+        self._layer_pools: list[tuple[torch.Tensor, torch.Tensor]] = []
         # called after each layer's MoE with ([E_local] rows each local expert received, layer=); the serving
         # engine puts its metrics' record_expert_tokens here (experts rank * E_local .. are this rank's)
         self.on_expert_counts = None
@@ -67,11 +68,12 @@ class MoEDecoder:
         self.key_pool = torch.zeros(shape, dtype=cfg.dtype)
         self.value_pool = torch.zeros(shape, dtype=cfg.dtype)
         self.num_blocks = num_blocks
+        rows = [slice(layer * num_blocks, (layer + 1) * num_blocks) for layer in range(cfg.num_layers)]
+        self._layer_pools = [(self.key_pool[r], self.value_pool[r]) for r in rows]   # (made once: the hot path)
 
     def kv_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s key and value pools, [num_blocks, block_size, KVH, D] views of the stacked ones."""
-        rows = slice(layer * self.num_blocks, (layer + 1) * self.num_blocks)
-        return self.key_pool[rows], self.value_pool[rows]
+        return self._layer_pools[layer]
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """[B] int64: the greedy next token of each request (padding rows: unspecified)."""
