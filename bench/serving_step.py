@@ -127,11 +127,11 @@ def run(repeats: int = 5) -> str:
                     model.forward(step)
             warmup_s = time.perf_counter() - start
             on = interleaved(steps, repeats)
-            rows.append([str(batch), ms(off["decoder"]), ms(on["decoder"]), ms(off["torch"]),
+            rows.append([str(batch), ms(off["decoder"]), ms(on["decoder"]), f"{ms(off['torch'])} / {ms(on['torch'])}",
                          ratio(off["decoder"] / off["torch"]), ratio(on["decoder"] / on["torch"]), f"{warmup_s:.1f} s"])
     return "\n".join([
-        table(["batch", "MoEDecoder step, tier off", "tier on", "eager torch step", "decoder / torch, tier off "
-               "(target <= 1.5x)", "tier on", "compiling warm-up"], rows), "",
+        table(["batch", "MoEDecoder step, tier off", "tier on", "eager torch step (with off / on)",
+               "decoder / torch, tier off (target <= 1.5x)", "tier on", "compiling warm-up"], rows), "",
         f"Shapes: V={cfg.vocab_size}, H={cfg.hidden}, {cfg.num_layers} layers, {cfg.num_q_heads}/{cfg.num_kv_heads} "
         f"heads of {cfg.head_dim}, {cfg.num_experts} experts top-{cfg.top_k} (I={cfg.moe_intermediate}) + a shared "
         f"expert, FP32, context {CONTEXT}, block {cfg.block_size}; one rank, not launched. Tier on: after the "
