@@ -65,9 +65,12 @@ class ServingEngine:
         self.progress_stream = progress_stream or sys.stdout
         self._last_progress = clock()
         self._next_id = 0
+        reports_experts = hasattr(model, "on_expert_counts")   # a MoE model reports its tokens per expert
         if config.warmup:
+            if reports_experts:                  # (the warm-up's dummy rows are no traffic: not counted)
+                model.on_expert_counts = lambda counts, layer: None
             self.runner.warmup(config.compile_kernels, pool_slots=config.num_blocks * model.block_size)
-        if hasattr(model, "on_expert_counts"):       # a MoE model reports its tokens per expert (warm-up's not)
+        if reports_experts:
             model.on_expert_counts = self.metrics.record_expert_tokens
 
     def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_id: int | None = None,
