@@ -17,9 +17,10 @@ Compiling warm-up (`warmup(compile_kernels=True)`, as vLLM compiles and captures
 serving): each decode bucket runs `compile_steps()` steps of live dummy rows under the compiled tier's eager mode
 (replay.tier, PYPTO_TIER=eager scoped to these calls), enough to pass recording, the replay's trial, the compile
 and the compiled call's trial, so serving steps of those shapes run the faster of the replay and the compiled
-code from their first call. Dummy row r feeds token r % vocab at position 0 into slot r: those slots belong to
-no request yet and every slot a request reads it has written first, so nothing reads them. Afterwards the slots
-are -1 again. Prefill shapes are not compiled (many token buckets, each a few steps of a request's life).
+code from their first call. Dummy row r feeds token r % vocab (the model's `vocab_size`; without one, token 0)
+at position 0 into slot r: those slots belong to no request yet and every slot a request reads it has written
+first, so nothing reads them. Afterwards the slots are -1 again. Prefill shapes are not compiled (many token
+buckets, each a few steps of a request's life).
 """
 from __future__ import annotations
 
