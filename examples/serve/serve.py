@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="fp32 (default): tokens must equal the golden's; bf16: within a logits tolerance")
     p.add_argument("--int8-experts", action="store_true", help="W8A8 routed and shared experts (with a tolerance)")
+    p.add_argument("--compile-kernels", action="store_true",
+                   help="the engine's warm-up compiles every decode bucket's kernels (EngineConfig.compile_kernels)")
     p.add_argument("--mean-gap-steps", type=float, default=1.5, help="mean steps between arrivals (0: all at once)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between plain progress lines")
     p.add_argument("--json", metavar="PATH", help="rank 0 also writes the figures and the verdict to PATH")
@@ -116,7 +118,8 @@ def main(argv=None) -> int:
     blocks_per_request = -(-longest_request(workload) // cfg.block_size)
     engine = Engine(model, EngineConfig(num_blocks=blocks_per_request * size["max_batch"] + 8,
                                         max_batch=size["max_batch"], max_num_batched_tokens=size["budget"],
-                                        max_model_len=blocks_per_request * cfg.block_size))
+                                        max_model_len=blocks_per_request * cfg.block_size,
+                                        compile_kernels=args.compile_kernels))
     if rank == 0:
         print(f"serving {len(workload)} requests on {world} rank(s): {describe(cfg)}", flush=True)
     moe_timer = time_moe_layers(model)      # after the engine's warm-up: the loop's MoE time only

@@ -145,19 +145,19 @@ def embed_qkv_rope_kernel(shape: QkvShape, vocab: int):
 def _shape(name: str, hidden: int, dtype, norm_weight, w_qkv, positions, tokens: int, cos_sin, heads, eps):
     """The QkvShape of a call, every argument checked (an error naming it otherwise)."""
     check(isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, int) and h > 0 for h in heads), name,
-          f"heads must be (num_q_heads, num_kv_heads), got {heads!r}")
+          lambda: f"heads must be (num_q_heads, num_kv_heads), got {heads!r}")
     check(isinstance(cos_sin, torch.Tensor) and cos_sin.dim() == 2 and cos_sin.dtype == torch.float32 and
-          cos_sin.shape[1] % 2 == 0, name, f"cos_sin must be the FP32 [positions, head_dim] of rope_cache, got "
+          cos_sin.shape[1] % 2 == 0, name, lambda: f"cos_sin must be the FP32 [positions, head_dim] of rope_cache, got "
           f"{describe(cos_sin)}")
     d = cos_sin.shape[1]
     width = (heads[0] + 2 * heads[1]) * d
     check(isinstance(norm_weight, torch.Tensor) and list(norm_weight.shape) == [hidden] and norm_weight.dtype == dtype,
-          name, f"norm_weight must be {dtype} [{hidden}], got {describe(norm_weight)}")
+          name, lambda: f"norm_weight must be {dtype} [{hidden}], got {describe(norm_weight)}")
     check(isinstance(w_qkv, torch.Tensor) and list(w_qkv.shape) == [width, hidden] and w_qkv.dtype == dtype, name,
-          f"w_qkv must be {dtype} [(QH + 2 KVH) * D, H] = [{width}, {hidden}], got {describe(w_qkv)}")
+          lambda: f"w_qkv must be {dtype} [(QH + 2 KVH) * D, H] = [{width}, {hidden}], got {describe(w_qkv)}")
     check(isinstance(positions, torch.Tensor) and list(positions.shape) == [tokens] and
           positions.dtype in (torch.int64, torch.int32), name,
-          f"positions must be an int64 [{tokens}] tensor (one per token), got {describe(positions)}")
+          lambda: f"positions must be an int64 [{tokens}] tensor (one per token), got {describe(positions)}")
     return QkvShape(hidden, heads[0], heads[1], d, cos_sin.shape[0], dtype, float(eps))
 
 
@@ -174,7 +174,7 @@ def norm_qkv_rope(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Te
     shape = _shape("norm_qkv_rope", hidden, x.dtype, norm_weight, w_qkv, positions, tokens, cos_sin, heads, eps)
     check(isinstance(residual, torch.Tensor) and residual.shape == x.shape and residual.dtype == x.dtype and
           residual.is_contiguous(), "norm_qkv_rope",
-          f"residual must be a contiguous {x.dtype} {list(x.shape)} (x's shape), got {describe(residual)}")
+          lambda: f"residual must be a contiguous {x.dtype} {list(x.shape)} (x's shape), got {describe(residual)}")
     q, k, v = _outputs(shape, tokens)
     if tokens:
         norm_qkv_rope_kernel(shape)(x.contiguous(), residual, norm_weight.view(1, hidden), w_qkv.contiguous(),
@@ -187,7 +187,7 @@ def embed_norm_qkv_rope(ids: torch.Tensor, table: torch.Tensor, norm_weight: tor
     """(q, k, v, hidden) of token ids [T]: hidden = table[ids] [T, H], then as norm_qkv_rope(hidden, ...)."""
     check_float("embed_norm_qkv_rope", "table", table, 2)
     check(isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.dtype in (torch.int64, torch.int32),
-          "embed_norm_qkv_rope", f"ids must be a 1-D int64 tensor of token ids, got {describe(ids)}")
+          "embed_norm_qkv_rope", lambda: f"ids must be a 1-D int64 tensor of token ids, got {describe(ids)}")
     tokens, (vocab, hidden) = ids.shape[0], table.shape
     shape = _shape("embed_norm_qkv_rope", hidden, table.dtype, norm_weight, w_qkv, positions, tokens, cos_sin, heads,
                    eps)

@@ -18,14 +18,16 @@ class LayerArgumentError(LibraryError):
     """A layer call's tensor (shape, dtype) that the kernel cannot take."""
 
 
-def check(ok: bool, layer: str, message: str, hint: str | None = None) -> None:
+def check(ok: bool, layer: str, message, hint: str | None = None) -> None:
+    """Raise `layer: message` at the caller's line unless `ok`. `message`: a string, or a function making it (the
+    hot path's checks pass a lambda, so no error text is built on a call that passes)."""
     if not ok:
-        raise LayerArgumentError.at_caller(f"{layer}: {message}", hint)
+        raise LayerArgumentError.at_caller(f"{layer}: {message() if callable(message) else message}", hint)
 
 
 def check_float(layer: str, name: str, value, dims: int) -> None:
     check(isinstance(value, torch.Tensor) and value.dim() == dims and value.dtype in PL_DTYPES, layer,
-          f"{name} must be a {dims}-D tensor of {', '.join(map(str, PL_DTYPES))}, got {describe(value)}")
+          lambda: f"{name} must be a {dims}-D tensor of {', '.join(map(str, PL_DTYPES))}, got {describe(value)}")
 
 
 def divisor_tile(extent: int, most: int) -> int:

@@ -35,7 +35,7 @@ def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rows of table [V, H] for token ids [T] (int64 or int32, each in 0..V-1) -> [T, H] in table's dtype."""
     check_float("embedding", "table", table, 2)
     check(isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.dtype in (torch.int64, torch.int32),
-          "embedding", f"ids must be a 1-D int64 tensor of token ids, got {describe(ids)}")
+          "embedding", lambda: f"ids must be a 1-D int64 tensor of token ids, got {describe(ids)}")
     out = torch.empty(ids.shape[0], table.shape[1], dtype=table.dtype)
     if ids.shape[0]:
         embedding_kernel(table.shape[0], table.shape[1], table.dtype)(

@@ -49,9 +49,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, out_dtype: torch.dtype | No
     check_float("linear", "x", x, 2)
     check_float("linear", "weight", weight, 2)
     check(weight.shape[1] == x.shape[1] and weight.dtype == x.dtype, "linear",
-          f"weight must be {x.dtype} [N, {x.shape[1]}] (x's dtype and width), got {describe(weight)}")
+          lambda: f"weight must be {x.dtype} [N, {x.shape[1]}] (x's dtype and width), got {describe(weight)}")
     out_dtype = out_dtype or x.dtype
-    check(out_dtype in PL_DTYPES, "linear", f"out_dtype={out_dtype} is not one of {', '.join(map(str, PL_DTYPES))}")
+    check(out_dtype in PL_DTYPES, "linear",
+          lambda: f"out_dtype={out_dtype} is not one of {', '.join(map(str, PL_DTYPES))}")
     out = torch.empty(x.shape[0], weight.shape[0], dtype=out_dtype)
     if x.shape[0]:
         linear_kernel(weight.shape[0], x.shape[1], x.dtype, out_dtype)(x.contiguous(), weight.contiguous(), out)

@@ -65,14 +65,14 @@ def norm_head_greedy(hidden: torch.Tensor, residual: torch.Tensor, last: torch.T
     check_float("norm_head_greedy", "hidden", hidden, 2)
     (rows, width), dtype = hidden.shape, hidden.dtype
     check(isinstance(residual, torch.Tensor) and residual.shape == hidden.shape and residual.dtype == dtype,
-          "norm_head_greedy", f"residual must be {dtype} {list(hidden.shape)} (hidden's shape), got "
+          "norm_head_greedy", lambda: f"residual must be {dtype} {list(hidden.shape)} (hidden's shape), got "
           f"{describe(residual)}")
     check(isinstance(last, torch.Tensor) and last.dim() == 1 and last.dtype in (torch.int64, torch.int32),
-          "norm_head_greedy", f"last must be a 1-D int64 tensor of row ids, got {describe(last)}")
+          "norm_head_greedy", lambda: f"last must be a 1-D int64 tensor of row ids, got {describe(last)}")
     check(isinstance(norm_weight, torch.Tensor) and list(norm_weight.shape) == [width] and norm_weight.dtype == dtype,
-          "norm_head_greedy", f"norm_weight must be {dtype} [{width}], got {describe(norm_weight)}")
+          "norm_head_greedy", lambda: f"norm_weight must be {dtype} [{width}], got {describe(norm_weight)}")
     check(isinstance(lm_head, torch.Tensor) and lm_head.dim() == 2 and lm_head.shape[1] == width and
-          lm_head.dtype == dtype, "norm_head_greedy", f"lm_head must be {dtype} [V, {width}], got "
+          lm_head.dtype == dtype, "norm_head_greedy", lambda: f"lm_head must be {dtype} [V, {width}], got "
           f"{describe(lm_head)}")
     batch, vocab = last.shape[0], lm_head.shape[0]
     tokens = torch.empty(batch, 1, dtype=torch.int64)

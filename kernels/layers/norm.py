@@ -82,11 +82,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     check_float("rms_norm", "x", x, 2)
     hidden, dtype = x.shape[1], x.dtype
     check(isinstance(weight, torch.Tensor) and list(weight.shape) == [hidden] and weight.dtype == dtype,
-          "rms_norm", f"weight must be {dtype} [{hidden}] (x's dtype and hidden size), got {describe(weight)}")
+          "rms_norm", lambda: f"weight must be {dtype} [{hidden}] (x's dtype and hidden size), got {describe(weight)}")
     if residual is not None:
         check(isinstance(residual, torch.Tensor) and residual.shape == x.shape and residual.dtype == dtype
               and residual.is_contiguous(), "rms_norm",
-              f"residual must be a contiguous {dtype} {list(x.shape)} (x's shape), got {describe(residual)}")
+              lambda: f"residual must be a contiguous {dtype} {list(x.shape)} (x's shape), got {describe(residual)}")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if x.shape[0]:
         w = weight.contiguous().view(1, hidden)

@@ -54,13 +54,13 @@ def out_proj_add_norm(attn: torch.Tensor, w_o: torch.Tensor, residual: torch.Ten
     check_float("out_proj_add_norm", "attn", attn, 2)
     (tokens, k_in), dtype = attn.shape, attn.dtype
     check(isinstance(w_o, torch.Tensor) and w_o.dim() == 2 and w_o.shape[1] == k_in and w_o.dtype == dtype,
-          "out_proj_add_norm", f"w_o must be {dtype} [H, {k_in}] (attn's dtype and width), got {describe(w_o)}")
+          "out_proj_add_norm", lambda: f"w_o must be {dtype} [H, {k_in}] (attn's dtype and width), got {describe(w_o)}")
     hidden = w_o.shape[0]
     check(isinstance(residual, torch.Tensor) and list(residual.shape) == [tokens, hidden] and
           residual.dtype == dtype and residual.is_contiguous(), "out_proj_add_norm",
-          f"residual must be a contiguous {dtype} [{tokens}, {hidden}], got {describe(residual)}")
+          lambda: f"residual must be a contiguous {dtype} [{tokens}, {hidden}], got {describe(residual)}")
     check(isinstance(norm_weight, torch.Tensor) and list(norm_weight.shape) == [hidden] and
-          norm_weight.dtype == dtype, "out_proj_add_norm", f"norm_weight must be {dtype} [{hidden}], got "
+          norm_weight.dtype == dtype, "out_proj_add_norm", lambda: f"norm_weight must be {dtype} [{hidden}], got "
           f"{describe(norm_weight)}")
     out = torch.empty(tokens, hidden, dtype=dtype)
     if tokens:

@@ -19,7 +19,8 @@ T_DYN = pl.dynamic("T_DYN")
 def rope_cache(head_dim: int, max_positions: int, theta: float = 10000.0) -> torch.Tensor:
     """[max_positions, head_dim] FP32: row p holds cos(p * f_i) for the head_dim / 2 frequencies
     f_i = theta ** (-2i / head_dim), then sin(p * f_i) (built once per model, as vLLM's RotaryEmbedding does)."""
-    check(head_dim % 2 == 0 and head_dim > 0, "rope_cache", f"head_dim={head_dim} must be a positive even number")
+    check(head_dim % 2 == 0 and head_dim > 0, "rope_cache",
+          lambda: f"head_dim={head_dim} must be a positive even number")
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     angles = torch.arange(max_positions, dtype=torch.float64).view(-1, 1) * inv_freq.view(1, -1)
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
@@ -75,14 +76,14 @@ def rotary_embedding(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Te
     check_float("rotary_embedding", "x", x, x.dim() if isinstance(x, torch.Tensor) and x.dim() in (2, 3) else 2)
     check(isinstance(cos_sin, torch.Tensor) and cos_sin.dim() == 2 and cos_sin.dtype == torch.float32 and
           cos_sin.shape[1] % 2 == 0, "rotary_embedding",
-          f"cos_sin must be the FP32 [positions, head_dim] of rope_cache, got {describe(cos_sin)}")
+          lambda: f"cos_sin must be the FP32 [positions, head_dim] of rope_cache, got {describe(cos_sin)}")
     tokens, head_dim = x.shape[0], cos_sin.shape[1]
     width = math.prod(x.shape[1:])
     check(width % head_dim == 0, "rotary_embedding",
-          f"x's rows hold {width} values, not a whole number of heads of head_dim={head_dim} (cos_sin's width)")
+          lambda: f"x's rows hold {width} values, not a whole number of heads of head_dim={head_dim} (cos_sin's width)")
     check(isinstance(positions, torch.Tensor) and list(positions.shape) == [tokens] and
           positions.dtype in (torch.int64, torch.int32), "rotary_embedding",
-          f"positions must be an int64 [{tokens}] tensor (one per row of x), got {describe(positions)}")
+          lambda: f"positions must be an int64 [{tokens}] tensor (one per row of x), got {describe(positions)}")
     flat = x.reshape(tokens, width).contiguous()
     out = torch.empty_like(flat)
     if tokens:

@@ -27,7 +27,8 @@ replay (benchmarks, serving warm-up); off (the default) never compiles. Before t
 against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
-vector code, is retried once as scalar C++) or a compile past `tier_timeout_s` keeps the replay. A verified build
+vector code, is retried once as scalar C++; its outer-loop fusion's KeyError once without fusion) or a compile
+past `tier_timeout_s` keeps the replay. A verified build
 then runs a trial: compiled and replayed calls alternate, timed, and the faster is kept (a tiny call loses to the
 compiled call's fixed cost).
 
@@ -52,6 +53,7 @@ from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
 from pypto_rt.replay.tier_graph import capturing, direct_call, tensor_constants, with_constants
+from pypto_rt.replay.tier_inductor import inductor_settings, retry_settings
 from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 from pypto_rt.replay.tier_source import Untierable, split_source
 
@@ -235,9 +237,7 @@ def _compile(split, inputs: list, threads: int, join: bool = True):
     names, constants = tensor_constants(body)
     examples = [t for t in _copy(inputs) if t is not None] + _copy(constants)
     values = _carried_values(split, inputs)
-    # emulate_precision_casts: a cast to bf16/fp16 and back rounds as eager torch does (inductor would keep fp32)
-    settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads,
-                "emulate_precision_casts": True}
+    settings = inductor_settings(threads)
 
     def inductor_compile(changes: dict):
         # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, sizes static; with carried
@@ -254,10 +254,11 @@ def _compile(split, inputs: list, threads: int, join: bool = True):
             return compiled, guards, direct_call(graph, found), joined
     try:
         compiled, guards, direct, joined = inductor_compile({})
-    except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation:
-        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:   # once more, as scalar C++
+    except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
+        retry = retry_settings(e)
+        if retry is None:
             raise
-        compiled, guards, direct, joined = inductor_compile({"cpp.simdlen": 1})
+        compiled, guards, direct, joined = inductor_compile(retry)
     wrapped = _tiered(split, lambda graph_inputs: compiled(*graph_inputs), constants, guards)
     wrapped.joined = joined
     if direct is None:

@@ -35,6 +35,7 @@ from pypto_rt.collective import process
 from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.tier_inductor import inductor_settings, retry_settings
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
 _EFFECT = re.compile(rf"{comm_block.EFFECT_PREFIX}\d+")
@@ -341,8 +342,8 @@ def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int):
 
 
 def _inductor(body, tensors: list, values: tuple, threads: int, check):
-    """(compiled `body`, the check of what it assumed of `values` or None), with the settings and the retry as
-    scalar C++ of replay.tier's `_compile`; `check(traced graph)` runs before compiling."""
+    """(compiled `body`, the check of what it assumed of `values` or None), with replay.tier's inductor settings
+    and its retries; `check(traced graph)` runs before compiling."""
     from torch._guards import TracingContext, tracing
     from torch._inductor import config as inductor
     from torch._inductor.compile_fx import compile_fx
@@ -351,8 +352,7 @@ def _inductor(body, tensors: list, values: tuple, threads: int, check):
 
     from pypto_rt.replay import tier as base
 
-    settings = {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads,
-                "emulate_precision_casts": True}
+    settings = inductor_settings(threads)
 
     def attempt(changes: dict):
         shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
@@ -363,10 +363,11 @@ def _inductor(body, tensors: list, values: tuple, threads: int, check):
             return compile_fx(graph, placeholders), base._assumptions(shape_env, placeholders) if values else None
     try:
         return attempt({})
-    except Exception as e:   # noqa: BLE001 - a C++ compile error is a bug of inductor's vector code generation
-        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:
+    except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
+        retry = retry_settings(e)
+        if retry is None:
             raise
-        return attempt({"cpp.simdlen": 1})
+        return attempt(retry)
 
 
 def _written_inputs(graph) -> set[int]:

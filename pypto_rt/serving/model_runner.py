@@ -12,6 +12,15 @@ batch the padded tokens follow the last live request's and belong to no row (que
 token count). Stale values from a longer previous step are overwritten on every step. A live row that feeds no
 token this step (the budget went to earlier rows) has seq_len 0 too; the first row always feeds a token, so
 qsl[b + 1] - 1 is a token row (>= 0) for every row whenever T > 0.
+
+Compiling warm-up (`warmup(compile_kernels=True)`, as vLLM compiles and captures every decode batch size before
+serving): each decode bucket runs `compile_steps()` steps of live dummy rows under the compiled tier's eager mode
+(replay.tier, PYPTO_TIER=eager scoped to these calls), enough to pass recording, the replay's trial, the compile
+and the compiled call's trial, so serving steps of those shapes run the faster of the replay and the compiled
+code from their first call. Dummy row r feeds token r % vocab (the model's `vocab_size`; without one, token 0)
+at position 0 into slot r: those slots belong to no request yet and every slot a request reads it has written
+first, so nothing reads them. Afterwards the slots are -1 again. Prefill shapes are not compiled (many token
+buckets, each a few steps of a request's life).
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
+from pypto_rt.replay.policy import current_policy, policy_scope
 from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.block_table import BlockTable
 from pypto_rt.serving.scheduler import ScheduledStep
@@ -47,6 +57,14 @@ def powers_of_two(start: int, stop: int) -> list[int]:
         out.append(b)
         b *= 2
     return out + [stop]
+
+
+def compile_steps() -> int:
+    """Steps of one shape that take each of its kernel calls through recording, the replay's trial against the
+    engine (replays and engine runs alternating), the eager compile at the first kept replay and the compiled
+    call's trial (compiled and replayed calls alternating, one warm-up call each), with one step to spare."""
+    policy = current_policy()
+    return policy.normal_runs + 1 + 2 * (policy.trial_replays + 1) + 2 * (policy.tier_trial_calls + 1) + 1
 
 
 def _check_buckets(name: str, buckets: Sequence[int], largest: int) -> list[int]:
@@ -159,9 +177,11 @@ class ModelRunner:
         """Run any step: decode-shaped ones as decode, the others (the empty step too) as prefill."""
         return self.run_decode(step) if step.is_decode else self.run_prefill(step)
 
-    def warmup(self) -> None:
+    def warmup(self, compile_kernels: bool = False, pool_slots: int | None = None) -> None:
         """One all-padding decode step and one all-padding prefill step at the smallest buckets: they write no
-        cache slot and read no block, and bind and record what the first real steps would."""
+        cache slot and read no block, and bind and record what the first real steps would. With
+        `compile_kernels`, then every decode bucket's kernels are compiled (module text; buckets of more rows
+        than `pool_slots`, the KV pool's slots, are left out). Call it before any request holds a block."""
         empty = ScheduledStep()
         for is_decode in (True, False):
             rows = self.decode_buckets[0]
@@ -174,3 +194,36 @@ class ModelRunner:
             batch = self.batch_view(rows, tokens, is_decode)
             batch.max_seq_len = 0
             self.model.forward(batch)
+        if compile_kernels:
+            self._compile_decode_buckets(pool_slots)
+
+    def _context_bounds(self) -> list[int]:
+        """max_seq_len values a decode step can carry, a power of two from the block size up to the table's span
+        apart: each picks one size of the paged decode's KV tile (kernels.attention.decode_tile), so the compiling
+        warm-up compiles every size; the dummy rows' length 1 is within each."""
+        span = self.table.block_tables.shape[1] * self.table.block_size
+        return powers_of_two(min(self.table.block_size, span), span)
+
+    def _compile_decode_buckets(self, pool_slots: int | None) -> None:
+        vocab = max(1, int(getattr(self.model, "vocab_size", 1)))
+        slots = self.table.slot_mapping.numpy()
+        with policy_scope(tier="eager"):
+            steps = compile_steps()
+            for rows in self.decode_buckets:
+                if pool_slots is not None and rows > pool_slots:
+                    break
+                self._ids[:rows] = np.arange(rows) % vocab
+                self._pos[:rows] = 0
+                self._lens[:rows] = 1
+                self._qsl[:rows + 1] = self._row_ids[:rows + 1]
+                slots[:rows] = np.arange(rows)
+                batch = self.batch_view(rows, rows, True)
+                try:
+                    for bound in self._context_bounds():   # (the decode attention's KV tile follows max_seq_len)
+                        batch.max_seq_len = bound
+                        for _ in range(steps):
+                            self.model.forward(batch)
+                finally:
+                    slots[:rows] = -1
+        self._ids[:] = 0
+        self._lens[:] = 0

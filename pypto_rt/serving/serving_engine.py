@@ -34,6 +34,8 @@ class EngineConfig:
     prefill_buckets: Sequence[int] | None = None   # padded prefill token counts; default 16, 32, ..., budget
     eos_id: int | None = None              # default stop token of requests that give none
     warmup: bool = True                    # one all-padding decode and prefill step at start
+    compile_kernels: bool = False          # warm-up also compiles every decode bucket's kernels (ModelRunner;
+                                           # opt-in: seconds per shape, minutes with a cold compiler cache)
     progress_interval_s: float | None = None   # print a progress line this often (None: never)
 
     def check(self) -> None:
@@ -60,13 +62,16 @@ class ServingEngine:
                                   max_num_tokens=config.max_num_batched_tokens,
                                   decode_buckets=config.decode_buckets, prefill_buckets=config.prefill_buckets)
         self.metrics = ServingMetrics(clock)
-        if hasattr(model, "on_expert_counts"):       # a MoE model reports its tokens per expert through this
-            model.on_expert_counts = self.metrics.record_expert_tokens
         self.progress_stream = progress_stream or sys.stdout
         self._last_progress = clock()
         self._next_id = 0
+        reports_experts = hasattr(model, "on_expert_counts")   # a MoE model reports its tokens per expert
         if config.warmup:
-            self.runner.warmup()
+            if reports_experts:                  # (the warm-up's dummy rows are no traffic: not counted)
+                model.on_expert_counts = lambda counts, layer: None
+            self.runner.warmup(config.compile_kernels, pool_slots=config.num_blocks * model.block_size)
+        if reports_experts:
+            model.on_expert_counts = self.metrics.record_expert_tokens
 
     def add_request(self, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_id: int | None = None,
                     request_id: int | None = None) -> Request:

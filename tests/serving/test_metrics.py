@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from pypto_rt.serving import Engine, EngineConfig
@@ -55,9 +56,11 @@ class CountingToy(ToyModel):
         return super().forward(batch)
 
 
-def test_expert_counts_reach_the_summary_through_the_model_hook():
+@pytest.mark.parametrize("compile_kernels", [False, True])   # (its warm-up's live dummy rows are not counted)
+def test_expert_counts_reach_the_summary_through_the_model_hook(compile_kernels):
     model = CountingToy()
-    eng = Engine(model, EngineConfig(num_blocks=16, max_batch=2, max_num_batched_tokens=8, max_model_len=32))
+    eng = Engine(model, EngineConfig(num_blocks=16, max_batch=2, max_num_batched_tokens=8, max_model_len=32,
+                                     compile_kernels=compile_kernels))
     req = eng.add_request([2, 4, 6, 1], 3)
     eng.run()
     fed = req.token_ids[:-1]                                   # every token but the last went through the model

@@ -7,7 +7,8 @@ import torch
 
 from pypto_rt.serving import Engine, EngineConfig
 from pypto_rt.serving.block_table import BlockTable
-from pypto_rt.serving.model_runner import ModelRunner, ServingModel, powers_of_two
+from pypto_rt.replay.policy import current_policy
+from pypto_rt.serving.model_runner import ModelRunner, ServingModel, compile_steps, powers_of_two
 from pypto_rt.serving.serving_errors import ServingConfigError
 from tests.serving.toy_model import ToyModel
 
@@ -81,6 +82,41 @@ def test_warmup_writes_no_slot_and_reads_no_block():
         assert (batch["slot_mapping"] == -1).all() and (batch["seq_lens"] == 0).all()
         assert batch["max_seq_len"] == 0
     assert torch.isnan(model.k_cache).all() and torch.isnan(model.v_cache).all()
+
+
+class TierWatchingModel(ToyModel):
+    """Notes the replay policy's tier mode each step runs under."""
+    def forward(self, batch):
+        out = super().forward(batch)
+        self.batches[-1]["tier"] = current_policy().tier
+        self.batches[-1]["max_seq_len"] = batch.max_seq_len
+        return out
+
+
+def test_a_compiling_warmup_runs_each_decode_bucket_live_under_the_eager_tier_then_serves_the_same_tokens():
+    model = TierWatchingModel(seed=3)
+    eng = engine(model, num_blocks=16, max_batch=4, compile_kernels=True)     # decode buckets 1, 2, 4
+    padding, live = model.batches[:2], model.batches[2:]
+    assert all(b["tier"] == "off" and (b["slot_mapping"] == -1).all() for b in padding)
+    steps = compile_steps()
+    bounds = eng.runner._context_bounds()      # each size of the decode attention's KV tile, compiled in turn
+    assert len(bounds) > 1 and bounds[-1] == eng.kv.table.block_tables.shape[1] * eng.kv.table.block_size
+    assert [b["seq_lens"].shape[0] for b in live] == [r for r in (1, 2, 4) for _ in range(steps * len(bounds))]
+    assert [b["max_seq_len"] for b in live] == [m for _ in range(3) for m in bounds for _ in range(steps)]
+    for b in live:           # live rows of one token each, in distinct slots, under the eager tier
+        rows = b["seq_lens"].shape[0]
+        assert b["tier"] == "eager" and b["is_decode"] and (b["seq_lens"] == 1).all()
+        assert b["slot_mapping"][:rows].tolist() == list(range(rows)) and (b["slot_mapping"][rows:] == -1).all()
+    assert (eng.kv.table.slot_mapping == -1).all() and current_policy().tier == "off"
+    model.batches.clear()
+    reqs = [eng.add_request([5 + i] * (3 + i), max_new_tokens=4) for i in range(3)]
+    eng.run()
+    assert all(b["tier"] == "off" for b in model.batches)        # serving steps: the policy as the user set it
+    for r in reqs:
+        assert r.output_ids == model.greedy_reference(r.prompt_ids, r.max_new_tokens)
+    small = TierWatchingModel()
+    engine(small, num_blocks=1, max_batch=8, max_model_len=4, compile_kernels=True)   # a pool of 4 slots
+    assert {b["seq_lens"].shape[0] for b in small.batches[2:]} == {1, 2, 4}     # bucket 8 is left out
 
 
 def test_buckets_must_reach_the_maximum():

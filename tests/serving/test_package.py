@@ -1,5 +1,6 @@
 """The serving host side imports only pypto_rt.errors and its own modules (the model is given to it; the rank
-group also the job's communicator, pypto_rt.collective), and its public names are exported."""
+group also the job's communicator, pypto_rt.collective; the runner's compiling warm-up the replay policy, whose
+tier mode it scopes), and its public names are exported."""
 from __future__ import annotations
 
 import ast
@@ -18,7 +19,8 @@ def _pypto_imports(path):
             yield from (a.name for a in node.names if a.name.startswith("pypto_rt"))
 
 
-ALSO_ALLOWED = {"rank_group.py": {"pypto_rt.collective"}}   # the step agreement runs on the job's communicator
+ALSO_ALLOWED = {"rank_group.py": {"pypto_rt.collective"},    # the step agreement runs on the job's communicator
+                "model_runner.py": {"pypto_rt.replay.policy"}}   # the compiling warm-up: PYPTO_TIER=eager, scoped
 
 
 def test_the_host_side_imports_only_errors_and_itself():

@@ -21,6 +21,7 @@ calls never interleave). The maths is `golden.GoldenDecoder`'s.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from pypto_rt.kernels import attention as attention_kernels
@@ -42,7 +43,7 @@ class MoEDecoder:
         chunked_prefill_attention come from (default `pypto_rt.kernels.attention`)."""
         if not isinstance(cfg, DecoderConfig):
             raise DecoderError.at_caller(f"MoEDecoder takes a DecoderConfig, got {type(cfg).__name__}")
-        self.cfg, self.block_size = cfg, cfg.block_size
+        self.cfg, self.block_size, self.vocab_size = cfg, cfg.block_size, cfg.vocab_size
         self.attention = attention or attention_kernels
         self.weights = load_dense_weights(cfg, state_dict)
         moe_cfg = cfg.moe_config()
@@ -52,6 +53,7 @@ class MoEDecoder:
         self.cos_sin = rope_cache(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
         self.num_blocks = 0
         self.key_pool = self.value_pool = None
+        self._layer_pools: list[tuple[torch.Tensor, torch.Tensor]] = []
         # called after each layer's MoE with ([E_local] rows each local expert received, layer=); the serving
         # engine puts its metrics' record_expert_tokens here (experts rank * E_local .. are this rank's)
         self.on_expert_counts = None
@@ -67,11 +69,12 @@ class MoEDecoder:
         self.key_pool = torch.zeros(shape, dtype=cfg.dtype)
         self.value_pool = torch.zeros(shape, dtype=cfg.dtype)
         self.num_blocks = num_blocks
+        rows = [slice(layer * num_blocks, (layer + 1) * num_blocks) for layer in range(cfg.num_layers)]
+        self._layer_pools = [(self.key_pool[r], self.value_pool[r]) for r in rows]   # (made once: the hot path)
 
     def kv_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s key and value pools, [num_blocks, block_size, KVH, D] views of the stacked ones."""
-        rows = slice(layer * self.num_blocks, (layer + 1) * self.num_blocks)
-        return self.key_pool[rows], self.value_pool[rows]
+        return self._layer_pools[layer]
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """[B] int64: the greedy next token of each request (padding rows: unspecified)."""
@@ -168,6 +171,6 @@ class MoEDecoder:
 def _live_tokens(batch: ForwardBatch) -> tuple[int, torch.Tensor | None]:
     """(count, rows) of the step's live tokens, those with a cache slot (padding has slot -1): rows is None when
     they are the first `count` tokens (the model runner pads at the end), else their indices."""
-    live = batch.slot_mapping >= 0
-    count = int(live.sum())
-    return count, None if bool(live[:count].all()) else live.nonzero().view(-1)
+    live = batch.slot_mapping.numpy() >= 0      # (numpy on the host tensor: ~10 µs less than torch calls)
+    count = int(np.count_nonzero(live))
+    return count, None if np.count_nonzero(live[:count]) == count else torch.from_numpy(live.nonzero()[0])

@@ -102,3 +102,26 @@ def test_a_mismatched_weight_is_an_error_naming_it_at_the_callers_line():
     with pytest.raises(LayerArgumentError, match="w_qkv must be") as info:
         norm_qkv_rope(x, x.clone(), norm_w, w_qkv[1:], torch.zeros(2, dtype=torch.int64), rope_cache(D, 8), (QH, KVH))
     assert "test_fused_layers.py" in str(info.value)
+
+
+def test_a_call_that_passes_its_checks_builds_no_error_text(monkeypatch):
+    """The decode step's hot path: the checks' messages (describe() of each tensor) are made only on failure."""
+    from pypto_rt.kernels.layers import attention_input, common, lm_head, out_norm
+    described = []
+
+    def counting(value):
+        described.append(value)
+        return "described"
+    for module in (common, attention_input, lm_head, out_norm):
+        monkeypatch.setattr(module, "describe", counting)
+    gen = torch.Generator().manual_seed(6)
+    x, residual, positions = _randn(gen, 2, H), _randn(gen, 2, H), torch.zeros(2, dtype=torch.int64)
+    norm_w, w_qkv = _weights(gen, torch.float32)
+    with config.scope(EXECUTOR="reference"):
+        norm_qkv_rope(x, residual, norm_w, w_qkv, positions, rope_cache(D, 8), (QH, KVH))
+        out_proj_add_norm(_randn(gen, 2, QH * D), _randn(gen, H, QH * D), residual, norm_w, EPS)
+        norm_head_greedy(x, residual, torch.ones(1, dtype=torch.int64), norm_w, _randn(gen, V, H), EPS)
+    assert described == []
+    with pytest.raises(LayerArgumentError, match="residual must be a contiguous torch.float32 \\[2, 32\\] \\(x's "
+                       "shape\\), got described"):
+        norm_qkv_rope(x, residual.double(), norm_w, w_qkv, positions, rope_cache(D, 8), (QH, KVH))

@@ -1,0 +1,44 @@
+"""The serving engine's compiling warm-up over MoEDecoder (EngineConfig.compile_kernels): every kernel of the
+decode step is taken through the compiled tier's trial before the first request, and the served FP32 tokens are
+the golden model's. Compiles take seconds each here (a scratch compiler cache: every graph is built cold)."""
+import gc
+
+import torch
+
+from pypto_rt import config
+from pypto_rt.replay.tier import FAILED, Tier
+from pypto_rt.serving import Engine, EngineConfig
+from pypto_rt.serving.model import DecoderConfig, GoldenDecoder, MoEDecoder, random_state_dict
+
+TINY = dict(vocab_size=64, hidden=32, num_layers=1, num_q_heads=4, num_kv_heads=2, head_dim=8, num_experts=4,
+            top_k=2, moe_intermediate=32, shared_intermediate=32, max_tokens_per_rank=16, block_size=4)
+
+DECODE_KERNELS = (".embed_qkv_rope", ".kv_cache_write", ".paged_decode_attention", ".out_proj_add_norm",
+                  ".moe_local_route", ".moe_local_hit", ".norm_head_greedy")
+
+
+def all_tiers() -> list[Tier]:
+    return [t for t in gc.get_objects() if type(t) is Tier]
+
+
+def test_a_compiling_warmup_decides_every_decode_kernels_tier_and_serves_the_goldens_tokens():
+    cfg = DecoderConfig(**TINY, dtype=torch.float32)
+    sd = random_state_dict(cfg, seed=4)
+    before = {id(t) for t in all_tiers()}     # (other tests' tiers of the same kernels at other shapes)
+    with config.scope(EXECUTOR="compiled", TIER="off"):
+        model = MoEDecoder(cfg, sd)
+        engine = Engine(model, EngineConfig(num_blocks=16, max_batch=1, max_num_batched_tokens=16,
+                                            max_model_len=32, compile_kernels=True))
+        # the decode step's kernels (the all-padding steps before, T = 0, run others: not compiled)
+        made = [t for t in all_tiers() if id(t) not in before and t.entry.endswith(DECODE_KERNELS)]
+        names = " ".join(t.entry for t in made)
+        for kernel in DECODE_KERNELS:
+            assert kernel in names, f"{kernel} has no tier after the warm-up: {names}"
+        for t in made:
+            assert t.chosen is not None and t.state != FAILED, f"{t.entry}: {t.text}"
+        assert any(t.tiered is not None for t in made)
+        prompts = [[3, 9, 27], [5, 6, 7, 8, 1]]
+        reqs = [engine.add_request(p, max_new_tokens=5) for p in prompts]
+        engine.run()
+    golden = GoldenDecoder(cfg, sd).generate(prompts, 5)
+    assert [r.output_ids for r in reqs] == golden
