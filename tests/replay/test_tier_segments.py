@@ -100,7 +100,7 @@ def _moe_rank(mode: str):
                 for i in range(len(WARM[0])):
                     notified.append(0)
                     results.append(_call(buf, me, world, [WARM[r][i] for r in range(world)], gen))
-                assert tier_module.wait_idle(240)
+                assert tier_module.wait_idle(480)   # (cold compiles on a loaded 2-core machine: minutes)
                 found = _tiers(buf)
                 states = [(t.state, t.text) for t in found]
                 for t in found:   # swapped in: every checked call runs the compiled segments
@@ -112,10 +112,10 @@ def _moe_rank(mode: str):
     return rank_fn
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(720)
 @pytest.mark.parametrize("mode", ["eager", "background"])
 def test_dispatch_and_combine_run_compiled_segments_and_match_the_golden(mode):
-    outcome = run_ranks(_moe_rank(mode), 2, deadline_s=540).ok()
+    outcome = run_ranks(_moe_rank(mode), 2, deadline_s=660).ok()
     for rank, (results, states, notified, stats) in outcome.items():
         assert all(results), (rank, results)
         # each rank: dispatch and combine at two token counts, each compiled in two segments and in its trial
