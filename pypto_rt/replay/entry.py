@@ -475,7 +475,8 @@ def _settle(kernel, spec: _Specialisation, match, made: tuple):
     uninstalls itself (giving NOT_SETTLED) when a knob or policy scope changed, `spec` is no longer steady or its
     guards missed: the call then takes the driver, which decides again and installs one when it may."""
     values, changes, (_, _, threads, policy) = made
-    state, name, knob_values, matches, inputs = kernel.state, kernel.name, _knobs.values, match.matches, match.inputs
+    state, name, knob_values, matches = kernel.state, kernel.name, _knobs.values, match.matches
+    inputs = None if match.tensor_at is None else match.inputs   # (None: the arguments are the inputs)
     plain_results, warned = spec.plain_results, spec.warnings
 
     def settled(args):
@@ -493,7 +494,7 @@ def _settle(kernel, spec: _Specialisation, match, made: tuple):
         if previous != threads:
             set_num_threads(threads)
         try:
-            outputs = run(*inputs(args))
+            outputs = run(*args) if inputs is None else run(*inputs(args))
         finally:
             if previous != threads:
                 set_num_threads(previous)
