@@ -114,7 +114,7 @@ class _Specialisation:
         self.block_guards: set = set()     # kernels whose blocks made guards in the recording
         self.tier: Tier | None = None      # the replay's compiled tier (replay.tier), once recorded
         self.replayed_tier = ""            # the tier text `replayed` was made with
-        self.steady = None          # the policy under which nothing is left to decide: `_replay_steady` (else None)
+        self.steady = None          # the policy under which nothing is left to decide: `_settle` (else None)
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
         return self.replay is not None and not self.communicates and len(self.replay_ns) <= policy.trial_replays

@@ -171,7 +171,7 @@ def test_knobs_changed_between_calls_take_effect_on_the_fast_path(fast_calls, mo
 
 def test_a_settled_call_skips_the_trial_bookkeeping_until_the_policy_or_stats_change(fast_calls, monkeypatch,
                                                                                      capsys):
-    """Past its trials a replayed call runs the chosen function untimed (`_settle`: called without the driver); a changed policy, or
+    """Past its trials a replayed call runs the chosen function untimed (`_settle`); a changed policy, or
     PYPTO_STATS=1, takes the full path again (what it decides or prints), then settles again."""
     x = warm()
     full, real = [], replay._replay
