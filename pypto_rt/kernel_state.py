@@ -10,6 +10,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
+NOT_SETTLED = object()   # what `KernelState.settled` gives for a call it does not run
+
+
 @dataclass(eq=False)
 class KernelState:
     """Per-kernel state, by owner."""
@@ -36,6 +39,9 @@ class KernelState:
     # the last matched first (None until one is replayed)
     replay: dict = field(default_factory=dict)
     replay_by_arguments: list | None = None
+    # ... and the settled call (replay.entry `_settle`): `settled(args)` replays the last matched specialisation
+    # when nothing is left to decide, else gives NOT_SETTLED (and the call takes the driver); None when there is none
+    settled: Any = None
 
     def clear(self) -> None:
         """Forget everything (as a fresh process would)."""

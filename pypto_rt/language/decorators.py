@@ -14,7 +14,7 @@ import weakref
 from typing import Any, Callable
 
 from pypto_rt.errors import DSLError, NotSupportedError, user_span
-from pypto_rt.kernel_state import KernelState
+from pypto_rt.kernel_state import NOT_SETTLED, KernelState
 from pypto_rt.language import _runtime
 from pypto_rt.language.enums import FunctionType
 
@@ -91,6 +91,11 @@ class KernelFunction:
         ex = _runtime.active()
         if ex is not None:
             return ex.call_kernel(self, args, kwargs)
+        settled = self.state.settled
+        if settled is not None and not kwargs:   # a replay with nothing left to decide (replay.entry `_settle`)
+            result = settled(args)
+            if result is not NOT_SETTLED:
+                return result
         if self.kind == "extern":
             raise NotSupportedError(f"not supported yet: @pl.jit.extern kernel {self.name} (hand-written "
                                     "device C++ cannot run on the CPU)", user_span(2))

@@ -88,6 +88,8 @@ class ArgumentMatch:
         if tuple(map(_offset, tensors)) != self.offsets:
             return False
         storages = tuple(map(_storage_ptr, map(_storage, tensors)))
+        if self.groups is None and len(set(storages)) == len(storages):   # (none share: the common case, inline)
+            return all(storages)
         return all(storages) and _groups(storages) == self.groups
 
     def inputs(self, args: tuple):

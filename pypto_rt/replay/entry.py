@@ -72,6 +72,7 @@ from torch import get_num_threads, set_num_threads
 from pypto_rt import config
 from pypto_rt.aicpu.workers import set_torch_threads
 from pypto_rt.errors import InWriteWarning
+from pypto_rt.kernel_state import NOT_SETTLED
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.replay.arguments import ArgumentMatch
 from pypto_rt.replay.calls import storage_id
@@ -113,7 +114,7 @@ class _Specialisation:
         self.block_guards: set = set()     # kernels whose blocks made guards in the recording
         self.tier: Tier | None = None      # the replay's compiled tier (replay.tier), once recorded
         self.replayed_tier = ""            # the tier text `replayed` was made with
-        self.steady = None          # the policy under which nothing is left to decide: `_replay_steady` (else None)
+        self.steady = None          # the policy under which nothing is left to decide: `_settle` (else None)
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
         return self.replay is not None and not self.communicates and len(self.replay_ns) <= policy.trial_replays
@@ -167,7 +168,8 @@ def by_arguments(kernel, args: tuple):
     matches = kernel.state.replay_by_arguments
     if not matches:
         return MISS
-    compiled, stats, threads, policy = _settings()
+    made = _settings_now()
+    compiled, stats, threads, policy = made[2]
     if not compiled or not policy.enabled:
         return MISS
     try:
@@ -178,8 +180,9 @@ def by_arguments(kernel, args: tuple):
         return MISS
     if spec is None:
         return MISS
-    if spec.steady is policy and not stats:
-        return _replay_steady(kernel, spec, policy, match.inputs(args), threads)
+    if spec.steady is policy and not stats:   # (from now on `KernelFunction.__call__` calls it without the driver)
+        result = _settle(kernel, spec, match, made)(args)
+        return MISS if result is NOT_SETTLED else result
     if spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
         return MISS
     return _replay(kernel, spec, policy, match.inputs(args), stats, threads, bound=False)
@@ -405,15 +408,21 @@ _settings_made = (None, None, None)   # (knob values, policy scope, settings): m
 
 def _settings() -> tuple[bool, bool, int, ReplayPolicy]:
     """(the compiled executor is in force, PYPTO_STATS=1, PYPTO_WORKER_THREADS, the replay policy in force)."""
+    return _settings_now()[2]
+
+
+def _settings_now() -> tuple:
+    """(knob values, policy scope changes, `_settings()`): the first two are the very objects `_knobs.values()`
+    and `scope_changes()` give for as long as nothing changes (compared by identity)."""
     global _settings_made
     values, changes = _knobs.values(), scope_changes()
-    made, made_changes, settings = _settings_made
-    if values is not made or changes is not made_changes:
+    made = _settings_made
+    if values is not made[0] or changes is not made[1]:
         executor, stats = values[:2]
         settings = (executor == "compiled", stats == "1", config.get_int(config.WORKER_THREADS, 1) or 1,
                     current_policy())
-        _settings_made = (values, changes, settings)   # (one assignment: another thread sees the old or the new)
-    return settings
+        made = _settings_made = (values, changes, settings)   # (one assignment: others see the old or the new)
+    return made
 
 
 def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, stats: bool, threads: int,
@@ -459,26 +468,47 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
     return rebuild(spec.results, outputs) if bound else spec.plain_results(outputs)
 
 
-def _replay_steady(kernel, spec: _Specialisation, policy: ReplayPolicy, args, threads: int):
-    """`_replay` from `by_arguments` (PYPTO_STATS off) once nothing is left to decide: the chosen function, untimed."""
-    tier = spec.tier
-    run = spec.replay if tier is None or tier.chosen is None else tier.chosen
-    previous = get_num_threads()
-    if previous != threads:
-        set_num_threads(threads)
-    try:
-        outputs = run(*args)
-    finally:
+def _settle(kernel, spec: _Specialisation, match, made: tuple):
+    """Install and return `kernel.state.settled`: `_replay` for arguments `match` matches, once nothing is left to
+    decide for `spec` under the settings `made` (`_settings_now()`, PYPTO_STATS off): the chosen function, untimed,
+    called from `KernelFunction.__call__` without the driver. It gives NOT_SETTLED for other arguments and
+    uninstalls itself (giving NOT_SETTLED) when a knob or policy scope changed, `spec` is no longer steady or its
+    guards missed: the call then takes the driver, which decides again and installs one when it may."""
+    values, changes, (_, _, threads, policy) = made
+    state, name, knob_values, matches = kernel.state, kernel.name, _knobs.values, match.matches
+    inputs = None if match.tensor_at is None else match.inputs   # (None: the arguments are the inputs)
+    plain_results, warned = spec.plain_results, spec.warnings
+
+    def settled(args):
+        if knob_values() is not values or scope_changes() is not changes or spec.steady is not policy:
+            state.settled = None
+            return NOT_SETTLED
+        try:
+            if not matches(args):
+                return NOT_SETTLED
+        except (RuntimeError, NotImplementedError):   # (a tensor without storage or strides: binding says why)
+            return NOT_SETTLED
+        tier = spec.tier
+        run = spec.replay if tier is None or tier.chosen is None else tier.chosen
+        previous = get_num_threads()
         if previous != threads:
-            set_num_threads(previous)
-    if outputs is GUARD_MISS:
-        return MISS
-    spec.hits += 1
-    for message, category, filename, lineno in spec.warnings:
-        warnings.warn_explicit(message, category, filename, lineno)
-    note_replay(kernel.name, spec.replayed if tier is None or tier.text is spec.replayed_tier else
-                spec.standing(policy))
-    return spec.plain_results(outputs)
+            set_num_threads(threads)
+        try:
+            outputs = run(*args) if inputs is None else run(*inputs(args))
+        finally:
+            if previous != threads:
+                set_num_threads(previous)
+        if outputs is GUARD_MISS:
+            state.settled = None
+            return NOT_SETTLED
+        spec.hits += 1
+        for message, category, filename, lineno in warned:
+            warnings.warn_explicit(message, category, filename, lineno)
+        note_replay(name, spec.replayed if tier is None or tier.text is spec.replayed_tier else spec.standing(policy))
+        return plain_results(outputs)
+
+    state.settled = settled
+    return settled
 
 
 def _decided(kernel, decision: ReplayDecision, printed: str | None = None) -> None:

@@ -16,6 +16,7 @@ import torch
 import pypto.language as pl
 from pypto_rt import config, run_stats
 from pypto_rt.errors import InWriteWarning, KernelArgumentError
+from pypto_rt.kernel_state import NOT_SETTLED
 from pypto_rt.replay import entry as replay
 from pypto_rt.replay import arguments
 from pypto_rt.replay.arguments import ArgumentMatch
@@ -52,13 +53,28 @@ def pick_row(x: pl.Tensor[[N, N], pl.FP32], index: pl.Tensor[[1], pl.INT32], y: 
 def fast_calls(monkeypatch):
     """How many calls the fast path replayed (a list, appended to per call: True replayed there, False missed)."""
     seen = []
-    real = replay.by_arguments
+    real, real_settle = replay.by_arguments, replay._settle
 
     def spy(kernel, args):
+        before = len(seen)
         result = real(kernel, args)
-        seen.append(result is not replay.MISS)
+        if len(seen) == before:   # (not counted already by the settled call it installed)
+            seen.append(result is not replay.MISS)
         return result
+
+    def settle_spy(kernel, *made):   # the settled call, from `KernelFunction.__call__` without the driver
+        settled = real_settle(kernel, *made)
+
+        def spied(args):
+            result = settled(args)
+            if result is not NOT_SETTLED:
+                seen.append(True)
+            return result
+        if kernel.state.settled is settled:
+            kernel.state.settled = spied
+        return spied
     monkeypatch.setattr(replay, "by_arguments", spy)
+    monkeypatch.setattr(replay, "_settle", settle_spy)
     return seen
 
 
@@ -155,7 +171,7 @@ def test_knobs_changed_between_calls_take_effect_on_the_fast_path(fast_calls, mo
 
 def test_a_settled_call_skips_the_trial_bookkeeping_until_the_policy_or_stats_change(fast_calls, monkeypatch,
                                                                                      capsys):
-    """Past its trials a replayed call runs the chosen function untimed (`_replay_steady`); a changed policy, or
+    """Past its trials a replayed call runs the chosen function untimed (`_settle`); a changed policy, or
     PYPTO_STATS=1, takes the full path again (what it decides or prints), then settles again."""
     x = warm()
     full, real = [], replay._replay
@@ -167,6 +183,48 @@ def test_a_settled_call_skips_the_trial_bookkeeping_until_the_policy_or_stats_ch
         assert run_scale(x) == (REPLAYED, True) and len(full) == 2
     assert "pypto-rt stats [scale]: replayed" in capsys.readouterr().err
     assert run_scale(x) == (REPLAYED, True) and len(full) == 2 and fast_calls[-5:] == [True] * 5
+
+
+def settle(kernel, *args):
+    """Call `kernel` until its replay is settled (`KernelFunction.__call__` calls it without the driver): inside
+    one policy scope, which the caller keeps open (a scope entered again is a change)."""
+    for _ in range(CALLS + 1):
+        kernel(*args)
+    assert kernel.state.settled is not None
+
+
+@pytest.mark.parametrize("change, expect", [
+    (lambda: config.scope(REPLAY="0"), DISABLED), (lambda: config.scope(EXECUTOR="reference"), None),
+    (lambda: policy_scope(enabled=False), DISABLED), (lambda: config.scope(STATS="1"), REPLAYED)],
+    ids=["PYPTO_REPLAY=0", "reference executor", "policy scope", "PYPTO_STATS=1"])
+def test_a_settled_call_is_left_when_a_knob_or_the_policy_changes(change, expect, capsys):
+    x, y = torch.randn(N, N), torch.empty(N, N)
+    with policy_scope(**KEEP):
+        settle(scale, x, 2.0, y)
+        capsys.readouterr()
+        with change():
+            y.zero_()
+            assert decided(scale, x, 2.0, y) == expect and torch.equal(y, x * 2.0 + 1.0)
+        printed = capsys.readouterr().err
+        assert ("pypto-rt stats [scale]: replayed" in printed) == (expect == REPLAYED)
+        assert [decided(scale, x, 2.0, y) for _ in range(2)] == [REPLAYED] * 2   # (the full path once, then
+        assert scale.state.settled is not None                                  # settled again)
+
+
+def test_a_settled_call_whose_replay_was_dropped_on_the_bound_way_runs_on_the_engine():
+    """Guard misses of calls that bind (keyword arguments) drop the replay; the positional call settled before
+    must not run it."""
+    x, low = torch.randn(N, N), torch.tensor([1], dtype=torch.int32)
+    y = torch.empty(1, N)
+    with policy_scope(**KEEP, misses=1):
+        settle(pick_row, x, low, y)
+        high, spec = torch.tensor([N - 1], dtype=torch.int32), next(iter(pick_row.state.replay.values()))
+        for _ in range(4 * CALLS):
+            assert decided(lambda: pick_row(x=x, index=high, y=y)) == GUARD_MISS
+            if spec.replay is None:   # (dropped: the next call records again, with the blocks called as they are)
+                break
+        assert spec.replay is None and torch.equal(y, x[N - 1:] + 100.0)
+        assert decided(pick_row, x, low, y) != REPLAYED and torch.equal(y, x[1:2])
 
 
 def test_a_guard_miss_on_the_fast_path_runs_on_the_engine(fast_calls):
