@@ -79,7 +79,8 @@ from pypto_rt.replay.calls import storage_id
 from pypto_rt.replay.capture import Recorder
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
-from pypto_rt.replay.policy import ReplayPolicy, current_policy, policy_knobs, scope_changes
+from pypto_rt.replay.policy import ReplayPolicy, current_policy
+from pypto_rt.replay.settled import settings, settings_now, settle
 from pypto_rt.replay.tier import Tier
 from pypto_rt.replay.results import Unreplayable, number_outputs, plain_rebuilder, plain_scalars, rebuild, result_plan
 from pypto_rt.run_stats import DISABLED, ENGINE, RECORDED, REFUSED, REPLAYED, ReplayDecision, note_replay
@@ -114,7 +115,7 @@ class _Specialisation:
         self.block_guards: set = set()     # kernels whose blocks made guards in the recording
         self.tier: Tier | None = None      # the replay's compiled tier (replay.tier), once recorded
         self.replayed_tier = ""            # the tier text `replayed` was made with
-        self.steady = None          # the policy under which nothing is left to decide: `_settle` (else None)
+        self.steady = None          # the policy under which nothing is left to decide: replay.settled (else None)
 
     def in_trial(self, policy: ReplayPolicy) -> bool:
         return self.replay is not None and not self.communicates and len(self.replay_ns) <= policy.trial_replays
@@ -168,7 +169,7 @@ def by_arguments(kernel, args: tuple):
     matches = kernel.state.replay_by_arguments
     if not matches:
         return MISS
-    made = _settings_now()
+    made = settings_now()
     compiled, stats, threads, policy = made[2]
     if not compiled or not policy.enabled:
         return MISS
@@ -181,7 +182,7 @@ def by_arguments(kernel, args: tuple):
     if spec is None:
         return MISS
     if spec.steady is policy and not stats:   # (from now on `KernelFunction.__call__` calls it without the driver)
-        result = _settle(kernel, spec, match, made)(args)
+        result = settle(kernel, spec, match, made)(args)
         return MISS if result is NOT_SETTLED else result
     if spec.replay is None or spec.in_trial(policy):   # (the trial alternates: `run`)
         return MISS
@@ -234,7 +235,7 @@ def run(kernel, binding, run_on_engine, args: tuple | None = None):
             _decided(kernel, ReplayDecision(ENGINE, "trial turn: an engine run between replays, timed"))
             return _timed_engine_run(spec, run_on_engine)[0]
         _remember_arguments(kernel, spec, binding, args, policy)
-        _, stats, threads, _ = _settings()
+        _, stats, threads, _ = settings()
         out = _replay(kernel, spec, policy, [v.data if type(v) is TensorValue else None for v in binding.values],
                       stats, threads)
         if out is not MISS:
@@ -383,7 +384,7 @@ def _record_again(spec: _Specialisation, kernels: set, policy: ReplayPolicy) -> 
 def _run_recorded(recorder, spec: _Specialisation, run_on_engine):
     """The recorded run's result, its warnings given again as they would have appeared (an InWriteWarning is kept
     for each replay to give again; any other refuses the recording)."""
-    threads = set_torch_threads(_settings()[2])
+    threads = set_torch_threads(settings()[2])
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -400,29 +401,6 @@ def _run_recorded(recorder, spec: _Specialisation, run_on_engine):
         other = next(w for w in caught if not issubclass(w.category, InWriteWarning))
         recorder.refuse(f"the run warned ({other.category.__name__})")
     return result
-
-
-_knobs = config.Snapshot(config.EXECUTOR, config.STATS, config.WORKER_THREADS, *policy_knobs)
-_settings_made = (None, None, None)   # (knob values, policy scope, settings): made again when either changes
-
-
-def _settings() -> tuple[bool, bool, int, ReplayPolicy]:
-    """(the compiled executor is in force, PYPTO_STATS=1, PYPTO_WORKER_THREADS, the replay policy in force)."""
-    return _settings_now()[2]
-
-
-def _settings_now() -> tuple:
-    """(knob values, policy scope changes, `_settings()`): the first two are the very objects `_knobs.values()`
-    and `scope_changes()` give for as long as nothing changes (compared by identity)."""
-    global _settings_made
-    values, changes = _knobs.values(), scope_changes()
-    made = _settings_made
-    if values is not made[0] or changes is not made[1]:
-        executor, stats = values[:2]
-        settings = (executor == "compiled", stats == "1", config.get_int(config.WORKER_THREADS, 1) or 1,
-                    current_policy())
-        made = _settings_made = (values, changes, settings)   # (one assignment: others see the old or the new)
-    return made
 
 
 def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, stats: bool, threads: int,
@@ -466,49 +444,6 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
     if spec.replay is not None and not spec.in_trial(policy) and (tier is None or tier.settled(policy)):
         spec.steady = policy
     return rebuild(spec.results, outputs) if bound else spec.plain_results(outputs)
-
-
-def _settle(kernel, spec: _Specialisation, match, made: tuple):
-    """Install and return `kernel.state.settled`: `_replay` for arguments `match` matches, once nothing is left to
-    decide for `spec` under the settings `made` (`_settings_now()`, PYPTO_STATS off): the chosen function, untimed,
-    called from `KernelFunction.__call__` without the driver. It gives NOT_SETTLED for other arguments and
-    uninstalls itself (giving NOT_SETTLED) when a knob or policy scope changed, `spec` is no longer steady or its
-    guards missed: the call then takes the driver, which decides again and installs one when it may."""
-    values, changes, (_, _, threads, policy) = made
-    state, name, knob_values, matches = kernel.state, kernel.name, _knobs.values, match.matches
-    inputs = None if match.tensor_at is None else match.inputs   # (None: the arguments are the inputs)
-    plain_results, warned = spec.plain_results, spec.warnings
-
-    def settled(args):
-        if knob_values() is not values or scope_changes() is not changes or spec.steady is not policy:
-            state.settled = None
-            return NOT_SETTLED
-        try:
-            if not matches(args):
-                return NOT_SETTLED
-        except (RuntimeError, NotImplementedError):   # (a tensor without storage or strides: binding says why)
-            return NOT_SETTLED
-        tier = spec.tier
-        run = spec.replay if tier is None or tier.chosen is None else tier.chosen
-        previous = get_num_threads()
-        if previous != threads:
-            set_num_threads(threads)
-        try:
-            outputs = run(*args) if inputs is None else run(*inputs(args))
-        finally:
-            if previous != threads:
-                set_num_threads(previous)
-        if outputs is GUARD_MISS:
-            state.settled = None
-            return NOT_SETTLED
-        spec.hits += 1
-        for message, category, filename, lineno in warned:
-            warnings.warn_explicit(message, category, filename, lineno)
-        note_replay(name, spec.replayed if tier is None or tier.text is spec.replayed_tier else spec.standing(policy))
-        return plain_results(outputs)
-
-    state.settled = settled
-    return settled
 
 
 def _decided(kernel, decision: ReplayDecision, printed: str | None = None) -> None:

@@ -53,7 +53,7 @@ def pick_row(x: pl.Tensor[[N, N], pl.FP32], index: pl.Tensor[[1], pl.INT32], y: 
 def fast_calls(monkeypatch):
     """How many calls the fast path replayed (a list, appended to per call: True replayed there, False missed)."""
     seen = []
-    real, real_settle = replay.by_arguments, replay._settle
+    real, real_settle = replay.by_arguments, replay.settle
 
     def spy(kernel, args):
         before = len(seen)
@@ -74,7 +74,7 @@ def fast_calls(monkeypatch):
             kernel.state.settled = spied
         return spied
     monkeypatch.setattr(replay, "by_arguments", spy)
-    monkeypatch.setattr(replay, "_settle", settle_spy)
+    monkeypatch.setattr(replay, "settle", settle_spy)   # (entry's name for replay.settled.settle)
     return seen
 
 
@@ -171,7 +171,7 @@ def test_knobs_changed_between_calls_take_effect_on_the_fast_path(fast_calls, mo
 
 def test_a_settled_call_skips_the_trial_bookkeeping_until_the_policy_or_stats_change(fast_calls, monkeypatch,
                                                                                      capsys):
-    """Past its trials a replayed call runs the chosen function untimed (`_settle`); a changed policy, or
+    """Past its trials a replayed call runs the chosen function untimed (replay.settled); a changed policy, or
     PYPTO_STATS=1, takes the full path again (what it decides or prints), then settles again."""
     x = warm()
     full, real = [], replay._replay
