@@ -37,6 +37,13 @@ from pypto_rt.kernels.moe.dispatch_local import LocalTransport
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
 
 
+def _signature(x, topk_idx, topk_weights) -> tuple | None:
+    """What the argument checks depend on (types, shapes, dtypes); None when one is not a plain tensor."""
+    if type(x) is not torch.Tensor or type(topk_idx) is not torch.Tensor or type(topk_weights) is not torch.Tensor:
+        return None
+    return x.shape, x.dtype, topk_idx.shape, topk_idx.dtype, topk_weights.shape, topk_weights.dtype
+
+
 @dataclass(frozen=True)
 class DispatchHandle:
     """What a combine needs from its dispatch: the call's number and token count (the routing stays in the
@@ -86,6 +93,7 @@ class MoEBuffer:
         self._slots = torch.zeros(t_max, world, dtype=torch.float32)
         self._members = torch.zeros(t_max, world, dtype=torch.float32)
         self._calls = 0
+        self._checked: dict[tuple, int] = {}   # argument signature -> token count, checked
         self._open: DispatchHandle | None = None     # the dispatch whose combine has not run yet
 
     @property
@@ -152,6 +160,19 @@ class MoEBuffer:
 
     # ------------------------------------------------------------------------------------------- checks
     def _check_tokens(self, x, topk_idx, topk_weights) -> int:
+        """The call's token count, its arguments checked: their types, shapes and dtypes once per signature (a decode
+        loop repeats a few), the expert ids (data) on every call unless check_routes=False."""
+        key = _signature(x, topk_idx, topk_weights)
+        tokens = self._checked.get(key) if key is not None else None
+        if tokens is None:
+            tokens = self._check_arguments(x, topk_idx, topk_weights)
+            if key is not None:
+                self._checked[key] = tokens
+        if self.check_routes and tokens:
+            self._check_expert_ids(topk_idx)
+        return tokens
+
+    def _check_arguments(self, x, topk_idx, topk_weights) -> int:
         cfg = self.cfg
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != cfg.hidden:
             raise self._error("dispatch", f"x must be a [T, {cfg.hidden}] tensor (hidden={cfg.hidden}), got "
@@ -172,11 +193,21 @@ class MoEBuffer:
                 not topk_weights.is_floating_point():
             raise self._error("dispatch", f"topk_weights must be a floating-point {routes} tensor, got "
                               f"{describe(topk_weights)}")
-        if self.check_routes and tokens:
-            self._check_expert_ids(topk_idx)
         return tokens
 
     def _check_expert_ids(self, topk_idx: torch.Tensor) -> None:
+        """Ids in 0..E-1 and distinct per token: a min/max and a sorted neighbour compare; the error path finds
+        the first offending route."""
+        lo, hi = (int(v) for v in torch.aminmax(topk_idx))
+        if lo >= 0 and hi < self.cfg.num_experts:
+            if topk_idx.shape[1] < 2:
+                return
+            ordered = topk_idx.sort(dim=1).values
+            if not bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+                return
+        self._route_error(topk_idx)
+
+    def _route_error(self, topk_idx: torch.Tensor) -> None:
         experts = self.cfg.num_experts
         bad = (topk_idx < 0) | (topk_idx >= experts)
         if bool(bad.any()):

@@ -74,6 +74,12 @@ class ShmWindow(Window):
         """Rank `rank`'s bytes as int32 cells (a memoryview: reading one is a plain load, no tensor made)."""
         return self.segments[rank].cells32
 
+    def publish(self, rank: int, index: int, value: int) -> None:
+        """Set rank `rank`'s int32 cell `index` (in range: the caller checked) to `value`, ordered after this rank's
+        earlier data writes as the communicator's notify(op="set") is: its signal write without its argument checks."""
+        segment = self.segments[rank]
+        self.owner._publish(segment.cells32, index, _wrap32(value), segment)
+
 
 class ShmCommunicator(StagedCollectives, Communicator):
     """Ranks of one host. `store`: a torch.distributed Store shared by the ranks (default: a TCPStore client of

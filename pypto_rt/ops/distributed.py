@@ -21,8 +21,9 @@ rank's window). Semantics:
 notify, wait, remote_store and put apply their effect on their operands (window tensors, peer, offsets, values)
 through `recording.communicate`, so a run recorded for replay records it as one call (replay.comm_block). An effect
 keeps its window operand resolved between calls (`_Effect`: revalidated by address, shape, strides, dtype and
-process.epoch()); on the `shm` communicator a store or put is one `copy_` into a strided view of the peer's window
-and a wait whose cell already holds its value returns at once (atomic adds and other communicators go through the
+process.epoch()); on the `shm` communicator a store or put is one `copy_` into a strided view of the peer's window,
+a `Set` notify is the window's `publish` (the communicator's signal write, same ordering, without its checks) and a
+wait whose cell already holds its value returns at once (atomic adds and other communicators go through the
 communicator's calls).
 """
 from __future__ import annotations
@@ -167,7 +168,12 @@ def notify(target, peer, offsets, value=1, op=NotifyOp.AtomicAdd):
 class _Notify(_Effect):
     def __call__(self, target, peer, offsets, kind: str, value) -> None:
         buf, offset, _ = self.cell("system.notify", target, offsets, "target")
-        buf.comm.notify(buf.window, _peer("system.notify", buf, peer), offset, int(value), kind)
+        peer = _peer("system.notify", buf, peer)
+        publish = getattr(buf.window, "publish", None)
+        if kind == "set" and publish is not None and offset % 4 == 0 and not buf.window.closed:
+            publish(peer, offset // 4, int(value))   # the cell is in the window (self.cell checked the box)
+            return
+        buf.comm.notify(buf.window, peer, offset, int(value), kind)
 
 
 @op("pld.system.wait")

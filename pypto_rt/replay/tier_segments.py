@@ -18,7 +18,8 @@ tolerance), results must have the replay's strides and alias the same inputs. Li
 touched. A segment that fails to compile or to agree keeps the whole replay (FAILED, naming the segment); one taking
 a number that is not an integer, or inputs over `tier_max_copy_bytes`, stays replayed, and so does one whose traced
 graph writes a window: the compiled graph may write a written input back whole, over what a peer wrote to another
-part of it meanwhile. replay.tier's trial then times whole calls (waits for peers included; the minimum over its
+part of it meanwhile. A segment calls inductor's code without compile_fx's wrappers where its graph allows
+(replay.tier_graph's direct call), else, or where the direct call disagrees in the check, through them. replay.tier's trial then times whole calls (waits for peers included; the minimum over its
 calls counts) and keeps the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in
 the same order.
 """
@@ -35,6 +36,7 @@ from pypto_rt.collective import process
 from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.tier_graph import capturing as capturing_compiled, direct_call
 from pypto_rt.replay.tier_inductor import inductor_settings, retry_settings
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
@@ -297,8 +299,7 @@ def _build(tier, replay, snapshots: dict, threads: int) -> None:
             segment.kept, compiled[segment.index] = snapshot, segment.replayed
             continue
         try:
-            compiled[segment.index] = _compile(segment, *snapshot, threads)
-            problem = _mismatch(segment, compiled[segment.index], snapshot[0])
+            compiled[segment.index], problem = _checked(segment, _compile(segment, *snapshot, threads), snapshot[0])
         except _Kept as e:
             segment.kept, compiled[segment.index] = str(e), segment.replayed
             continue
@@ -327,23 +328,42 @@ def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int):
         if written:
             raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
                         "write an input back whole)")
-    graph, assumed = _inductor(traced, [snapshot[i] for i in tensors],
-                               tuple(snapshot[i] for i in order[len(tensors):]), threads, check)
+    graph, direct, assumed = _inductor(traced, [snapshot[i] for i in tensors],
+                                       tuple(snapshot[i] for i in order[len(tensors):]), threads, check)
     replayed = segment.replayed
 
-    def run(*inputs):
-        graph_inputs = [inputs[i] for i in order]
-        if assumed is not None and not assumed(graph_inputs):
-            run.outside += 1
-            return replayed(*inputs)
-        return graph(*graph_inputs)
-    run.outside = 0
+    def calling(call):
+        def run(*inputs):
+            graph_inputs = [inputs[i] for i in order]
+            if assumed is not None and not assumed(graph_inputs):
+                run.outside += 1
+                return replayed(*inputs)
+            return call(graph_inputs)
+        run.outside, run.wrapped = 0, None
+        return run
+    wrapped = calling(lambda graph_inputs: graph(*graph_inputs))
+    if direct is None:
+        return wrapped
+    run = calling(direct)
+    run.wrapped = wrapped
     return run
 
 
+def _checked(segment: TorchRun, compiled, snapshot: list) -> tuple:
+    """(`compiled`, or its wrapped call where the direct one disagrees (replay.tier_graph), why it does not do what
+    the replayed segment does, or None)."""
+    problem = _mismatch(segment, compiled, snapshot)
+    if problem is not None and compiled.wrapped is not None:
+        compiled = compiled.wrapped
+        problem = _mismatch(segment, compiled, snapshot)
+    return compiled, problem
+
+
 def _inductor(body, tensors: list, values: tuple, threads: int, check):
-    """(compiled `body`, the check of what it assumed of `values` or None), with replay.tier's inductor settings
-    and its retries; `check(traced graph)` runs before compiling."""
+    """(compiled `body`, its direct call `(list of inputs) -> outputs` or None (replay.tier_graph), the check of what
+    it assumed of `values` or None), with replay.tier's inductor settings and its retries; `check(traced graph)` runs
+    before compiling."""
+    from torch._functorch import config as functorch
     from torch._guards import TracingContext, tracing
     from torch._inductor import config as inductor
     from torch._inductor.compile_fx import compile_fx
@@ -357,10 +377,13 @@ def _inductor(body, tensors: list, values: tuple, threads: int, check):
     def attempt(changes: dict):
         shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
         fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
-        with inductor.patch({**settings, **changes}), tracing(TracingContext(fake)):
+        found = []   # (AOT's own cache off: a hit there skips the inner compile that tells the direct call)
+        with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
+                tracing(TracingContext(fake)):
             graph, placeholders = base._trace(body, base._copy(tensors), values)
             check(graph)
-            return compile_fx(graph, placeholders), base._assumptions(shape_env, placeholders) if values else None
+            compiled = compile_fx(graph, placeholders, inner_compile=capturing_compiled(found))
+            return compiled, direct_call(graph, found), base._assumptions(shape_env, placeholders) if values else None
     try:
         return attempt({})
     except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them

@@ -218,3 +218,19 @@ def test_a_bound_effect_does_not_keep_a_freed_window_alive(window):
     process.close()
     gc.collect()
     assert buffer() is None
+
+
+def test_a_set_notify_on_a_mapped_window_is_the_windows_signal_write_not_a_communicator_call(window, monkeypatch):
+    """A `Set` notify on shm writes the cell through the window's publish (the communicator's ordered signal write)
+    without comm.notify's per-call checks; an atomic add still takes the communicator's locked path."""
+    signal = window([2, 2], torch.int32)
+    comm = process.communicator("test")
+    notifies, real = [], comm.notify
+    monkeypatch.setattr(comm, "notify", lambda *a, **k: notifies.append(a) or real(*a, **k))
+    OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[1, 0], value=7, op=NotifyOp.Set)
+    OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[0, 1], value=2**31 + 1, op=NotifyOp.Set)
+    assert notifies == [] and signal.tolist() == [[0, -2**31 + 1], [7, 0]]   # wrapped to int32 as comm.notify does
+    OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[1, 0], value=3, op=NotifyOp.AtomicAdd)
+    assert len(notifies) == 1 and signal.tolist() == [[0, -2**31 + 1], [10, 0]]
+    with pytest.raises(OpError, match="does not fit"):
+        OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[2, 0], value=1, op=NotifyOp.Set)

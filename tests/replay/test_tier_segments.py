@@ -218,3 +218,39 @@ def test_a_segment_writing_a_window_stays_replayed(monkeypatch):
     first, second = split.segments
     assert tier_segments._written_inputs(make_fx(first.replayed)(*writes)) == {first.inputs.index("a1")}
     assert tier_segments._written_inputs(make_fx(second.replayed)(*reads)) == set()
+
+
+def test_a_segment_calls_inductors_code_directly_and_falls_back_to_the_wrapped_call_where_that_disagrees(
+        monkeypatch):
+    """A compiled segment calls inductor's generated `call` itself where AOT kept the traced graph's inputs and
+    outputs (replay.tier_graph), as a whole-body tier does: no compile_fx wrappers per call. Its `wrapped` is the
+    same through them; the check keeps that one where the direct call disagrees with the replayed segment."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    constants = {"f0": torch.as_strided, "add_1": torch.add, "mul_2": torch.mul, "k9": torch.ones(2, 2),
+                 "comm3": lambda *args: None, "comm4": lambda *args: None}
+    split = tier_segments.segmented(SOURCE, constants, "it communicates", min_calls=3)
+    a0, a1, a2 = torch.randn(2, 2), torch.zeros(2, 2), torch.tensor([5])
+    monkeypatch.setattr(tier_segments.process, "window_of", lambda t: False)
+    snapshots = {}
+    split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20) for s in split.segments})(a0, a1, a2)
+    segment = split.segments[1]   # (v3, a1, v2, c0) -> v7: an integer among its inputs
+    compiled = tier_segments._compile(segment, *snapshots[1], 1)
+    assert compiled.wrapped is not None
+    checked, problem = tier_segments._checked(segment, compiled, snapshots[1][0])
+    assert checked is compiled and problem is None
+    wrappers = []
+    real = CompiledFxGraph.__call__
+    monkeypatch.setattr(CompiledFxGraph, "__call__", lambda *a, **k: wrappers.append(1) or real(*a, **k))
+    inputs = list(snapshots[1][0])
+    want = segment.replayed(*inputs)
+    got = compiled(*inputs)
+    assert torch.allclose(got[0], want[0]) and wrappers == []   # nothing of compile_fx's wrappers ran
+    compiled.wrapped(*inputs)
+    assert wrappers, "the wrapped call goes through the compiled graph's __call__ (what the direct call skips)"
+
+    def wrong(*inputs):
+        return tuple(t + 1 for t in segment.replayed(*inputs))
+    wrong.wrapped = compiled.wrapped
+    checked, problem = tier_segments._checked(segment, wrong, snapshots[1][0])
+    assert checked is compiled.wrapped and problem is None

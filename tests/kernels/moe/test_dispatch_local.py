@@ -86,3 +86,36 @@ def test_repeated_calls_replay_as_torch_calls_while_the_routing_changes():
             torch.testing.assert_close(out, (w.unsqueeze(-1) * x.unsqueeze(1)).sum(dim=1), rtol=1e-5, atol=1e-5)
     for stats in (dispatched, combined):
         assert stats.replay.kind == REPLAYED and "as they are" not in stats.replay.reason, stats.replay
+
+
+def test_argument_checks_run_once_per_signature_and_the_expert_ids_on_every_call(monkeypatch):
+    """A decode loop repeats a few argument signatures: their types, shapes and dtypes are checked once each; the
+    expert ids are data and are checked on every call (a bad id after good calls of that shape still raises),
+    unless check_routes=False."""
+    from pypto_rt.kernels.moe.moe_errors import MoEArgumentError
+
+    cfg = MoEConfig(hidden=H, num_experts=E, top_k=K, max_tokens_per_rank=T_MAX, dtype=torch.float32)
+    buf = MoEBuffer(cfg)
+    checks, real = [], buf._check_arguments
+    monkeypatch.setattr(buf, "_check_arguments", lambda *a: checks.append(a[0].shape[0]) or real(*a))
+    gen = torch.Generator().manual_seed(5)
+    for tokens in (3, 3, 2, 3, 2):
+        idx, w = _routes(tokens, gen)
+        recv = buf.dispatch(torch.randn(tokens, H, generator=gen), idx, w)
+        buf.combine(recv.x, recv.handle)
+    assert checks == [3, 2]
+    idx, w = _routes(3, gen)
+    for bad, match in ((E, r"topk_idx\[1, 0\] = 4 is not an expert id"), (-1, r"topk_idx\[1, 0\] = -1"),
+                       ("repeat", "token 1 routes to expert")):
+        wrong = idx.clone()
+        wrong[1, 0] = wrong[1, 1] if bad == "repeat" else bad
+        with pytest.raises(MoEArgumentError, match=match):
+            buf.dispatch(torch.randn(3, H), wrong, w)
+    with pytest.raises(MoEArgumentError, match="x is torch.float64"):
+        buf.dispatch(torch.randn(3, H, dtype=torch.float64), idx, w)
+    assert checks == [3, 2, 3]
+    unchecked = MoEBuffer(cfg, check_routes=False)
+    monkeypatch.setattr(unchecked, "_route_error", lambda *a: pytest.fail("routes checked"))
+    monkeypatch.setattr(torch, "aminmax", lambda *a: pytest.fail("routes checked"))
+    recv = unchecked.dispatch(torch.randn(3, H), idx, w)
+    unchecked.combine(recv.x, recv.handle)
