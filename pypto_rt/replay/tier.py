@@ -456,6 +456,17 @@ def _submit(job) -> bool:
 _start_lock = threading.Lock()
 
 
+def _forget_worker_after_fork() -> None:
+    """In a forked child the worker thread is gone (fork copies only the calling thread) while `_worker` still
+    names it: a fresh queue, lock and no worker, so the child's first job starts its own thread."""
+    global _jobs, _start_lock
+    _jobs, _start_lock = queue.Queue(maxsize=16), threading.Lock()
+    _worker.clear()
+
+
+os.register_at_fork(after_in_child=_forget_worker_after_fork)
+
+
 def _work() -> None:
     while True:
         job = _jobs.get()

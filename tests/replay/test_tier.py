@@ -353,3 +353,25 @@ def test_arguments_sharing_memory_are_compiled_for_that_sharing():
             assert torch.allclose(acc, want, rtol=1e-5, atol=1e-6) and torch.equal(whole[ROWS:], acc), f"call {i}"
     (found,) = tiers(scale_into)
     assert found.state == TRIAL and found.trial_ns[0], found.text
+
+
+def test_a_forked_child_of_a_process_whose_worker_ran_gets_its_own_worker():
+    """A process that compiled in the background forks (multiprocessing, a launcher's ranks): the child's background
+    jobs run on a worker of its own (fork copies only the calling thread; before, the child queued its jobs for the
+    parent's worker, which it does not have, and waited on them for ever)."""
+    import multiprocessing
+
+    assert tier_module._submit(lambda: None) and tier_module.wait_idle(30)   # the parent's worker runs
+    ran = multiprocessing.get_context("fork").Queue()
+
+    def child():
+        tier_module._submit(lambda: ran.put(os.getpid()))
+        ran.put("idle" if tier_module.wait_idle(20) else "stuck")
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    try:
+        got = [ran.get(timeout=30), ran.get(timeout=30)]
+    finally:
+        proc.join(30)
+    assert got == [proc.pid, "idle"], got
