@@ -52,8 +52,8 @@ from pypto_rt import config
 from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
-from pypto_rt.replay.tier_graph import capturing, direct_call, tensor_constants, with_constants
-from pypto_rt.replay.tier_inductor import inductor_settings, retry_settings
+from pypto_rt.replay import tier_inductor
+from pypto_rt.replay.tier_graph import tensor_constants, with_constants
 from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 from pypto_rt.replay.tier_source import Untierable, split_source
 
@@ -226,39 +226,14 @@ def _compile(split, inputs: list, threads: int, join: bool = True):
     own tensors. It calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped`
     is the same through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
     (replay.tier_passes); `joined` says how many were."""
-    from torch._functorch import config as functorch
-    from torch._guards import TracingContext, tracing
-    from torch._inductor import config as inductor
-    from torch._inductor.compile_fx import compile_fx
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     body, positions = split[1], split[2]
     names, constants = tensor_constants(body)
     examples = [t for t in _copy(inputs) if t is not None] + _copy(constants)
     values = _carried_values(split, inputs)
-    settings = inductor_settings(threads)
-
-    def inductor_compile(changes: dict):
-        # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, sizes static; with carried
-        # values, tensors the replay keeps as constants enter the symbolic trace as they are)
-        shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
-        fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
-        found = []   # (AOT's own cache off: a hit there skips the inner compile that tells the direct call)
-        with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
-                tracing(TracingContext(fake)):
-            graph, placeholders = _trace(with_constants(body, names, len(positions)), examples, values)
-            joined = join_k_steps(graph) + join_tiles(graph) if join else 0
-            compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
-            guards = _assumptions(shape_env, placeholders) if values else None
-            return compiled, guards, direct_call(graph, found), joined
-    try:
-        compiled, guards, direct, joined = inductor_compile({})
-    except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
-        retry = retry_settings(e)
-        if retry is None:
-            raise
-        compiled, guards, direct, joined = inductor_compile(retry)
+    # (with carried values, tensors the replay keeps as constants enter the symbolic trace as graph inputs)
+    compiled, direct, guards, joined = tier_inductor.build(
+        with_constants(body, names, len(positions)), examples, values, threads,
+        lambda graph: join_k_steps(graph) + join_tiles(graph) if join else 0)
     wrapped = _tiered(split, lambda graph_inputs: compiled(*graph_inputs), constants, guards)
     wrapped.joined = joined
     if direct is None:
@@ -313,32 +288,6 @@ def _carried_values(split, inputs: list) -> tuple:
             raise Untierable(f"its torch calls take a {type(value).__name__} read from data ({name}) as an "
                              "operand: kept as a replay (only integers go to the compiled graph)")
     return values
-
-
-def _trace(body, examples: list, values: tuple):
-    """(aten graph of `body`, its example inputs for the compiler). Tensors keep static sizes; the values carried
-    from the prologue are traced as symbolic integers (none specialised for being 0 or 1 or equal to another), so
-    the graph serves any offsets, slots or expert ids without recompiling."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    if not values:
-        return make_fx(body)(*_copy(examples)), examples
-    graph = make_fx(body, tracing_mode="symbolic")(*examples, *values)
-    return graph, [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
-
-
-def _assumptions(shape_env, placeholders: list):
-    """`(graph inputs) -> bool`: whether the carried values meet what tracing and compiling assumed of them
-    (ranges, relations, a value fixed), or None when nothing was assumed. Asked after the compile: inductor's
-    lowering may assume more."""
-    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
-
-    code = shape_env.produce_guards_expression(placeholders) if shape_env.backed_var_to_val else None
-    if code is None:
-        return None
-    check = compile(code, "<pypto-rt tier assumptions>", "eval")
-    names = [f"t{i}" for i in range(len(placeholders))]   # (as produce_guards_expression names them)
-    return lambda inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, inputs))})
 
 
 # `() -> folder or None`: where inductor's caches go, set by the layer that owns the disk cache

@@ -1,8 +1,11 @@
-"""Inductor's settings for the compiled tier's builds (replay.tier, replay.tier_segments), and the settings to build
-once more with after a known bug of inductor's C++ code generation."""
+"""Building the compiled tier's code with inductor (replay.tier's bodies, replay.tier_segments' runs): the traced
+graph, inductor's settings, the settings to build once more with after a known bug of its C++ code generation, and
+the check of what tracing assumed of the values carried as symbolic integers."""
 from __future__ import annotations
 
 import traceback
+
+from pypto_rt.replay.tier_graph import capturing, direct_call
 
 
 def inductor_settings(threads: int) -> dict:
@@ -23,3 +26,67 @@ def retry_settings(e: Exception) -> dict | None:
                                            for frame in traceback.extract_tb(inner.__traceback__)):
         return {"max_fusion_size": 1}
     return None
+
+
+def build(fn, examples: list, values: tuple, threads: int, prepare):
+    """(compile_fx's compiled function, inductor's direct call or None (replay.tier_graph), the check of what tracing
+    and compiling assumed of `values` or None, what `prepare(traced graph)` gave): `fn` traced (`_trace`) and
+    compiled with the tier's inductor settings; after a known bug of inductor's C++ code generation, once more
+    avoiding it (`retry_settings`). `prepare` may rewrite the graph before the compile (replay.tier_passes) or
+    raise to refuse it."""
+    from torch._functorch import config as functorch
+    from torch._guards import TracingContext, tracing
+    from torch._inductor import config as inductor
+    from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    settings = inductor_settings(threads)
+
+    def attempt(changes: dict):
+        # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, sizes static)
+        shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
+        fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
+        found = []   # (AOT's own cache off: a hit there skips the inner compile that tells the direct call)
+        with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
+                tracing(TracingContext(fake)):
+            graph, placeholders = _trace(fn, examples, values)
+            prepared = prepare(graph)
+            compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
+            guards = _assumptions(shape_env, placeholders) if values else None
+            return compiled, direct_call(graph, found), guards, prepared
+    try:
+        return attempt({})
+    except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
+        retry = retry_settings(e)
+        if retry is None:
+            raise
+        return attempt(retry)
+
+
+def _trace(body, examples: list, values: tuple):
+    """(aten graph of `body`, its example inputs for the compiler). Tensors keep static sizes; the values carried
+    from the prologue are traced as symbolic integers (none specialised for being 0 or 1 or equal to another), so
+    the graph serves any offsets, slots or expert ids without recompiling."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if not values:
+        from pypto_rt.replay.tier import _copy   # (tier imports this module)
+
+        return make_fx(body)(*_copy(examples)), examples
+    graph = make_fx(body, tracing_mode="symbolic")(*examples, *values)
+    return graph, [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
+
+
+def _assumptions(shape_env, placeholders: list):
+    """`(graph inputs) -> bool`: whether the carried values meet what tracing and compiling assumed of them
+    (ranges, relations, a value fixed), or None when nothing was assumed. Asked after the compile: inductor's
+    lowering may assume more."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    code = shape_env.produce_guards_expression(placeholders) if shape_env.backed_var_to_val else None
+    if code is None:
+        return None
+    check = compile(code, "<pypto-rt tier assumptions>", "eval")
+    names = [f"t{i}" for i in range(len(placeholders))]   # (as produce_guards_expression names them)
+    return lambda inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, inputs))})

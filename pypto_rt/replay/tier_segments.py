@@ -35,9 +35,8 @@ from pypto_rt import config
 from pypto_rt.collective import process
 from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
+from pypto_rt.replay import tier_inductor
 from pypto_rt.replay.passes import compile_trace
-from pypto_rt.replay.tier_graph import capturing as capturing_compiled, direct_call
-from pypto_rt.replay.tier_inductor import inductor_settings, retry_settings
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
 _EFFECT = re.compile(rf"{comm_block.EFFECT_PREFIX}\d+")
@@ -318,6 +317,8 @@ def _build(tier, replay, snapshots: dict, threads: int) -> None:
 def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int):
     """`(*inputs) -> outputs`: the segment compiled for its snapshot's integers as symbols (tensors first in the
     graph), replayed for integers outside what the graph assumed; _Kept when its graph writes one of `windows`."""
+    from pypto_rt.replay import tier as base
+
     tensors = [i for i, v in enumerate(snapshot) if isinstance(v, torch.Tensor)]
     order = tensors + [i for i, v in enumerate(snapshot) if i not in tensors]
     names = [segment.inputs[i] for i in order]
@@ -328,8 +329,8 @@ def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int):
         if written:
             raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
                         "write an input back whole)")
-    graph, direct, assumed = _inductor(traced, [snapshot[i] for i in tensors],
-                                       tuple(snapshot[i] for i in order[len(tensors):]), threads, check)
+    graph, direct, assumed, _ = tier_inductor.build(traced, base._copy([snapshot[i] for i in tensors]),
+                                                    tuple(snapshot[i] for i in order[len(tensors):]), threads, check)
     replayed = segment.replayed
 
     def calling(call):
@@ -357,40 +358,6 @@ def _checked(segment: TorchRun, compiled, snapshot: list) -> tuple:
         compiled = compiled.wrapped
         problem = _mismatch(segment, compiled, snapshot)
     return compiled, problem
-
-
-def _inductor(body, tensors: list, values: tuple, threads: int, check):
-    """(compiled `body`, its direct call `(list of inputs) -> outputs` or None (replay.tier_graph), the check of what
-    it assumed of `values` or None), with replay.tier's inductor settings and its retries; `check(traced graph)` runs
-    before compiling."""
-    from torch._functorch import config as functorch
-    from torch._guards import TracingContext, tracing
-    from torch._inductor import config as inductor
-    from torch._inductor.compile_fx import compile_fx
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    from pypto_rt.replay import tier as base
-
-    settings = inductor_settings(threads)
-
-    def attempt(changes: dict):
-        shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
-        fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
-        found = []   # (AOT's own cache off: a hit there skips the inner compile that tells the direct call)
-        with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
-                tracing(TracingContext(fake)):
-            graph, placeholders = base._trace(body, base._copy(tensors), values)
-            check(graph)
-            compiled = compile_fx(graph, placeholders, inner_compile=capturing_compiled(found))
-            return compiled, direct_call(graph, found), base._assumptions(shape_env, placeholders) if values else None
-    try:
-        return attempt({})
-    except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
-        retry = retry_settings(e)
-        if retry is None:
-            raise
-        return attempt(retry)
 
 
 def _written_inputs(graph) -> set[int]:

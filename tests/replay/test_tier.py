@@ -24,6 +24,7 @@ from pypto_rt import config, run_stats
 from pypto_rt.errors import InWriteWarning
 from pypto_rt.replay import entry as replay
 from pypto_rt.replay import tier as tier_module
+from pypto_rt.replay import tier_inductor
 from pypto_rt.replay.policy import policy_scope
 from pypto_rt.replay.tier import COMPILED, COMPILING, FAILED, REPLAY, TRIAL, tiers
 from pypto_rt.replay.tier_source import split_source
@@ -173,7 +174,7 @@ def test_values_read_from_data_as_offsets_go_to_the_graph_as_integers(monkeypatc
 def test_a_carried_value_outside_what_the_graph_assumed_replays_the_body(monkeypatch):
     def assumed_not_row_5(shape_env, placeholders):   # (as if tracing had assumed row != 5)
         return lambda inputs: inputs[-2] != 5
-    monkeypatch.setattr(tier_module, "_assumptions", assumed_not_row_5)
+    monkeypatch.setattr(tier_inductor, "_assumptions", assumed_not_row_5)
     gather_row = gather_row_source()
     src = torch.randn(ROWS, COLS)
     with config.scope(TIER="eager"), policy_scope(**KEEP):
@@ -273,7 +274,7 @@ def test_the_compiled_graph_is_called_without_compile_fx_wrappers(flag_compiled)
 def test_a_direct_graph_call_that_disagrees_falls_back_to_the_wrapped_call(monkeypatch):
     def forgetful(traced, found):
         return lambda inputs: tuple(inputs)   # (writes nothing: as if a wrapper's copy-back were needed)
-    monkeypatch.setattr(tier_module, "direct_call", forgetful)
+    monkeypatch.setattr(tier_inductor, "direct_call", forgetful)
     found = _warm_fresh("eager")
     assert found.state == TRIAL and found.tiered.wrapped is None, found.text
 
