@@ -39,7 +39,7 @@ class KernelState:
     # the last matched first (None until one is replayed)
     replay: dict = field(default_factory=dict)
     replay_by_arguments: list | None = None
-    # ... and the settled call (replay.entry `_settle`): `settled(args)` replays the last matched specialisation
+    # ... and the settled call (replay.settled `settle`): `settled(args)` replays the last matched specialisation
     # when nothing is left to decide, else gives NOT_SETTLED (and the call takes the driver); None when there is none
     settled: Any = None
 

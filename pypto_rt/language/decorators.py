@@ -92,7 +92,7 @@ class KernelFunction:
         if ex is not None:
             return ex.call_kernel(self, args, kwargs)
         settled = self.state.settled
-        if settled is not None and not kwargs:   # a replay with nothing left to decide (replay.entry `_settle`)
+        if settled is not None and not kwargs:   # a replay with nothing left to decide (replay.settled)
             result = settled(args)
             if result is not NOT_SETTLED:
                 return result
