@@ -119,10 +119,10 @@ REPLAY = Knob("PYPTO_REPLAY", "1", "bool", "replay entry calls whose course depe
               "scalar arguments as their recorded torch calls (0: every call runs on the engine)")
 KERNEL_REPLAY = Knob("PYPTO_KERNEL_REPLAY", "1", "bool", "tasks run their kernel's recorded torch calls (one block "
                      "recorded per kernel specialisation) instead of the op library's Python")
-TIER = Knob("PYPTO_TIER", "off", "choice", "replayed entry calls are compiled with the torch compiler "
-            "(inductor): background (on a worker thread once a replay is steady, swapped in when verified and "
-            "faster), eager (at the first replay, on the caller's thread: benchmarks, serving warm-up) or off "
-            "(the default until compiled calls win in serving, see the README)",
+TIER = Knob("PYPTO_TIER", "background", "choice", "replayed entry calls are compiled with the torch compiler "
+            "(inductor): background (the default: on a worker thread at the lowest CPU priority, once a replay "
+            "has paid for a compile, swapped in when verified and faster), eager (at the first replay, on the "
+            "caller's thread: benchmarks, serving warm-up) or off",
             ("off", "background", "eager"))
 DETERMINISTIC = Knob("PYPTO_DETERMINISTIC", "0", "bool", "atomic adds into a target (pl.assemble(..., "
                      "atomic=pl.AtomicType.Add)) are applied in program order, tasks then blocks, whatever order "

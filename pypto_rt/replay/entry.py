@@ -414,8 +414,8 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
     try:
         if tier is None or tier.chosen is not None:
             run = spec.replay if tier is None else tier.chosen
-        else:   # (steady: kept after the engine trial, replayed `tier_after_replays` times)
-            steady = spec.hits >= policy.tier_after_replays and not spec.in_trial(policy)
+        else:   # (steady: kept after the engine trial, and paid for a compile: replay.tier's `due`)
+            steady = not spec.in_trial(policy) and spec.hits >= tier.due(policy)
             run = tier.pick(spec.replay, args, steady, policy)
         t0 = time.perf_counter_ns()
         outputs = run(*args)
@@ -441,7 +441,7 @@ def _replay(kernel, spec: _Specialisation, policy: ReplayPolicy, args: list, sta
         _decided(kernel, decision, f" · wall {(time.perf_counter_ns() - t0) / 1e6:.2f} ms")
     else:
         note_replay(kernel.name, decision)
-    if spec.replay is not None and not spec.in_trial(policy) and (tier is None or tier.settled(policy)):
+    if spec.replay is not None and not spec.in_trial(policy) and (tier is None or tier.settled(policy, spec.hits)):
         spec.steady = policy
     return rebuild(spec.results, outputs) if bound else spec.plain_results(outputs)
 

@@ -37,9 +37,12 @@ class ReplayPolicy:
                                        # dropped for misses of guards made inside blocks, is recorded again with
                                        # those kernels' blocks called as they are, up to this many recordings
     # -- the compiled tier (replay.tier), per specialisation ------------------------------------------------
-    tier: str = "off"                  # PYPTO_TIER: off (never compiled), background, or eager
-    tier_after_replays: int = 64       # replays of a kept replay before it is compiled in the background (a
-                                       # short run does not pay seconds of compiling; eager: at the first)
+    tier: str = "background"           # PYPTO_TIER: off (never compiled), background, or eager
+    tier_after_replays: int = 500      # background: a kept replay is compiled once it has paid for a compile:
+    tier_after_replayed_ms: float = 2000.0   # this many replays *and* this much replayed time (replays times
+                                       # its fastest timed call). A warm compile costs 0.1-2 s of CPU (cold:
+                                       # 5-75 s) and pays back after ~400-600 calls (benchmark 16), so a short
+                                       # run never compiles; eager: at the first replay
     tier_trial_calls: int = 4          # compiled and replayed calls timed each (after one to warm up) before the
                                        # faster is kept
     tier_timeout_s: float = 300.0      # a compile still running after this keeps the replay

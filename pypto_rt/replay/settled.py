@@ -5,6 +5,7 @@ specialisation no longer steady or a guard miss uninstalls it and hands the call
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 from torch import get_num_threads, set_num_threads
@@ -44,8 +45,11 @@ def settle(kernel, spec, match, made: tuple):
     decide for `spec` under the settings `made` (`settings_now()`, PYPTO_STATS off): the chosen function, untimed,
     called from `KernelFunction.__call__` without the driver. It gives NOT_SETTLED for other arguments and
     uninstalls itself (giving NOT_SETTLED) when a knob or policy scope changed, `spec` is no longer steady or its
-    guards missed: the call then takes the driver, which decides again and installs one when it may."""
+    guards missed: the call then takes the driver, which decides again and installs one when it may. A replay that
+    waits to pay for a background compile (replay.tier's `due`) is settled until then: the call that reaches it
+    uninstalls it (`spec` no longer steady), so the next call takes the driver, which starts the compile."""
     values, changes, (_, _, threads, policy) = made
+    due = spec.tier.due(policy) if spec.tier is not None and spec.tier.chosen is None else math.inf
     state, name, knob_values, matches = kernel.state, kernel.name, _knobs.values, match.matches
     inputs = None if match.tensor_at is None else match.inputs   # (None: the arguments are the inputs)
     plain_results, warned = spec.plain_results, spec.warnings
@@ -73,6 +77,8 @@ def settle(kernel, spec, match, made: tuple):
             state.settled = None
             return NOT_SETTLED
         spec.hits += 1
+        if spec.hits >= due:   # (paid for a compile: the driver starts it)
+            spec.steady = state.settled = None
         for message, category, filename, lineno in warned:
             warnings.warn_explicit(message, category, filename, lineno)
         note_replay(name, spec.replayed if tier is None or tier.text is spec.replayed_tier else spec.standing(policy))

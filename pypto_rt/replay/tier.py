@@ -21,9 +21,11 @@ Replays calling kernel blocks as they are (replay.opaque) are not compiled; a va
 compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
-(PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background compiles on one daemon worker thread (a
-bounded queue; calls go on replaying meanwhile, never waiting); eager compiles on the caller's thread at the first
-replay (benchmarks, serving warm-up); off (the default) never compiles. Before the swap, the compiled body is checked
+(PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background (the default) compiles on one daemon worker
+thread at the lowest CPU priority (a bounded queue; calls go on replaying meanwhile, never waiting), and only once
+the replay has paid for a compile: `tier_after_replays` replays and `tier_after_replayed_ms` of replayed time, the
+replay count times its fastest timed call (`Tier.due`), so a short run never compiles; eager compiles on the
+caller's thread at the first replay (benchmarks, serving warm-up); off never compiles. Before the swap, the compiled body is checked
 against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
@@ -40,8 +42,8 @@ is set): a fresh process tracing the same body gets its compiled code from disk.
 """
 from __future__ import annotations
 
+import math
 import os
-import queue
 import sys
 import threading
 import time
@@ -53,6 +55,8 @@ from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
 from pypto_rt.replay import tier_inductor
+from pypto_rt.replay import tier_worker
+from pypto_rt.replay.tier_worker import ensure_worker as _ensure_worker, submit as _submit, wait_idle, where as _where
 from pypto_rt.replay.tier_graph import tensor_constants, with_constants
 from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 from pypto_rt.replay.tier_source import Untierable, split_source
@@ -64,7 +68,7 @@ class Tier:
     """The compiled tier of one specialisation's replay. `pick` gives the function a call runs: `chosen` once
     decided (the replay or the compiled one; one attribute read on the hot path), else per state."""
     __slots__ = ("entry", "source", "constants", "state", "why", "compile_s", "tiered", "chosen", "started",
-                 "trial_ns", "lock", "text", "stats", "segments")
+                 "trial_ns", "lock", "text", "stats", "segments", "call_ns")
 
     def __init__(self, entry: str, source: str, constants: dict, why_not: str | None = None):
         self.entry, self.source, self.constants = entry, source, constants
@@ -78,6 +82,7 @@ class Tier:
         self.chosen = None          # decided: every call runs this
         self.started = 0.0          # when compiling began (the timeout counts from it)
         self.trial_ns: tuple[list, list] = ([], [])   # (compiled, replayed) call times in the trial
+        self.call_ns = 0            # the fastest replayed call timed before the trial (0: none yet): `due`
         self.lock = threading.Lock()
         self.stats = False          # print transitions (PYPTO_STATS=1 where the compile was asked for)
         self.text = ""
@@ -99,7 +104,7 @@ class Tier:
             if time.perf_counter() - self.started > policy.tier_timeout_s:
                 with self.lock:
                     if self.state == COMPILING:
-                        self._settle(FAILED, f"timed out after {policy.tier_timeout_s:g} s", replay)
+                        self._settle(FAILED, f"timed out after {policy.tier_timeout_s:g} s, {_where()}", replay)
             return replay
         if state == REPLAY and not self.why:
             mode = policy.tier
@@ -111,14 +116,30 @@ class Tier:
                     return self.tiered
         return replay
 
-    def settled(self, policy) -> bool:
-        """Whether nothing is left to decide under `policy`: chosen, or a replay that is not compiled."""
-        return self.chosen is not None or (self.state == REPLAY and (bool(self.why) or policy.tier == "off"))
+    def settled(self, policy, hits: int) -> bool:
+        """Whether nothing is left to decide under `policy` after `hits` replays: chosen, a replay that is not
+        compiled, or (background) one that has not paid for a compile yet (the settled path hands the call at
+        `due` back to the driver, replay.settled)."""
+        if self.chosen is not None:
+            return True
+        if self.state != REPLAY:
+            return False
+        return bool(self.why) or policy.tier == "off" or (policy.tier == "background" and hits < self.due(policy))
+
+    def due(self, policy) -> float:
+        """The replay count at which the replay has paid for a background compile: `tier_after_replays`, and
+        enough replays of its fastest timed call to add up to `tier_after_replayed_ms` (inf while none was
+        timed, and for a replay that is not waiting for one)."""
+        if not self.call_ns or policy.tier != "background" or self.state != REPLAY or self.why:
+            return math.inf
+        return max(policy.tier_after_replays, math.ceil(policy.tier_after_replayed_ms * 1e6 / self.call_ns))
 
     def timed(self, fn, ns: int, replay, policy) -> None:
-        """Note a trial call's time; after `tier_trial_calls` of each (past a warm-up call each), keep the
-        faster."""
+        """Note a call's time: a replayed one before the trial for `due`; in the trial, after `tier_trial_calls`
+        of each (past a warm-up call each), keep the faster."""
         if self.state != TRIAL or self.chosen is not None:
+            if fn is replay and (ns < self.call_ns or not self.call_ns):
+                self.call_ns = ns
             return
         compiled_ns, replay_ns = self.trial_ns
         (compiled_ns if fn is self.tiered else replay_ns).append(ns)
@@ -140,6 +161,8 @@ class Tier:
         with self.lock:
             if self.state != REPLAY or self.why:
                 return
+            if background:
+                _ensure_worker()   # (its priority is part of the text)
             try:
                 body = split_source(self.source, self.constants, args)
                 inputs = _snapshot(args, policy.tier_max_copy_bytes)
@@ -194,12 +217,16 @@ class Tier:
     def _describe(self) -> None:
         """`text`: the tier as PYPTO_STATS shows it (printed on a change made where PYPTO_STATS=1 was asked)."""
         if self.state == COMPILING:
-            text = "tier compiling"
+            text = f"tier compiling ({_where()})"
         elif self.state == TRIAL:
             text = f"tier trial (compiled in {self.compile_s:.1f} s, timed against the replay)"
         elif self.state == REPLAY and not self.why:
-            mode = config.TIER.get()
-            text = f"tier replay (PYPTO_TIER={mode}: {'not compiled' if mode == 'off' else 'compiled once steady'})"
+            policy = current_policy()
+            when = {"off": "not compiled", "eager": "compiled at the next replay"}.get(
+                policy.tier, f"compiled in the background once it has paid for a compile: after "
+                             f"{policy.tier_after_replays} replays and {policy.tier_after_replayed_ms / 1e3:g} s "
+                             "replayed")
+            text = f"tier replay (PYPTO_TIER={policy.tier}: {when})"
         else:
             text = f"tier {self.state} ({self.why})" if self.why else f"tier {self.state}"
         if self.segments is not None and self.segments.why_not is None:
@@ -380,59 +407,6 @@ def _first_line(e: Exception) -> str:
         return ""
     detail = next((line.split("error:", 1)[1].strip() for line in text[1:] if "error:" in line), "")
     return (text[0] + (f" ({detail})" if detail else ""))[:400]
-
-
-# -- the worker ------------------------------------------------------------------------------------------------
-_jobs: queue.Queue = queue.Queue(maxsize=16)
-_worker: list = []   # the one worker thread, once started
-
-
-def _submit(job) -> bool:
-    """Queue `job` for the worker thread (started on first use); False when the queue is full."""
-    if not _worker:
-        with _start_lock:
-            if not _worker:
-                thread = threading.Thread(target=_work, name="pypto-rt-tier", daemon=True)
-                thread.start()
-                _worker.append(thread)
-    try:
-        _jobs.put_nowait(job)
-    except queue.Full:
-        return False
-    return True
-
-
-_start_lock = threading.Lock()
-
-
-def _forget_worker_after_fork() -> None:
-    """In a forked child the worker thread is gone (fork copies only the calling thread) while `_worker` still
-    names it: a fresh queue, lock and no worker, so the child's first job starts its own thread."""
-    global _jobs, _start_lock
-    _jobs, _start_lock = queue.Queue(maxsize=16), threading.Lock()
-    _worker.clear()
-
-
-os.register_at_fork(after_in_child=_forget_worker_after_fork)
-
-
-def _work() -> None:
-    while True:
-        job = _jobs.get()
-        try:
-            job()
-        finally:
-            _jobs.task_done()
-
-
-def wait_idle(timeout_s: float) -> bool:
-    """Wait until the worker has no job (tests, benchmarks); False when `timeout_s` passed first."""
-    deadline = time.monotonic() + timeout_s
-    while _jobs.unfinished_tasks:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def tiers(kernel) -> list[Tier]:

@@ -24,7 +24,7 @@ from pypto_rt import config, run_stats
 from pypto_rt.errors import InWriteWarning
 from pypto_rt.replay import entry as replay
 from pypto_rt.replay import tier as tier_module
-from pypto_rt.replay import tier_inductor
+from pypto_rt.replay import tier_inductor, tier_worker
 from pypto_rt.replay.policy import policy_scope
 from pypto_rt.replay.tier import COMPILED, COMPILING, FAILED, REPLAY, TRIAL, tiers
 from pypto_rt.replay.tier_source import split_source
@@ -33,7 +33,8 @@ from pypto_rt.run_stats import GUARD_MISS, REPLAYED
 ROWS, COLS = 8, 16
 WARM = 8   # calls that reach a steady replay: engine runs, the recording, the engine trial
 # keep the replay (no engine trial); keep trying both tiers (the tier trial never ends)
-KEEP = dict(slower=float("inf"), trial_replays=0, tier_trial_calls=1 << 30, tier_after_replays=0)
+KEEP = dict(slower=float("inf"), trial_replays=0, tier_trial_calls=1 << 30, tier_after_replays=0,
+            tier_after_replayed_ms=0)
 
 
 def scale_into_source():
@@ -303,7 +304,7 @@ def test_a_compile_past_the_timeout_keeps_the_replay(monkeypatch):
         found = _warm_fresh("background", tier_timeout_s=0.0)
     finally:
         release.set()
-        assert tier_module.wait_idle(30)
+        assert tier_worker.wait_idle(30)
     assert found.state == FAILED and "timed out" in found.why, found.text
 
 
@@ -362,12 +363,12 @@ def test_a_forked_child_of_a_process_whose_worker_ran_gets_its_own_worker():
     parent's worker, which it does not have, and waited on them for ever)."""
     import multiprocessing
 
-    assert tier_module._submit(lambda: None) and tier_module.wait_idle(30)   # the parent's worker runs
+    assert tier_worker.submit(lambda: None) and tier_worker.wait_idle(30)   # the parent's worker runs
     ran = multiprocessing.get_context("fork").Queue()
 
     def child():
-        tier_module._submit(lambda: ran.put(os.getpid()))
-        ran.put("idle" if tier_module.wait_idle(20) else "stuck")
+        tier_worker.submit(lambda: ran.put(os.getpid()))
+        ran.put("idle" if tier_worker.wait_idle(20) else "stuck")
 
     proc = multiprocessing.get_context("fork").Process(target=child)
     proc.start()

@@ -28,7 +28,8 @@ H, E_RANK, K, T_MAX = 16, 2, 2, 4
 WARM = {0: [3, 3, 1, 1], 1: [0, 0, 2, 2]}
 CHECKED = {0: [3, 1, 3], 1: [0, 2, 0]}
 # recorded at the first call; keep the replay (no engine trial); the tier trial never ends (the test swaps in)
-POLICY = dict(normal_runs=0, trial_replays=0, slower=float("inf"), tier_after_replays=0, tier_trial_calls=1 << 30)
+POLICY = dict(normal_runs=0, trial_replays=0, slower=float("inf"), tier_after_replays=0,
+              tier_after_replayed_ms=0, tier_trial_calls=1 << 30)
 
 
 def _routing(world: int, tokens: int, gen) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
