@@ -377,3 +377,80 @@ def test_a_forked_child_of_a_process_whose_worker_ran_gets_its_own_worker():
     finally:
         proc.join(30)
     assert got == [proc.pid, "idle"], got
+
+
+def test_by_default_a_short_run_never_compiles_and_its_replay_takes_the_settled_path():
+    """PYPTO_TIER=background is the default: a kernel called a few hundred times (a CLI run, the demo) has not paid
+    for a compile (`tier_after_replays` replays and `tier_after_replayed_ms` replayed), so nothing compiles and the
+    replay is served by the settled path meanwhile (before, a background replay waiting for its compile never
+    settled: every call took the driver)."""
+    scale_into = scale_into_source()
+    with config.scope(TIER="background"):
+        for _ in range(200):
+            scale_into(torch.randn(ROWS, COLS), torch.randn(ROWS, COLS))
+    (found,) = tiers(scale_into)
+    assert found.state == REPLAY and not found.why and found.started == 0.0, found.text
+    assert "once it has paid for a compile: after 500 replays and 2 s replayed" in found.text, found.text
+    assert scale_into.state.settled is not None, "the waiting replay did not take the settled path"
+
+
+def test_a_replay_that_has_paid_for_a_compile_is_compiled_in_the_background_from_the_settled_path():
+    scale_into = scale_into_source()
+    policy = dict(KEEP, tier_after_replays=40, tier_after_replayed_ms=0.0)
+    with config.scope(TIER="background"), policy_scope(**policy) as in_force:
+        for _ in range(39):
+            scale_into(torch.randn(ROWS, COLS), torch.randn(ROWS, COLS))
+        (found,) = tiers(scale_into)
+        assert found.state == REPLAY and scale_into.state.settled is not None, found.text
+        assert found.due(in_force) == 40
+        for i in range(10):   # (36 replays so far: the 40th hands the next call to the driver, which compiles)
+            x, acc = torch.randn(ROWS, COLS), torch.randn(ROWS, COLS)
+            want = want_scale_into(x, acc)
+            scale_into(x, acc)
+            assert torch.allclose(acc, want, rtol=1e-5, atol=1e-6), f"call {i}"
+            if found.state != REPLAY:
+                break
+        assert found.state != REPLAY and i == 4, (i, found.text)
+        assert tier_worker.wait_idle(300)
+        scale_into(torch.randn(ROWS, COLS), torch.randn(ROWS, COLS))
+    assert found.state == TRIAL, found.text
+
+
+def test_the_replayed_time_a_compile_waits_for_is_counted_from_the_fastest_timed_replay():
+    scale_into = scale_into_source()
+    with config.scope(TIER="background"), policy_scope(**dict(KEEP, tier_after_replayed_ms=5.0)) as in_force:
+        for _ in range(WARM):
+            scale_into(torch.randn(ROWS, COLS), torch.randn(ROWS, COLS))
+        (found,) = tiers(scale_into)
+        assert found.call_ns > 0 and found.due(in_force) == -(-5_000_000 // found.call_ns), found.call_ns
+    with config.scope(TIER="off"), policy_scope(**KEEP) as in_force:
+        assert found.due(in_force) == float("inf")   # (nothing waits for a compile)
+
+
+EXITING = r"""
+import sys, time, torch
+sys.path.insert(0, {repo!r})
+from pypto_rt import config
+from pypto_rt.replay.policy import policy_scope
+from pypto_rt.replay.tier import COMPILING, tiers
+from tests.replay.test_tier import scale_into_source, KEEP, ROWS, COLS
+f = scale_into_source()
+with config.scope(TIER="background"), policy_scope(**KEEP):
+    for _ in range(40):
+        f(torch.randn(ROWS, COLS), torch.randn(ROWS, COLS))
+        if tiers(f) and tiers(f)[0].state == COMPILING:
+            break
+    time.sleep(2)   # (well into the compile: loading inductor, tracing, compiling)
+print("EXITING", tiers(f)[0].text, flush=True)
+"""
+
+
+def test_a_job_that_exits_while_a_background_compile_runs_exits_promptly_and_quietly():
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", EXITING.format(repo=repo)], capture_output=True, text=True,
+                          timeout=180, cwd=repo, env=dict(os.environ, PYPTO_TIER="off"))   # (it asks itself)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "EXITING tier compiling (in the background at idle priority, nice 19)" in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr and "terminate called" not in done.stderr, done.stderr[-2000:]
+    assert time.monotonic() - started < 120
