@@ -24,9 +24,10 @@ Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or f
 (PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background (the default) compiles on one daemon worker
 thread at the lowest CPU priority (a bounded queue; calls go on replaying meanwhile, never waiting), and only once
 the replay has paid for a compile: `tier_after_replays` replays and `tier_after_replayed_ms` of replayed time, the
-replay count times its fastest timed call (`Tier.due`), so a short run never compiles; eager compiles on the
-caller's thread at the first replay (benchmarks, serving warm-up); off never compiles. Before the swap, the compiled body is checked
-against the replay on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
+replay count times its fastest timed call (`Tier.due`), so a short run never compiles (replay.tier_worker: the
+worker, its priority, and stopping it at exit); eager compiles on the caller's thread at the first replay
+(benchmarks, serving warm-up); off never compiles. Before the swap, the compiled body is checked against the replay
+on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
 vector code, is retried once as scalar C++; its outer-loop fusion's KeyError once without fusion) or a compile
@@ -55,7 +56,6 @@ from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
 from pypto_rt.replay import tier_inductor
-from pypto_rt.replay import tier_worker
 from pypto_rt.replay.tier_worker import ensure_worker as _ensure_worker, submit as _submit, wait_idle, where as _where
 from pypto_rt.replay.tier_graph import tensor_constants, with_constants
 from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
