@@ -2,9 +2,10 @@
 against the same model written as an eager torch user would (issue 15, target <= 1.5x): batched torch ops, one
 SDPA call over a contiguous per-request cache padded to the longest context, the MoE as Hugging Face's loop over
 the experts (the routed rows gathered per expert on the host). Batch 1, 8 and 32, every request at CONTEXT tokens.
-Per batch the decoder is timed twice against the torch step: with the compiled tier off (replayed kernels, the
-default), then after the serving runner's compiling warm-up (ModelRunner's: `compile_steps()` steps under the
-tier's eager mode; its time is reported, not timed with the step).
+Per batch the decoder is timed twice against the torch step: with the compiled tier off (replayed kernels: the
+default, background, until a replay has paid for a compile, which these few calls do not), then after the serving
+runner's compiling warm-up (ModelRunner's: `compile_steps()` steps under the tier's eager mode; its time is
+reported, not timed with the step).
 
     .venv/bin/python -m bench --only serving_step      (or python -m bench.serving_step)
 """
