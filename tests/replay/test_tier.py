@@ -414,6 +414,10 @@ def test_a_replay_that_has_paid_for_a_compile_is_compiled_in_the_background_from
         assert tier_worker.wait_idle(300)
         scale_into(torch.randn(ROWS, COLS), torch.randn(ROWS, COLS))
     assert found.state == TRIAL, found.text
+    # inductor compiled on the worker thread itself (compile_threads 1): no pool of compile processes or threads,
+    # which would neither inherit the worker's priority nor end with the process
+    from torch._inductor.async_compile import AsyncCompile
+    assert AsyncCompile.process_pool.cache_info().currsize == AsyncCompile.pool.cache_info().currsize == 0
 
 
 def test_the_replayed_time_a_compile_waits_for_is_counted_from_the_fastest_timed_replay():
