@@ -130,7 +130,11 @@ class Tier:
         """The replay count at which the replay has paid for a background compile: `tier_after_replays`, and
         enough replays of its fastest timed call to add up to `tier_after_replayed_ms` (inf while none was
         timed, and for a replay that is not waiting for one)."""
-        if not self.call_ns or policy.tier != "background" or self.state != REPLAY or self.why:
+        if policy.tier != "background" or self.state != REPLAY or self.why:
+            return math.inf
+        if policy.tier_after_replayed_ms <= 0:   # (no time to wait for: no timed call needed)
+            return policy.tier_after_replays
+        if not self.call_ns:
             return math.inf
         return max(policy.tier_after_replays, math.ceil(policy.tier_after_replayed_ms * 1e6 / self.call_ns))
 
