@@ -134,6 +134,8 @@ CACHE_DIR = Knob("PYPTO_CACHE_DIR", "", "str", "on-disk kernel cache ('off' disa
                  unset="~/.cache/pypto-rt")
 GOLDEN_NUM_THREADS = Knob("PYPTO_GOLDEN_NUM_THREADS", "", "int", "torch threads the golden harness sets on import",
                           unset="min(16, cores)", minimum=1)
+GOLDEN_REPEAT = Knob("PYPTO_GOLDEN_REPEAT", "1", "int", "kernel calls per harness run, each on fresh inputs and checked "
+                     "against the golden (later calls replay; with PYPTO_TIER=eager, compiled)", minimum=1)
 BENCH = Knob("PYPTO_BENCH", "0", "bool", "a kernel-library file's benchmark request: on the CPU the harness says "
              "it has no effect and skips it")
 START_TIMEOUT_S = Knob("PYPTO_START_TIMEOUT_S", "120", "float", "seconds a new communicator waits for every rank to "

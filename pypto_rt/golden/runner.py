@@ -1,7 +1,9 @@
 """Run a kernel against a golden: `run_jit` (for `@pl.jit` functions) and `run` (for `@pl.program` classes).
 
 One harness run goes through these stages, each framed by `[RUN] <stage> ...` / `[RUN] <stage> done (x.xxs)`:
-compile, generate inputs, compute golden, runtime, validate; then `[RUN] PASS (x.xxs)`. Everything runs on the
+compile, generate inputs, compute golden, runtime, validate; then `[RUN] PASS (x.xxs)`. PYPTO_GOLDEN_REPEAT=N
+repeats the last four N times (`[RUN] call i of N`), each call on fresh inputs and checked: the later calls replay
+(and with PYPTO_TIER=eager run compiled code), so the steady state is checked too. Everything runs on the
 CPU: the platforms `cpu`, `a2a3sim` and `a5sim` are the same; `a2a3`/`a5` need `PYPTO_RUN_CPU_FALLBACK=1`
 (set by `pypto-run`). An exception raised by the compile, golden or kernel call propagates; a mismatch (or a
 setup problem such as missing golden data) comes back as `RunResult(passed=False, error=...)`.
@@ -272,25 +274,39 @@ def _compile(state: _Run, get_kernel: Callable[[], Callable], runtime_dir: str |
 
 
 def _execute(state: _Run, kernel: Callable) -> RunResult:
-    """Generate inputs, compute the golden, run the kernel and validate."""
+    """Generate inputs, compute the golden, run the kernel and validate: PYPTO_GOLDEN_REPEAT times, each call on
+    fresh inputs and checked (the later calls replay, and with PYPTO_TIER=eager run compiled code)."""
     if state.save_data and state.work_dir is None:
         state.work_dir = Path(tempfile.mkdtemp(prefix="pypto_rt_golden_"))
+    calls = config.GOLDEN_REPEAT.value()
+    note = ""
+    for call in range(1, calls + 1):
+        if calls > 1:
+            print(f"[RUN] call {call} of {calls} (PYPTO_GOLDEN_REPEAT)", flush=True)
+        error, note = _one_call(state, kernel, first=call == 1)
+        if error is not None:
+            return state.result(False, error if calls == 1 else f"call {call} of {calls}: {error}")
+    return state.passed(note if calls == 1 else f", {calls} calls{note}")
+
+
+def _one_call(state: _Run, kernel: Callable, first: bool) -> tuple[str | None, str]:
+    """One call on fresh inputs: (why its outputs do not match the golden, or None; a note for the PASS line)."""
     state.generate_inputs()
     has_golden = state.golden_fn is not None or state.data_dir is not None
     golden = state.compute_golden() if has_golden else None
     with _stage("runtime"):
         kernel(*state.ordered_args())
-    if config.BENCH.on():
+    if first and config.BENCH.on():
         print("[RUN]   benchmark skipped: PYPTO_BENCH has no effect on the CPU", flush=True)
     if golden is None:
-        return state.passed(", validation skipped: no golden_fn or golden_data")
+        return None, ", validation skipped: no golden_fn or golden_data"
     if not any(s.is_output for s in state.tensor_specs):
-        return state.passed(", nothing was compared: no TensorSpec has is_output=True")
+        return None, ", nothing was compared: no TensorSpec has is_output=True"
     try:
         state.validate(golden)
     except AssertionError as mismatch:
-        return state.result(False, str(mismatch))
-    return state.passed()
+        return str(mismatch), ""
+    return None, ""
 
 
 def run_jit(fn: Callable, specs: list[Spec], golden_fn: Callable | None = None, golden_data: str | None = None,

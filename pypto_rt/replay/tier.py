@@ -25,8 +25,9 @@ Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or f
 thread at the lowest CPU priority (a bounded queue; calls go on replaying meanwhile, never waiting), and only once
 the replay has paid for a compile: `tier_after_replays` replays and `tier_after_replayed_ms` of replayed time, the
 replay count times its fastest timed call (`Tier.due`), so a short run never compiles (replay.tier_worker: the
-worker, its priority, and stopping it at exit); eager compiles on the caller's thread at the first replay
-(benchmarks, serving warm-up); off never compiles. Before the swap, the compiled body is checked against the replay
+worker, its priority, and stopping it at exit); eager compiles at the first replay, the call waiting for it at most
+`tier_timeout_s` (benchmarks, serving warm-up; the build runs on a thread of its own in the caller's context); off
+never compiles. Before the swap, the compiled body is checked against the replay
 on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
@@ -43,6 +44,7 @@ is set): a fresh process tracing the same body gets its compiled code from disk.
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import sys
@@ -179,11 +181,23 @@ class Tier:
         threads = torch.get_num_threads()
         job = lambda: self._build(replay, body, inputs, threads)   # noqa: E731
         if not background:
-            job()
+            self._eager(job, replay, policy.tier_timeout_s)
         elif not _submit(job):
             with self.lock:
                 self.state, self.started = REPLAY, 0.0   # the queue is full: asked again at a later call
                 self._describe()
+
+    def _eager(self, job, replay, timeout_s: float) -> None:
+        """Run the build `job` for the calling thread (in its context), waiting at most `timeout_s`: past that the
+        replay is kept and the call goes on (the build cannot be stopped; its late result is dropped)."""
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(job,), name="pypto-rt-tier-eager",
+                                  daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            with self.lock:
+                if self.state == COMPILING:
+                    self._settle(FAILED, f"timed out after {timeout_s:g} s", replay)
 
     def _build(self, replay, body, inputs: list, threads: int) -> None:
         """Compile `body`, check it against `replay` on `inputs`, and move to the trial (or to failed, saying why);

@@ -70,3 +70,22 @@ def test_a_conformance_kernel_gives_its_golden_results_when_compiled(name, toler
             t.chosen = t.tiered   # (every call runs the compiled function from here)
         for call in range(WARM, WARM + CHECKED):
             check(call)
+
+
+@pytest.mark.timeout(600)
+def test_the_golden_harness_repeating_calls_checks_compiled_calls_against_the_golden(capsys):
+    """What a user runs to check a kernel with the tier on: `PYPTO_TIER=eager PYPTO_GOLDEN_REPEAT=6 pypto-run
+    k.py`, the default policy but for the engine trial (kept replay): engine, engine, recorded, then from the first
+    replay (compiled there and run) compiled and replayed calls alternate in the tier's trial, each call checked."""
+    module = load_kernel_file(os.path.join(HERE, "c01_masked_softmax.py"), "c01_repeated")
+    entry = kernel_entry(module)
+    with config.scope(TIER="eager", EXECUTOR="compiled", GOLDEN_REPEAT="6"), \
+            policy_scope(slower=float("inf"), parallel=float("inf")):
+        result = run_jit(fn=entry, specs=module.build_specs(), golden_fn=module.golden_masked_softmax,
+                         runtime_cfg=dict(platform="cpu"), rtol=1e-5, atol=1e-5)
+    assert result.passed, result.error
+    (tier,) = tiers(entry)
+    compiled_calls, replayed_calls = tier.trial_ns
+    # call 4 built it and ran it; calls 5 and 6: compiled, then replayed, timed in the trial
+    assert tier.state == "trial" and (len(compiled_calls), len(replayed_calls)) == (1, 1), tier.text
+    assert capsys.readouterr().out.count("'y' PASS") == 6

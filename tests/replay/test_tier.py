@@ -308,6 +308,26 @@ def test_a_compile_past_the_timeout_keeps_the_replay(monkeypatch):
     assert found.state == FAILED and "timed out" in found.why, found.text
 
 
+@pytest.mark.timeout(120)
+def test_an_eager_compile_past_the_timeout_keeps_the_replay_without_holding_the_call(monkeypatch):
+    """Eager compiles on the caller's behalf, but waits for it at most `tier_timeout_s`: a compile running longer (a
+    replay of thousands of torch calls takes inductor minutes) keeps the replay, and the call goes on replayed."""
+    release = threading.Event()
+
+    def slow(split, inputs, threads):
+        release.wait(30)
+        raise RuntimeError("released")
+    monkeypatch.setattr(tier_module, "_compile", slow)
+    start = time.monotonic()
+    try:
+        found = _warm_fresh("eager", tier_timeout_s=0.5)
+        seconds = time.monotonic() - start
+    finally:
+        release.set()
+    assert seconds < 20, seconds   # (not the 30 s the compile would have held the call)
+    assert found.state == FAILED and found.why == "timed out after 0.5 s" and found.chosen is not None, found.text
+
+
 def test_off_never_compiles():
     found = _warm_fresh("off")
     assert found.state == REPLAY and found.tiered is None and not found.why, found.text
