@@ -65,9 +65,9 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
-from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, expand_arrived, lower_sources,
-                                                 route_layout, route_rows, source_rows, stage_by_destination,
-                                                 sum_returned, sums_by_chunk, weighted_all)
+from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
+from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, route_layout, route_rows,
+                                                 stage_by_destination, sum_returned, weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -171,23 +171,13 @@ def dispatch_kernel(layout: Layout):
                 pld.system.notify(signals, peer=d, offsets=[me, PAYLOAD_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, PAYLOAD_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            if not fixed:
-                arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
-                recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
-                                            mode="trunc")
-                base = lower_sources(arrived, me, world, e_local)
-                for s in pl.range(world):
-                    n = pl.read(counts_in, [s, n_experts + me])
-                    if n > 0:
-                        rows = source_rows(meta_in, base, s, n, t_max, lanes, top_k, e_local)
-                        recv_rows = expand_arrived(recv_rows, tokens_in[s * t_max : (s + 1) * t_max, :], rows, n,
-                                                   top_k)
-
-        if fixed:
-            with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only: replayed as torch calls
-                recv_counts[:, :] = pl.col_sum(counts_in[:, me * e_local : (me + 1) * e_local])
-                routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only (fixed: replayed as torch calls)
+            recv_counts[:, :] = pl.col_sum(counts_in[:, me * e_local : (me + 1) * e_local])
+            routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
+            if fixed:
                 recv_rows = expand_all(recv_rows, tokens_in, routes, lanes, e_local * lanes, top_k)
+            else:
+                recv_rows = expand_live(recv_rows, tokens_in, routes, recv_counts, e_local, lanes, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -223,21 +213,14 @@ def combine_kernel(layout: Layout):
         addend.bind_dynamic(0, T_DYN)
         out.bind_dynamic(0, T_DYN)
         t_dim = pl.tensor.dim(out, 0)
-        if fixed:
-            with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only (fixed: replayed as torch calls)
+            if fixed:
                 sums[:, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
+            else:
+                sums = sums_live(sums, y, meta_in, routes, lanes, top_k, hidden, dtype)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             now = pl.read(epoch, [0, 0])
-            if not fixed:
-                base = lower_sources(pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint"),
-                                     me, world, e_local)
-                for s in pl.range(world):
-                    n = pl.read(counts_in, [s, n_experts + me])
-                    if n > 0:
-                        rows = source_rows(meta_in, base, s, n, t_max, lanes, top_k, e_local)
-                        sums = sums_by_chunk(sums, s * t_max, y, meta_in[s * t_max : s * t_max + n, :], rows, n,
-                                             top_k, hidden, dtype)
             for src in pl.range(world):   # source src's sums (its block of sums) back to it, as many rows as it sent
                 count = pl.read(counts_in, [src, n_experts + me])
                 pld.tensor.put(dst=back_in, peer=src, src=sums, dst_offsets=[me * t_max, 0],
