@@ -9,13 +9,17 @@ scattered (a row scatter costs torch 2-3x a gather).
 Combine (`sums_live`): each arrival slot's sum over its live routes only. There is no scatter-add in the DSL (nor
 in the real compiler's tile ops), so the segment sum is made regular instead: the slots are grouped by how many
 of their routes live here (c = 1..K), each slot's live routes packed to its first c columns, and each group summed
-as one [m, 1, c] x [m, c, H] batched matmul over exactly its live rows, in FP32 and rounded once. Dead route slots
+as [m, 1, c] x [m, c, H] batched matmuls (SUM_CHUNK arrivals each) over exactly its live rows, in FP32 and
+rounded once. Dead route slots
 are never gathered, cast or multiplied (the fixed form stands in a live row with weight 0 for them: at 2 ranks and
 top-8 half the slots, at 4 three quarters).
 """
 import pypto.language as pl
 
 from pypto_rt.kernels.moe.dispatch_parts import k_major, weighted_rows
+
+SUM_CHUNK = 256   # arrivals per batched matmul: its [chunk, c, H] FP32 cast stays <= 8 MiB at top-8, H=1024 (heap
+                  # memory a call reuses, in cache; past glibc's mmap threshold each call maps and faults it afresh)
 
 
 @pl.jit.inline
@@ -87,14 +91,18 @@ def slots_by_count(live, lanes, top_k):
 def sums_live(sums, y, meta, routes, lanes, top_k, hidden, dtype):
     """sums[l]: per arrival slot l, the sum over its live routes of its expert row in y ([E_local * LANES, H]) times
     the route's weight (meta [LANES, 2K]: the weights after the rows), in the sums' dtype; slots with no live route
-    (none arrived there) are left as they are. One batched matmul per live-route count. Returns sums."""
+    (none arrived there) are left as they are. One batched matmul per live-route count and SUM_CHUNK arrivals.
+    Returns sums."""
     rows, weights, live = packed_routes(routes, meta[:, top_k : 2 * top_k], lanes, top_k)
     slots, sizes = slots_by_count(live, lanes, top_k)
     for c in pl.range(1, top_k + 1):
         m = pl.read(sizes, [0, c - 1])
         if m > 0:
             group = pl.reshape(slots[c - 1 : c, 0:m], [m, 1])
-            part = weighted_rows(y, pl.mgather(rows, group, coalesce="row")[:, 0:c],
-                                 pl.mgather(weights, group, coalesce="row")[:, 0:c], m, c, hidden)
-            sums = pl.scatter_update(sums, 0, group, pl.cast(part, dtype, mode="rint"))
+            group_rows = pl.mgather(rows, group, coalesce="row")
+            group_weights = pl.mgather(weights, group, coalesce="row")
+            for c0 in pl.range(0, m, SUM_CHUNK):
+                n = pl.min(SUM_CHUNK, m - c0)
+                part = weighted_rows(y, group_rows[c0 : c0 + n, 0:c], group_weights[c0 : c0 + n, 0:c], n, c, hidden)
+                sums = pl.scatter_update(sums, 0, group[c0 : c0 + n, :], pl.cast(part, dtype, mode="rint"))
     return sums

@@ -12,7 +12,8 @@ read), and recv.counts must equal the job's route counts per local expert; neith
 host. Exit 0 when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
 --steady keeps each rank's token count from call to call (the routing still changes), so calls from the fifth
 on replay, and checks that they do. --sum-chunk sets the live form's tokens per weighted-sum pass
-(dispatch_parts.SUM_CHUNK: the collective transport's), so small jobs take several passes and a short last one.
+(dispatch_live.SUM_CHUNK on windows, dispatch_parts.SUM_CHUNK on collectives), so small jobs take several passes
+and a short last one.
 --inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
 """
@@ -22,7 +23,7 @@ import torch
 
 import pypto.language.distributed as pld
 from pypto_rt import run_stats
-from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_parts
+from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_live, dispatch_parts
 from pypto_rt.replay.policy import ReplayPolicy
 from pypto_rt.run_stats import REPLAYED
 
@@ -63,7 +64,7 @@ def main():
     ap.add_argument("--inf-row", action="store_true")
     args = ap.parse_args()
     if args.sum_chunk is not None:
-        dispatch_parts.SUM_CHUNK = args.sum_chunk
+        dispatch_parts.SUM_CHUNK = dispatch_live.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
         dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
     me, world = pld.rank(), pld.world_size()
