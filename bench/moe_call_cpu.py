@@ -2,12 +2,14 @@
 cProfile's top functions, inside a launched job with the bench's shape and MoEBuffer, no barriers between calls.
 
     .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
+        [--sort tottime|cumulative] [--shape decode|prefill] [--skewed]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
 (compiled: every tier swapped in; replayed: the replays) after 20 untimed ones: wall time and `time.thread_time`
 (CPU of the calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile of as
-many more calls.
+many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8; its live form is not
+compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank 0's experts).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from bench.moe_rank import GLOO_TIMEOUT_S, compile_tiers, load_ours, make_buffer
 from bench.moe_routing import MoEShape, make_inputs
 
 
+SHAPES = {"decode": ("decode", 8, 4096, 6), "prefill": ("prefill", 1024, 1024, 8)}   # bench.moe_routing's rows
 _in_waits = [0.0]   # CPU seconds spent inside the shm communicator's waits (their spins, yields and sleeps)
 
 
@@ -53,14 +56,14 @@ def per_call(run, calls: int) -> tuple[float, float, float]:
                                               _in_waits[0] - waits))
 
 
-def profile(run, calls: int, top: int = 30) -> str:
+def profile(run, calls: int, top: int = 40, sort: str = "tottime") -> str:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         run()
     prof.disable()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof, stream=text).sort_stats(sort).print_stats(top)
     return text.getvalue()
 
 
@@ -69,12 +72,15 @@ def main(argv=None) -> int:
     parser.add_argument("--form", choices=["compiled", "replayed"], default="compiled")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--profile", action="store_true", help="rank 0 prints cProfile's top functions")
+    parser.add_argument("--sort", default="tottime", help="the profile's order (pstats: tottime, cumulative, ...)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="decode", help="the bench's decode or prefill row")
+    parser.add_argument("--skewed", action="store_true", help="every token routes to rank 0's experts")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     _count_waits()
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     try:
-        rank, shape = dist.get_rank(), MoEShape("decode", 8, 4096, 6, False)
+        rank, shape = dist.get_rank(), MoEShape(*SHAPES[args.shape], args.skewed)
         x, topk_idx, topk_weights = make_inputs(shape, dist.get_world_size(), rank)
         buf, call, _ = make_buffer(load_ours(), shape, x, topk_idx.int(), topk_weights)
         tiers = compile_tiers(call, buf)
@@ -86,7 +92,7 @@ def main(argv=None) -> int:
               f"CPU {cpu:.3f} ms per call ({cpu - waits:.3f} ms outside the waits' polls)", flush=True)
         dist.barrier()
         if args.profile:
-            text = profile(run, args.calls)
+            text = profile(run, args.calls, sort=args.sort)
             if rank == 0:
                 print(text, flush=True)
         dist.barrier()

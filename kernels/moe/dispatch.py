@@ -35,24 +35,24 @@ Dispatch:
    (exclusive prefix counts: a matmul with a strictly lower triangular matrix); the (token, destination) pairs
    staged by destination (block d * T_MAX) in one scatter each for the rows and their meta rows;
 2. `moe_exchange` (signals): to each destination, the count row and the live rows (tokens and meta) into this
-   rank's block, signal 0; then the wait for every source (once each). In the *live* form it then expands each
-   source's arrived tokens: the route slots that live here are compacted (the compare form of `pl.gather`) and
-   their tokens copied to their rows in one gather and one scatter (shapes that follow data: this region is
-   called as it is by a replay);
-3. `moe_expand` (windows, the *fixed* form): the same over every arrival slot, with shapes fixed by the layout
-   (slots past a source's count are masked by a tensor compare, never read into the program): an index pass
-   gives each receive row its token, then one gather fills the receive rows; and the counts per local expert.
-   The arrival slots' receive rows stay in the buffer's `routes` tensor for the combine.
+   rank's block, signal 0; then the wait for every source (once each);
+3. `moe_expand` (windows): per arrival slot (slots past a source's count are masked by a tensor compare, never read
+   into the program) and route slot its receive row, kept in the buffer's `routes` tensor for the combine, and the
+   counts per local expert; then the receive rows. The *fixed* form gives each receive row its token in an index
+   pass and fills every receive row in one gather (shapes fixed by the layout: a replay runs it as torch calls);
+   the *live* form gathers only each expert's counted rows (`dispatch_live.expand_live`: shapes that follow data,
+   so a replay calls this region as it is).
 The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes), where
 a pass over every slot costs less than the live form; live beyond, where only live rows are touched.
-Combine: `moe_sums` (windows, fixed form) sums, per arrival slot, its routes' expert rows (the dispatch's `routes`)
-times their weights (the weights are applied on the expert's rank, so one row per token and rank travels back): one
-gather of the slots' rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts,
-weights and sums them in FP32 (a slot that lives elsewhere weighs 0 and reads a row its token owns, never a row past the
-counts, which may hold anything); `moe_return` (signals; the live form sums each source's arrived slots first,
-the same way) puts each source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows)
-gathers, per token, the row each of its ranks sent back and sums them (the same batched matmul, weights 0/1)
-with the token's row of `addend` (e.g. the shared expert's output; zeros when there is none), rounding once.
+Combine: `moe_sums` (windows) sums, per arrival slot, its routes' expert rows (the dispatch's `routes`) times their
+weights (the weights are applied on the expert's rank, so one row per token and rank travels back). Fixed form: one
+gather of every slot's K rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts,
+weights and sums them in FP32 (a route slot that lives elsewhere weighs 0 and reads a row its token owns, never a
+row past the counts, which may hold anything). Live form (`dispatch_live.sums_live`): the same over live routes
+only, the slots grouped by their live-route count, one batched matmul per group. `moe_return` (signals) puts each
+source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows) gathers, per token, the row
+each of its ranks sent back and sums them (the same batched matmul, weights 0/1) with the token's row of `addend`
+(e.g. the shared expert's output; zeros when there is none), rounding once.
 
 Only live rows cross: a put carries exactly the rows a destination needs, plus the [1, E + W] count row (the row
 counts are read inside the regions, never by the host program). The host program reads no data, so repeated
@@ -65,9 +65,9 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
-from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, expand_arrived, lower_sources,
-                                                 route_layout, route_rows, source_rows, stage_by_destination,
-                                                 sum_returned, sums_by_chunk, weighted_all)
+from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
+from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, route_layout, route_rows,
+                                                 stage_by_destination, sum_returned, weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -171,23 +171,13 @@ def dispatch_kernel(layout: Layout):
                 pld.system.notify(signals, peer=d, offsets=[me, PAYLOAD_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, PAYLOAD_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-            if not fixed:
-                arrived = pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint")
-                recv_counts[:, :] = pl.cast(pl.col_sum(arrived[:, me * e_local : (me + 1) * e_local]), pl.INT32,
-                                            mode="trunc")
-                base = lower_sources(arrived, me, world, e_local)
-                for s in pl.range(world):
-                    n = pl.read(counts_in, [s, n_experts + me])
-                    if n > 0:
-                        rows = source_rows(meta_in, base, s, n, t_max, lanes, top_k, e_local)
-                        recv_rows = expand_arrived(recv_rows, tokens_in[s * t_max : (s + 1) * t_max, :], rows, n,
-                                                   top_k)
-
-        if fixed:
-            with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only: replayed as torch calls
-                recv_counts[:, :] = pl.col_sum(counts_in[:, me * e_local : (me + 1) * e_local])
-                routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only (fixed: replayed as torch calls)
+            recv_counts[:, :] = pl.col_sum(counts_in[:, me * e_local : (me + 1) * e_local])
+            routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
+            if fixed:
                 recv_rows = expand_all(recv_rows, tokens_in, routes, lanes, e_local * lanes, top_k)
+            else:
+                recv_rows = expand_live(recv_rows, tokens_in, routes, recv_counts, e_local, lanes, top_k)
         return recv_rows, recv_counts
 
     return moe_dispatch
@@ -223,21 +213,14 @@ def combine_kernel(layout: Layout):
         addend.bind_dynamic(0, T_DYN)
         out.bind_dynamic(0, T_DYN)
         t_dim = pl.tensor.dim(out, 0)
-        if fixed:
-            with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only (fixed: replayed as torch calls)
+            if fixed:
                 sums[:, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
+            else:
+                sums = sums_live(sums, y, meta_in, routes, lanes, top_k, hidden, dtype)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             now = pl.read(epoch, [0, 0])
-            if not fixed:
-                base = lower_sources(pl.cast(pl.load(counts_in, [0, 0], [world, n_counts]), pl.FP32, mode="rint"),
-                                     me, world, e_local)
-                for s in pl.range(world):
-                    n = pl.read(counts_in, [s, n_experts + me])
-                    if n > 0:
-                        rows = source_rows(meta_in, base, s, n, t_max, lanes, top_k, e_local)
-                        sums = sums_by_chunk(sums, s * t_max, y, meta_in[s * t_max : s * t_max + n, :], rows, n,
-                                             top_k, hidden, dtype)
             for src in pl.range(world):   # source src's sums (its block of sums) back to it, as many rows as it sent
                 count = pl.read(counts_in, [src, n_experts + me])
                 pld.tensor.put(dst=back_in, peer=src, src=sums, dst_offsets=[me * t_max, 0],

@@ -52,15 +52,25 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(n
 
 
 @pytest.mark.timeout(180)
-def test_the_live_form_sums_its_arrivals_in_chunks_with_a_short_last_one():
-    """The live form's combine sums SUM_CHUNK arrived tokens per pass (256 in the library: prefill sizes); at 2 per
-    pass, up to 6 arrivals per source take several passes and an odd count a 1-token last one, all exact."""
-    job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "live", "--sum-chunk", "2", "--top-k", "3",
-                                                                 "--experts-per-rank", "3"), limit_s=170)
+def test_the_live_form_sums_live_routes_only_in_chunks_so_an_inf_row_gives_inf_not_nan():
+    """The live form's combine groups arrivals by how many of their routes live on the rank (1..K at top-3, 3 experts
+    per rank) and sums exactly those rows, SUM_CHUNK arrivals a pass (256 in the library; 2 here: several passes
+    and a 1-arrival last one): a token whose live route reads a +inf expert row combines to +inf. The fixed form's
+    stand-in for a dead route slot (a live row of the token, weight 0) made that 0 * inf = NaN."""
+    job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "live", "--top-k", "3", "--sum-chunk", "2",
+                                                                 "--experts-per-rank", "3", "--inf-row"), limit_s=170)
     _all_pass(job, 2, checks=12)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
+@pytest.mark.xfail(strict=True, reason="the fixed form (decode sizes) weighs a stand-in row 0 for each dead route "
+                   "slot: 0 * inf is NaN for a token whose live row is inf")
+def test_the_fixed_form_gives_nan_for_an_inf_row_behind_a_dead_route_slot():
+    job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "fixed", "--top-k", "3",
+                                                                 "--experts-per-rank", "3", "--inf-row"), limit_s=170)
+    _all_pass(job, 2, checks=12)
+
+
 def test_mistakes_raise_before_communicating_and_the_buffer_keeps_working():
     job = launch(2, ERRORS, "--timeout-s", "60", args=("recover",))
     assert job.rc == 0, job.out[-3000:] + job.err[-3000:]

@@ -2,7 +2,7 @@
 
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed] [--dtype bf16|fp32]
-                                               [--form auto|fixed|live] [--steady] [--sum-chunk N]
+                                               [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
@@ -12,7 +12,10 @@ read), and recv.counts must equal the job's route counts per local expert; neith
 host. Exit 0 when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
 --steady keeps each rank's token count from call to call (the routing still changes), so calls from the fifth
 on replay, and checks that they do. --sum-chunk sets the live form's tokens per weighted-sum pass
-(dispatch_parts.SUM_CHUNK), so small jobs take several passes and a short last one.
+(dispatch_live.SUM_CHUNK on windows, dispatch_parts.SUM_CHUNK on collectives), so small jobs take several passes
+and a short last one.
+--inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
++inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
 """
 import argparse
 
@@ -20,7 +23,7 @@ import torch
 
 import pypto.language.distributed as pld
 from pypto_rt import run_stats
-from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_parts
+from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_live, dispatch_parts
 from pypto_rt.replay.policy import ReplayPolicy
 from pypto_rt.run_stats import REPLAYED
 
@@ -32,6 +35,18 @@ def routing(world, experts, top_k, tokens, skewed, gen):
     pool = experts // world if skewed else experts
     return torch.stack([torch.randperm(pool, generator=gen)[:top_k] for _ in range(tokens)]).to(torch.int32) \
         if tokens else torch.zeros(0, top_k, dtype=torch.int32)
+
+
+def _inf_tokens(idxs, counts, me, e_local) -> list[int]:
+    """This rank's tokens that hold the first row of some rank's last local expert (--inf-row): per expert, the
+    first token in (rank, token) order routed to it."""
+    world, mine = len(counts), []
+    for d in range(world):
+        expert = d * e_local + e_local - 1
+        first = next(((r, t) for r in range(world) for t in range(counts[r]) if (idxs[r][t] == expert).any()), None)
+        if first is not None and first[0] == me:
+            mine.append(first[1])
+    return mine
 
 
 def main():
@@ -46,9 +61,10 @@ def main():
     ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--sum-chunk", type=int, default=None)
+    ap.add_argument("--inf-row", action="store_true")
     args = ap.parse_args()
     if args.sum_chunk is not None:
-        dispatch_parts.SUM_CHUNK = args.sum_chunk
+        dispatch_parts.SUM_CHUNK = dispatch_live.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
         dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
     me, world = pld.rank(), pld.world_size()
@@ -81,12 +97,14 @@ def main():
             got = recv.x[e, :len(rows)]
             live_ok &= len(rows) == int(recv.counts[e]) and (not rows or torch.equal(got, torch.stack(rows)))
         checks[f"call {call}: recv.x rows in (rank, token) order"] = live_ok
+        if args.inf_row and int(recv.counts[e_local - 1]) > 0:
+            y[e_local - 1, 0] = float("inf")
         with run_stats.collect() as combined:
             out = buf.combine(y, recv.handle, add=xs[me] if call == 1 else None)
         checks[f"call {call}: no host reads"] = dispatched.host_reads == combined.host_reads == 0
         if args.steady and call > ReplayPolicy().normal_runs + 1:   # (after the engine runs and two recordings)
             # the signalling regions are recorded calls (replay.comm_block; the puts' extents are row counts read
-            # from data); the live form's exchange and return compact the arrived routes (shapes that follow data),
+            # from data); the live form's expansion and sums touch the live rows only (shapes that follow data),
             # so they are called as they are, which the first recording finds (it is refused inside them)
             opaque = "called as they are" if buf.layout.fixed_shape else "and 1 kernel blocks called"
             checks[f"call {call}: replayed"] = dispatched.replay.kind == combined.replay.kind == REPLAYED and (
@@ -94,6 +112,8 @@ def main():
                 (not buf.layout.fixed_shape))
         mult = (idxs[me].float() + 1) * ws[me]
         want = xs[me].float() * (mult.sum(dim=1, keepdim=True) + (1 if call == 1 else 0))   # call 1 adds x
+        if args.inf_row:
+            want[_inf_tokens(idxs, counts, me, e_local)] = float("inf")
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
         checks[f"call {call}: combine"] = list(out.shape) == [counts[me], args.hidden] and torch.allclose(
             out.float(), want, rtol=tol, atol=tol)

@@ -1,0 +1,108 @@
+"""The live form of the window receive side (layouts past `dispatch.FIXED_SHAPE_BYTES`: prefill sizes): the same
+index passes as the fixed form (`dispatch_parts.arrived_routes`, over every arrival slot, shapes fixed by the
+layout), then data-sized row passes that touch live rows only. Sizes as in `dispatch.py`.
+
+Dispatch (`expand_live`): every receive row's arrival slot (one index scatter), then per local expert one gather of
+its `recv_counts` rows from the arrived tokens: each live route row is read and written once, and no row is
+scattered (a row scatter costs torch 2-3x a gather).
+
+Combine (`sums_live`): each arrival slot's sum over its live routes only. There is no scatter-add in the DSL (nor
+in the real compiler's tile ops), so the segment sum is made regular instead: the slots are grouped by how many
+of their routes live here (c = 1..K), each slot's live routes packed to its first c columns, and each group summed
+as [m, 1, c] x [m, c, H] batched matmuls (SUM_CHUNK arrivals each) over exactly its live rows, in FP32 and
+rounded once. Dead route slots
+are never gathered, cast or multiplied (the fixed form stands in a live row with weight 0 for them: at 2 ranks and
+top-8 half the slots, at 4 three quarters).
+"""
+import pypto.language as pl
+
+from pypto_rt.kernels.moe.dispatch_parts import k_major, weighted_rows
+
+SUM_CHUNK = 256   # arrivals per batched matmul: its [chunk, c, H] FP32 cast stays <= 8 MiB at top-8, H=1024 (heap
+                  # memory a call reuses, in cache; past glibc's mmap threshold each call maps and faults it afresh)
+
+
+@pl.jit.inline
+def receive_sources(routes, lanes, layout_rows, top_k):
+    """[layout_rows + 1, 1] INT32: per receive row the arrival slot whose token it holds (routes [LANES, K] INT32
+    from `arrived_routes`, -1: dead; rows no route fills hold 0, the last row takes the dead slots)."""
+    target = pl.sel(pl.cmps(routes, 0, cmp_type=5), routes, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
+    token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
+                          pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
+    return pl.scatter_update(pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), 0,
+                             k_major(target, lanes, top_k), k_major(token, lanes, top_k))
+
+
+@pl.jit.inline
+def expand_live(recv_rows, tokens, routes, recv_counts, e_local, lanes, top_k):
+    """Fill each local expert's first recv_counts[0, j] receive rows with their tokens (tokens [LANES, H]: the
+    arrival slots), one gather per expert. Returns recv_rows."""
+    sources = receive_sources(routes, lanes, e_local * lanes, top_k)
+    for j in pl.range(e_local):
+        c = pl.read(recv_counts, [0, j])
+        if c > 0:
+            recv_rows[j * lanes : j * lanes + c, :] = pl.mgather(tokens, sources[j * lanes : j * lanes + c, :],
+                                                                 coalesce="row")
+    return recv_rows
+
+
+@pl.jit.inline
+def packed_routes(routes, weights, lanes, top_k):
+    """Each arrival slot's live routes packed to its first columns, in route-slot order: (rows [LANES, K] INT32,
+    weights [LANES, K] FP32, live [LANES, 1] FP32: how many; columns past it hold 0). Packing is a batched matmul
+    with a 0/1 matrix (column c takes the live route slot with c live ones before it: exact in FP32, rows below
+    2^24), not a scatter: the op library's scatters sort their targets to resolve repeats."""
+    ones = pl.full([lanes, top_k], dtype=pl.FP32, value=1.0)
+    live = pl.sel(pl.cmps(routes, 0, cmp_type=5), ones, pl.full([lanes, top_k], dtype=pl.FP32, value=0.0))
+    before = pl.sel(pl.cmps(routes, 0, cmp_type=5), pl.matmul(live, pl.tri(1, [top_k, top_k], dtype=pl.FP32,
+                                                                            upper=True)),
+                    pl.full([lanes, top_k], dtype=pl.FP32, value=-1.0))     # live route slots before k; dead: -1
+    width = top_k * top_k                                                # column c * K + k: (packed c, slot k)
+    counting = pl.arange(0, [1, top_k], dtype=pl.FP32)
+    square = pl.full([top_k, top_k], dtype=pl.FP32, value=0.0)
+    slot_of = pl.reshape(pl.col_expand(square, counting), [1, width])                            # k
+    packed_of = pl.reshape(pl.row_expand(square, pl.reshape(counting, [top_k, 1])), [1, width])  # c
+    tiles = pl.cmp(pl.col_expand(pl.full([top_k, width], dtype=pl.FP32, value=0.0), slot_of),
+                   pl.row_expand(pl.full([top_k, width], dtype=pl.FP32, value=0.0), pl.reshape(counting, [top_k, 1])),
+                   cmp_type=0)                                           # [K, K * K]: slot k to every c
+    tiles = pl.sel(tiles, pl.full([top_k, width], dtype=pl.FP32, value=1.0),
+                   pl.full([top_k, width], dtype=pl.FP32, value=0.0))
+    wanted = pl.col_expand(pl.full([lanes, width], dtype=pl.FP32, value=0.0), packed_of)
+    picks = pl.sel(pl.cmp(pl.matmul(before, tiles), wanted, cmp_type=0),
+                   pl.full([lanes, width], dtype=pl.FP32, value=1.0), pl.full([lanes, width], dtype=pl.FP32, value=0.0))
+    picks = pl.reshape(picks, [lanes, top_k, top_k])                     # [l, c, k]: slot k is packed column c
+    rows = pl.matmul(picks, pl.reshape(pl.cast(routes, pl.FP32, mode="rint"), [lanes, top_k, 1]))
+    packed = pl.matmul(picks, pl.reshape(weights, [lanes, top_k, 1]))
+    return (pl.cast(pl.reshape(rows, [lanes, top_k]), pl.INT32, mode="rint"), pl.reshape(packed, [lanes, top_k]),
+            pl.row_sum(live))
+
+
+@pl.jit.inline
+def slots_by_count(live, lanes, top_k):
+    """(slots [K, LANES] INT32, sizes [1, K] INT32): row c - 1 lists, ascending, the arrival slots with exactly c
+    live routes (live [LANES, 1] FP32), its first sizes[0, c - 1] entries."""
+    per_count = pl.col_expand(pl.full([top_k, lanes], dtype=pl.FP32, value=0.0),
+                              pl.reshape(pl.transpose(live, 0, 1), [1, lanes]))
+    wanted = pl.cast(pl.reshape(pl.arange(1, [1, top_k], dtype=pl.INT32), [top_k, 1]), pl.FP32, mode="rint")
+    return pl.gather(pl.row_expand_sub(per_count, wanted), kvalue=0.0, cmp_mode=0, out_cols=lanes)
+
+
+@pl.jit.inline
+def sums_live(sums, y, meta, routes, lanes, top_k, hidden, dtype):
+    """sums[l]: per arrival slot l, the sum over its live routes of its expert row in y ([E_local * LANES, H]) times
+    the route's weight (meta [LANES, 2K]: the weights after the rows), in the sums' dtype; slots with no live route
+    (none arrived there) are left as they are. One batched matmul per live-route count and SUM_CHUNK arrivals.
+    Returns sums."""
+    rows, weights, live = packed_routes(routes, meta[:, top_k : 2 * top_k], lanes, top_k)
+    slots, sizes = slots_by_count(live, lanes, top_k)
+    for c in pl.range(1, top_k + 1):
+        m = pl.read(sizes, [0, c - 1])
+        if m > 0:
+            group = pl.reshape(slots[c - 1 : c, 0:m], [m, 1])
+            group_rows = pl.mgather(rows, group, coalesce="row")
+            group_weights = pl.mgather(weights, group, coalesce="row")
+            for c0 in pl.range(0, m, SUM_CHUNK):
+                n = pl.min(SUM_CHUNK, m - c0)
+                part = weighted_rows(y, group_rows[c0 : c0 + n, 0:c], group_weights[c0 : c0 + n, 0:c], n, c, hidden)
+                sums = pl.scatter_update(sums, 0, group[c0 : c0 + n, :], pl.cast(part, dtype, mode="rint"))
+    return sums
