@@ -10,9 +10,9 @@ bytes (unique (token, destination rank) pairs) are summed over ranks; MoEBuffer'
 it has one, else from the rows its `sent_rows()` reports. Receive buffer: the baseline's largest rank's dispatch
 receive; MoEBuffer's `recv.x`. The last column says how a repeated MoEBuffer call ran (pypto_rt.run_stats).
 
-`python -m bench.moe_dispatch [--full] [--worlds 2,4,8] [--iters N] [--budget-s S] [--tier eager]` prints the
-tables on their own; `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; about 10
-minutes on 2 cores). Each shape's calls stop at a time budget (at least 5 timed calls each), so a slow contender
+`python -m bench.moe_dispatch [--full] [--decode] [--worlds 2,4,8] [--iters N] [--budget-s S] [--tier eager]` prints
+the tables on their own; `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and skewed; about
+10 minutes on 2 cores); `--decode` leaves prefill out. Each shape's calls stop at a time budget (at least 5 timed calls each), so a slow contender
 cannot stall the suite. `--tier eager` compiles MoEBuffer's replays on every rank (PYPTO_TIER, issue 17) and times
 its compiled calls against its replayed ones, interleaved with the baseline (a third table, with build times).
 """
@@ -198,8 +198,8 @@ def report(worlds: dict[int, list[list[dict]]]) -> str:
 
 
 def run(worlds=(2, 4, 8), full: bool = False, iters: int | None = None, budget_s: float | None = None,
-        tier: str = "off") -> str:
-    shape_set = "full" if full else "quick"
+        tier: str = "off", decode: bool = False) -> str:
+    shape_set = ("full" if full else "quick") if not decode else ("full-decode" if full else "decode")
     iters, warmup = iters or (50 if full else 20), 10 if full else 3
     budget_s = budget_s or (25.0 if full else 15.0)
     results = {world: run_world(world, shape_set, iters, warmup, budget_s=budget_s, tier=tier) for world in worlds}
@@ -216,6 +216,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.moe_dispatch", description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="2,4,8", help="comma-separated rank counts (default 2,4,8)")
     parser.add_argument("--full", action="store_true", help="every shape (decode T=8/128, prefill T=1024)")
+    parser.add_argument("--decode", action="store_true", help="decode shapes only (no prefill)")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per contender (default 20; --full 50)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds per shape, both contenders (default 15; --full 25)")
@@ -223,6 +224,7 @@ if __name__ == "__main__":
                         help="eager: MoEBuffer's replays compiled on every rank, timed against its replays")
     args = parser.parse_args()
     start = time.perf_counter()
-    body = run(tuple(int(w) for w in args.worlds.split(",")), args.full, args.iters, args.budget_s, args.tier)
+    body = run(tuple(int(w) for w in args.worlds.split(",")), args.full, args.iters, args.budget_s, args.tier,
+               args.decode)
     print(f"## {TITLE}\n\n{body}\n\n"
           f"_(moe_dispatch: {time.perf_counter() - start:.1f} s)_")

@@ -50,7 +50,7 @@ def _both(phase: str, tokens: int, hidden: int, top_k: int) -> tuple[MoEShape, M
 FULL = _both("decode", 8, 4096, 6) + _both("decode", 128, 4096, 6) + _both("prefill", 1024, 1024, 8)
 QUICK = _both("decode", 8, 4096, 6) + _both("prefill", 1024, 1024, 8)[:1]
 CHECK = _both("decode", 5, 64, 3) + _both("prefill", 33, 32, 4)   # tiny: correctness only (tests)
-SETS = {"full": FULL, "quick": QUICK, "check": CHECK}
+SETS = {"full": FULL, "quick": QUICK, "check": CHECK, "decode": QUICK[:2], "full-decode": FULL[:4]}
 
 
 def make_inputs(shape: MoEShape, world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
