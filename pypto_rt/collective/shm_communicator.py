@@ -115,7 +115,8 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._check = None
         # busy polls pay only while every rank has a core; oversubscribed, a spinner delays the rank it awaits
         self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
-        self._futex = futex.AVAILABLE and comm_settings.shm_block()
+        # futex waits where every rank has a core; oversubscribed, yields and sleeps measured faster (bench/shm_wake.py)
+        self._futex = futex.AVAILABLE and comm_settings.shm_block() and world_size <= (os.cpu_count() or 1)
         self._init_staging()
         self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
