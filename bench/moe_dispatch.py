@@ -10,9 +10,10 @@ bytes (unique (token, destination rank) pairs) are summed over ranks; MoEBuffer'
 it has one, else from the rows its `sent_rows()` reports. Receive buffer: the baseline's largest rank's dispatch
 receive; MoEBuffer's `recv.x`. The last column says how a repeated MoEBuffer call ran (pypto_rt.run_stats).
 
-`python -m bench.moe_dispatch [--full | --set prefill] [--worlds 2,4,8] [--iters N] [--budget-s S] [--tier eager]`
+`python -m bench.moe_dispatch [--full | --set prefill|decode|full-decode] [--worlds 2,4,8] [--iters N] [--budget-s S] [--tier eager]`
 prints the tables on their own; `--full` runs every shape (decode T=8, T=128 and prefill T=1024, uniform and
-skewed; about 10 minutes on 2 cores), `--set prefill` the prefill ones. Each shape's calls stop at a time budget
+skewed; about 10 minutes on 2 cores), `--set prefill` the prefill ones, `--set decode` /
+`full-decode` the decode ones of the quick / full set. Each shape's calls stop at a time budget
 (at least 5 timed calls each), so a slow contender cannot stall the suite. `--tier eager` compiles MoEBuffer's
 replays on every rank (PYPTO_TIER, issue 17) and times its compiled calls against its replayed ones, interleaved
 with the baseline (a third table, with build times).
@@ -217,8 +218,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.moe_dispatch", description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="2,4,8", help="comma-separated rank counts (default 2,4,8)")
     parser.add_argument("--full", action="store_true", help="every shape (decode T=8/128, prefill T=1024)")
-    parser.add_argument("--set", dest="shape_set", choices=["quick", "full", "prefill"], default=None,
-                        help="a shape set of bench.moe_routing (prefill: T=1024 uniform and skewed)")
+    parser.add_argument("--set", dest="shape_set", default=None,
+                        choices=["quick", "full", "prefill", "decode", "full-decode"],
+                        help="a shape set of bench.moe_routing (prefill: T=1024 uniform and skewed; decode: T=8)")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per contender (default 20; --full 50)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds per shape, both contenders (default 15; --full 25)")

@@ -51,7 +51,8 @@ FULL = _both("decode", 8, 4096, 6) + _both("decode", 128, 4096, 6) + _both("pref
 QUICK = _both("decode", 8, 4096, 6) + _both("prefill", 1024, 1024, 8)[:1]
 CHECK = _both("decode", 5, 64, 3) + _both("prefill", 33, 32, 4)   # tiny: correctness only (tests)
 PREFILL = _both("prefill", 1024, 1024, 8)    # issue 14's prefill rows alone (`bench.moe_dispatch --set prefill`)
-SETS = {"full": FULL, "quick": QUICK, "check": CHECK, "prefill": PREFILL}
+SETS = {"full": FULL, "quick": QUICK, "check": CHECK, "prefill": PREFILL,
+        "decode": QUICK[:2], "full-decode": FULL[:4]}
 
 
 def make_inputs(shape: MoEShape, world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

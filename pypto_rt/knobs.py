@@ -143,6 +143,9 @@ START_TIMEOUT_S = Knob("PYPTO_START_TIMEOUT_S", "120", "float", "seconds a new c
                        "after this rendezvous")
 COMM_CHECK = Knob("PYPTO_COMM_CHECK", "0", "bool", "before each collective, ranks compare (sequence number, op, "
                   "shape, dtype) through the store: a mismatch is an error naming both ranks instead of a hang")
+SHM_BLOCK = Knob("PYPTO_SHM_BLOCK", "1", "bool", "with no more ranks than cores, a shm wait past its spin and "
+                 "yields blocks on a futex of its cell (Linux) until the peer's signal wakes it; 0: it sleeps "
+                 "doubling instead")
 FRONTEND_DEBUG = Knob("PYPTO_FRONTEND_DEBUG", "0", "bool", "keep pypto-rt's own frames in tracebacks (for pypto-rt "
                       "developers)")
 

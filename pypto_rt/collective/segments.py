@@ -89,6 +89,7 @@ class Segment:
         self.tensor = torch.frombuffer(mm, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
         self.cells32 = memoryview(mm).cast("i")
         self.cells64 = memoryview(mm).cast("q")
+        self.address = self.tensor.data_ptr()   # of byte 0 (futex waits and wakes name cells by address)
         self._thread_lock = threading.Lock()
         self._lock_fd: int | None = None
 

@@ -9,6 +9,8 @@ close), k counts this rank's communicators, kind is `ctl` (control cells), `w<i>
 The per-rank control cells (barrier epochs, state, staging generations) are laid out in control.py.
 Store order (data before signal): a rank writes data, then its cells; x86-64 (TSO) keeps that order, and other
 hosts route signal and epoch writes through the segment lock (the flock syscalls order them).
+Waking (futex.py, PYPTO_SHM_BLOCK): every signal or epoch write is followed by a futex wake on its cell, and a
+wait that the spin did not satisfy blocks on the cell it awaits, so it gives its core away and wakes on the write.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch
 
 from pypto_rt.errors import PyptoError
 
-from . import comm_settings, nodes, store_rendezvous
+from . import comm_settings, futex, nodes, store_rendezvous
 from .base import (CollectiveMismatchError, CommError, Communicator, PeerAbortedError, Window, check_peer, notify_op,
                    signature, wait_cmp)
 from .check import CollectiveCheck
@@ -113,6 +115,8 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._check = None
         # busy polls pay only while every rank has a core; oversubscribed, a spinner delays the rank it awaits
         self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
+        # futex waits where every rank has a core; oversubscribed, yields and sleeps measured faster (bench/shm_wake.py)
+        self._futex = futex.AVAILABLE and comm_settings.shm_block() and world_size <= (os.cpu_count() or 1)
         self._init_staging()
         self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
@@ -140,12 +144,23 @@ class ShmCommunicator(StagedCollectives, Communicator):
 
     # ------------------------------------------------------------------------------------------ signal plumbing
     def _publish(self, cells, index: int, value: int, segment: Segment) -> None:
-        """A signal write: after this rank's earlier data writes on every host (see module docstring)."""
+        """A signal write: after this rank's earlier data writes on every host (see module docstring); then its
+        waiters are woken."""
         if _ORDERED_STORES:
             cells[index] = value
         else:
             with segment.locked():
                 cells[index] = value
+        if self._futex:
+            futex.wake(segment.address + index * cells.itemsize)
+
+    def _blocker(self, segment: Segment, cells, index: int):
+        """A backoff_wait `block` on `cells[index]` of `segment` (None without futexes): sleeps while the cell
+        holds the value it read."""
+        if not self._futex:
+            return None
+        addr = segment.address + index * cells.itemsize
+        return lambda seconds: futex.wait(addr, cells[index], seconds)
 
     def _peer_trouble(self, r: int, barrier: bool) -> str | None:
         """Why rank r can no longer satisfy a wait of this rank, or None."""
@@ -209,9 +224,13 @@ class ShmCommunicator(StagedCollectives, Communicator):
         def record(waited):
             return wait_record(self.rank, op, label, seen=[peer_cells[r][EPOCH] for r in sorted(pending)],
                                expected=e, cmp="ge", peers=pending, waited_s=waited)
+        def block(seconds):   # on the epoch of the last pending peer (ready pops from the end)
+            r = pending[-1]
+            futex.wait(self._peer_ctl[r].address + EPOCH * 8, peer_cells[r][EPOCH], seconds)
         start = time.monotonic()
         watch = self._watcher(pending, op, label, lambda: record(time.monotonic() - start))
-        if backoff_wait(ready, self.timeout_s, watch, spin=self._spin) is None:
+        if backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
+                        block=block if self._futex else None) is None:
             raise timeout_error(record(time.monotonic() - start), hint=(
                 f"the listed ranks never reached this rank's barrier #{e} (in {op}): they are stuck elsewhere "
                 "(see their own reports) or skipped a collective; PYPTO_TIMEOUT_S bounds the wait"))
@@ -282,12 +301,15 @@ class ShmCommunicator(StagedCollectives, Communicator):
         else:
             with segment.locked():
                 cells[index] = _wrap32(cells[index] + int(value))
+            if self._futex:
+                futex.wake(segment.address + index * 4)
 
     def wait(self, window: Window, byte_offset: int, expected: int, cmp="ge", *, label: str | None = None,
              cell: list | None = None, peers: list[int] | None = None) -> int:
         cmp = wait_cmp(cmp)
         index = self._cell(window, self.rank, byte_offset, "wait")
-        cells, expected = window.segments[self.rank].cells32, int(expected)
+        segment = window.segments[self.rank]
+        cells, expected = segment.cells32, int(expected)
         ready = (lambda: cells[index] >= expected) if cmp == "ge" else (lambda: cells[index] == expected)
 
         def record(waited):
@@ -295,7 +317,8 @@ class ShmCommunicator(StagedCollectives, Communicator):
                                cells[index], expected, cmp, peers, waited)
         start = time.monotonic()
         watch = self._watcher(peers, "wait", label, lambda: record(time.monotonic() - start))
-        if backoff_wait(ready, self.timeout_s, watch, spin=self._spin) is None:
+        if backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
+                        block=self._blocker(segment, cells, index)) is None:
             raise timeout_error(record(time.monotonic() - start))
         return cells[index]
 

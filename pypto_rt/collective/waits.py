@@ -1,7 +1,9 @@
 """Waiting with backoff and a deadline, the wait records a timeout carries, and the cross-rank picture they make.
 
 Every blocking wait of a communicator goes through `backoff_wait`: a short spin, then `sched_yield` polls, then
-sleeps doubling up to `MAX_SLEEP_S` (8 ranks may share 2 cores), until the condition holds or the deadline passes.
+sleeps doubling up to `MAX_SLEEP_S` (8 ranks may share 2 cores), until the condition holds or the deadline passes;
+given a `block` (the shm communicator's futex on the awaited cell), it blocks there instead of sleeping, so it
+wakes when the peer signals (a doubling sleep overshoots the signal by up to MAX_SLEEP_S).
 A wait that expires becomes a `CommTimeoutError` whose `.wait` dict has exactly `WAIT_KEYS`; the launcher collects
 those dicts from all ranks and `merge_reports` renders them as one wait-for picture naming the root. Imports
 nothing from pypto_rt but this package's base.
@@ -27,10 +29,12 @@ _clock = time.monotonic
 
 
 def backoff_wait(ready, timeout_s: float, watch=None, spin: int = SPIN_POLLS, yields: int = YIELD_POLLS,
-                 max_sleep: float = MAX_SLEEP_S) -> float | None:
+                 max_sleep: float = MAX_SLEEP_S, block=None) -> float | None:
     """Poll `ready()` until true; returns the seconds waited, or None when `timeout_s` passed first.
     `watch()` runs every WATCH_EVERY_S once the wait sleeps; it raises to end the wait early. Costly polls (a
-    store round trip) pass fewer spins and a longer max_sleep."""
+    store round trip) pass fewer spins and a longer max_sleep. `block(seconds)` (optional) returns when what
+    `ready` reads may have changed or the seconds passed; it replaces the sleeps (the yields stay: a peer that
+    answers within them costs no system call, and this rank stays runnable)."""
     for _ in range(spin):
         if ready():
             return 0.0
@@ -40,6 +44,8 @@ def backoff_wait(ready, timeout_s: float, watch=None, spin: int = SPIN_POLLS, yi
         os.sched_yield()
         if ready():
             return _clock() - start
+    if block is not None:
+        return _blocking_wait(ready, block, watch, start, deadline, next_watch)
     sleep = MIN_SLEEP_S
     while True:
         if ready():
@@ -52,6 +58,20 @@ def backoff_wait(ready, timeout_s: float, watch=None, spin: int = SPIN_POLLS, yi
             next_watch = now + WATCH_EVERY_S
         time.sleep(min(sleep, max(deadline - now, 0.0)))
         sleep = min(sleep * 2, max_sleep)
+
+
+def _blocking_wait(ready, block, watch, start: float, deadline: float, next_watch: float) -> float | None:
+    """backoff_wait's phase with a `block`: each block lasts until a change, the deadline or the next watch."""
+    while True:
+        if ready():
+            return _clock() - start
+        now = _clock()
+        if now >= deadline:
+            return None
+        if watch is not None and now >= next_watch:
+            watch()
+            next_watch = now + WATCH_EVERY_S
+        block(min(deadline, next_watch) - now)
 
 
 def wait_record(rank: int, op: str, label: str | None = None, window: str | None = None, cell=None, seen=None,

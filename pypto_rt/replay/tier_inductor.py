@@ -10,8 +10,12 @@ from pypto_rt.replay.tier_graph import capturing, direct_call
 
 def inductor_settings(threads: int) -> dict:
     """Inductor's settings for a tier build (replay.tier_segments' too). emulate_precision_casts: a cast to bf16/fp16
-    and back rounds as eager torch does (inductor would keep fp32)."""
-    return {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads, "emulate_precision_casts": True}
+    and back rounds as eager torch does (inductor would keep fp32). size_asserts off: the generated code would
+    check every input's sizes and strides on every call (~1 µs each, ~70 per MoE decode call), which a tier's
+    inputs always have: it runs only where its replay's guards matched the arguments' sizes, strides, offsets and
+    dtypes, and every other input is a tensor the replay made or keeps, of the layout recorded."""
+    return {"fx_graph_cache": True, "compile_threads": 1, "cpp.threads": threads, "emulate_precision_casts": True,
+            "size_asserts": False}
 
 
 def retry_settings(e: Exception) -> dict | None:
