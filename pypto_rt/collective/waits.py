@@ -39,39 +39,34 @@ def backoff_wait(ready, timeout_s: float, watch=None, spin: int = SPIN_POLLS, yi
         if ready():
             return 0.0
     start = _clock()
-    deadline, next_watch = start + timeout_s, start + WATCH_EVERY_S
+    deadline = start + timeout_s
+    next_watch = start + WATCH_EVERY_S if watch is not None else float("inf")
     for _ in range(yields):
         os.sched_yield()
         if ready():
             return _clock() - start
-    if block is not None:
-        return _blocking_wait(ready, block, watch, start, deadline, next_watch)
+    pause = _sleeps(max_sleep) if block is None else (lambda now, until: block(until - now))
+    while True:
+        if ready():
+            return _clock() - start
+        now = _clock()
+        if now >= deadline:
+            return None
+        if watch is not None and now >= next_watch:
+            watch()
+            next_watch = now + WATCH_EVERY_S
+        pause(now, min(deadline, next_watch))
+
+
+def _sleeps(max_sleep: float):
+    """backoff_wait's pause without a block: sleeps doubling from MIN_SLEEP_S to `max_sleep`, none past `until`."""
     sleep = MIN_SLEEP_S
-    while True:
-        if ready():
-            return _clock() - start
-        now = _clock()
-        if now >= deadline:
-            return None
-        if watch is not None and now >= next_watch:
-            watch()
-            next_watch = now + WATCH_EVERY_S
-        time.sleep(min(sleep, max(deadline - now, 0.0)))
+
+    def pause(now: float, until: float) -> None:
+        nonlocal sleep
+        time.sleep(min(sleep, max(until - now, 0.0)))
         sleep = min(sleep * 2, max_sleep)
-
-
-def _blocking_wait(ready, block, watch, start: float, deadline: float, next_watch: float) -> float | None:
-    """backoff_wait's phase with a `block`: each block lasts until a change, the deadline or the next watch."""
-    while True:
-        if ready():
-            return _clock() - start
-        now = _clock()
-        if now >= deadline:
-            return None
-        if watch is not None and now >= next_watch:
-            watch()
-            next_watch = now + WATCH_EVERY_S
-        block(min(deadline, next_watch) - now)
+    return pause
 
 
 def wait_record(rank: int, op: str, label: str | None = None, window: str | None = None, cell=None, seen=None,

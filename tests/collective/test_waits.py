@@ -88,3 +88,23 @@ def test_backoff_wait_runs_watch_while_sleeping():
         raise Gone
     with pytest.raises(Gone):
         backoff_wait(lambda: False, 5.0, watch)
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_wait_without_watch_keeps_pausing_past_the_watch_interval(blocking):
+    """With no `watch`, nothing is due every WATCH_EVERY_S: the wait still sleeps (or blocks) until its deadline
+    instead of polling without pause once the first watch interval has passed."""
+    polls, pauses = [0], []
+
+    def ready():
+        polls[0] += 1
+        return False
+
+    def block(seconds):   # a futex stand-in: returns at once for a deadline already past, as the real one does
+        pauses.append(seconds)
+        if seconds > 0:
+            time.sleep(min(seconds, 0.01))
+
+    assert backoff_wait(ready, 0.3, spin=0, yields=0, block=block if blocking else None) is None
+    assert polls[0] < 400   # 0.3 s of 1 ms sleeps or 10 ms blocks; polling without pause makes tens of thousands
+    assert all(s > 0 for s in pauses)
