@@ -39,9 +39,11 @@ class Options:
     dump_dir: str | None = None
     cache_dir: str | None = None
     golden_num_threads: int | None = None
+    golden_repeat: int | None = None
     bench: bool | None = None
     start_timeout_s: float | None = None
     comm_check: bool | None = None
+    shm_block: bool | None = None
     frontend_debug: bool | None = None
 
     def __post_init__(self):
