@@ -29,8 +29,9 @@ def receive_sources(routes, lanes, layout_rows, top_k):
     target = pl.sel(pl.cmps(routes, 0, cmp_type=5), routes, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
     token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
                           pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
-    return pl.scatter_update(pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), 0,
-                             k_major(target, lanes, top_k), k_major(token, lanes, top_k))
+    return pl.mscatter(k_major(token, lanes, top_k), k_major(target, lanes, top_k),
+                       pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), coalesce="row",
+                       scatter_conflict="default")     # live targets are distinct; only the last row is written twice
 
 
 @pl.jit.inline
@@ -47,44 +48,21 @@ def expand_live(recv_rows, tokens, routes, recv_counts, e_local, lanes, top_k):
 
 
 @pl.jit.inline
-def packed_routes(routes, weights, lanes, top_k):
+def packed_routes(routes, weights, top_k):
     """Each arrival slot's live routes packed to its first columns, in route-slot order: (rows [LANES, K] INT32,
-    weights [LANES, K] FP32, live [LANES, 1] FP32: how many; columns past it hold 0). Packing is a batched matmul
-    with a 0/1 matrix (column c takes the live route slot with c live ones before it: exact in FP32, rows below
-    2^24), not a scatter: the op library's scatters sort their targets to resolve repeats."""
-    ones = pl.full([lanes, top_k], dtype=pl.FP32, value=1.0)
-    live = pl.sel(pl.cmps(routes, 0, cmp_type=5), ones, pl.full([lanes, top_k], dtype=pl.FP32, value=0.0))
-    before = pl.sel(pl.cmps(routes, 0, cmp_type=5), pl.matmul(live, pl.tri(1, [top_k, top_k], dtype=pl.FP32,
-                                                                            upper=True)),
-                    pl.full([lanes, top_k], dtype=pl.FP32, value=-1.0))     # live route slots before k; dead: -1
-    width = top_k * top_k                                                # column c * K + k: (packed c, slot k)
-    counting = pl.arange(0, [1, top_k], dtype=pl.FP32)
-    square = pl.full([top_k, top_k], dtype=pl.FP32, value=0.0)
-    slot_of = pl.reshape(pl.col_expand(square, counting), [1, width])                            # k
-    packed_of = pl.reshape(pl.row_expand(square, pl.reshape(counting, [top_k, 1])), [1, width])  # c
-    tiles = pl.cmp(pl.col_expand(pl.full([top_k, width], dtype=pl.FP32, value=0.0), slot_of),
-                   pl.row_expand(pl.full([top_k, width], dtype=pl.FP32, value=0.0), pl.reshape(counting, [top_k, 1])),
-                   cmp_type=0)                                           # [K, K * K]: slot k to every c
-    tiles = pl.sel(tiles, pl.full([top_k, width], dtype=pl.FP32, value=1.0),
-                   pl.full([top_k, width], dtype=pl.FP32, value=0.0))
-    wanted = pl.col_expand(pl.full([lanes, width], dtype=pl.FP32, value=0.0), packed_of)
-    picks = pl.sel(pl.cmp(pl.matmul(before, tiles), wanted, cmp_type=0),
-                   pl.full([lanes, width], dtype=pl.FP32, value=1.0), pl.full([lanes, width], dtype=pl.FP32, value=0.0))
-    picks = pl.reshape(picks, [lanes, top_k, top_k])                     # [l, c, k]: slot k is packed column c
-    rows = pl.matmul(picks, pl.reshape(pl.cast(routes, pl.FP32, mode="rint"), [lanes, top_k, 1]))
-    packed = pl.matmul(picks, pl.reshape(weights, [lanes, top_k, 1]))
-    return (pl.cast(pl.reshape(rows, [lanes, top_k]), pl.INT32, mode="rint"), pl.reshape(packed, [lanes, top_k]),
-            pl.row_sum(live))
+    weights [LANES, K] FP32, live [1, LANES] INT32: how many; columns past it hold any route's). One compare-form
+    `pl.gather` finds each line's live route slots (a per-line compaction), two index gathers move them."""
+    picks, live = pl.gather(routes, kvalue=0, cmp_mode=5, out_cols=top_k)     # route slots whose row is >= 0
+    return pl.gather(routes, dim=-1, index=picks), pl.gather(weights, dim=-1, index=picks), live
 
 
 @pl.jit.inline
 def slots_by_count(live, lanes, top_k):
     """(slots [K, LANES] INT32, sizes [1, K] INT32): row c - 1 lists, ascending, the arrival slots with exactly c
-    live routes (live [LANES, 1] FP32), its first sizes[0, c - 1] entries."""
-    per_count = pl.col_expand(pl.full([top_k, lanes], dtype=pl.FP32, value=0.0),
-                              pl.reshape(pl.transpose(live, 0, 1), [1, lanes]))
-    wanted = pl.cast(pl.reshape(pl.arange(1, [1, top_k], dtype=pl.INT32), [top_k, 1]), pl.FP32, mode="rint")
-    return pl.gather(pl.row_expand_sub(per_count, wanted), kvalue=0.0, cmp_mode=0, out_cols=lanes)
+    live routes (live [1, LANES] INT32), its first sizes[0, c - 1] entries."""
+    per_count = pl.col_expand(pl.full([top_k, lanes], dtype=pl.INT32, value=0), live)
+    wanted = pl.reshape(pl.arange(1, [1, top_k], dtype=pl.INT32), [top_k, 1])
+    return pl.gather(pl.row_expand_sub(per_count, wanted), kvalue=0, cmp_mode=0, out_cols=lanes)
 
 
 @pl.jit.inline
@@ -93,7 +71,7 @@ def sums_live(sums, y, meta, routes, lanes, top_k, hidden, dtype):
     the route's weight (meta [LANES, 2K]: the weights after the rows), in the sums' dtype; slots with no live route
     (none arrived there) are left as they are. One batched matmul per live-route count and SUM_CHUNK arrivals.
     Returns sums."""
-    rows, weights, live = packed_routes(routes, meta[:, top_k : 2 * top_k], lanes, top_k)
+    rows, weights, live = packed_routes(routes, meta[:, top_k : 2 * top_k], top_k)
     slots, sizes = slots_by_count(live, lanes, top_k)
     for c in pl.range(1, top_k + 1):
         m = pl.read(sizes, [0, c - 1])
@@ -104,5 +82,6 @@ def sums_live(sums, y, meta, routes, lanes, top_k, hidden, dtype):
             for c0 in pl.range(0, m, SUM_CHUNK):
                 n = pl.min(SUM_CHUNK, m - c0)
                 part = weighted_rows(y, group_rows[c0 : c0 + n, 0:c], group_weights[c0 : c0 + n, 0:c], n, c, hidden)
-                sums = pl.scatter_update(sums, 0, group[c0 : c0 + n, :], pl.cast(part, dtype, mode="rint"))
+                sums = pl.mscatter(pl.cast(part, dtype, mode="rint"), group[c0 : c0 + n, :], sums, coalesce="row",
+                                   scatter_conflict="default")   # distinct slots: no last-writer pass
     return sums

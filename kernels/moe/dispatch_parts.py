@@ -144,8 +144,11 @@ def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, fir
     staged = pl.add(pl.reshape(pl.cast(slots, pl.INT32, mode="trunc"), [pairs, 1]), spread_row(first_row, t_dim, world))
     staged = pl.sel(pl.cmps(pl.reshape(members, [pairs, 1]), 0.5, cmp_type=4), staged,
                     pl.full([pairs, 1], dtype=pl.INT32, value=spill))
-    send_x = pl.scatter_update(send_x, 0, staged, pl.mgather(x, pair_token, coalesce="row"))
-    send_meta = pl.scatter_update(send_meta, 0, staged, meta)
+    # live pairs' rows are distinct; only the spill row is written more than once (any survivor: it never crosses),
+    # so no last-writer pass (a sort and a gather of every staged row per call)
+    send_x = pl.mscatter(pl.mgather(x, pair_token, coalesce="row"), staged, send_x, coalesce="row",
+                         scatter_conflict="default")
+    send_meta = pl.mscatter(meta, staged, send_meta, coalesce="row", scatter_conflict="default")
     return send_x, send_meta
 
 

@@ -13,7 +13,7 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.ops import recording
-from pypto_rt.ops.gather import _check_bounds, _check_value, _index_long, _last_written, _shape
+from pypto_rt.ops.gather import _as_words, _check_bounds, _check_value, _index_long, _last_written, _shape
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import valid_mask
 
@@ -128,7 +128,12 @@ def _mscatter_write_units(out_data, targets, values, keep, conflict, at, limit: 
     if conflict == "last":
         values = _last_written(targets, values)
     if rows:
-        out_data.index_copy_(0, targets, values.to(out_data.dtype))
+        values = values.to(out_data.dtype)
+        words, value_words = _as_words(out_data), _as_words(values)   # 2-byte rows move as FP32 words
+        if words is not None and value_words is not None:
+            words.index_copy_(0, targets, value_words)
+        else:
+            out_data.index_copy_(0, targets, values)
     else:
         out_data[at(targets)] = values.to(out_data.dtype)
     if spare is not None and rows:
