@@ -12,11 +12,26 @@ import sys
 
 import pytest
 
+from tests.kernels.moe.launched_configs import SharedJobs
 from tests.multirank.launched import launch
 
 PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs")
 DISPATCH_COMBINE = os.path.join(PROGS, "dispatch_combine.py")
 ERRORS = os.path.join(PROGS, "moe_errors.py")
+# the module's 2-rank dispatch_combine.py checks (each of a layout of its own) run as one job, a rank's start-up paid
+# once (tests/kernels/moe/launched_configs.py); each test checks its configuration's lines
+TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
+             ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3", "--inf-row"))
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return SharedJobs(limit_s=170)
+
+
+def _dispatch_combine(jobs, nproc: int, args: tuple):
+    configs = TWO_RANKS if nproc == 2 and args in TWO_RANKS else (args,)
+    return jobs.job(nproc, DISPATCH_COMBINE, ("--timeout-s", "90"), configs, configs.index(args))
 
 
 def _all_pass(job, nproc: int, checks: int):
@@ -34,8 +49,8 @@ def _all_pass(job, nproc: int, checks: int):
     (4, ("--routing", "skewed")),
     (8, ("--top-k", "6", "--max-tokens", "4")),
 ], ids=["2-bf16", "2-fp32-k3", "4-skewed", "8-k6"])
-def test_dispatch_combine_is_exact_on_every_rank(nproc, args):
-    job = launch(nproc, DISPATCH_COMBINE, "--timeout-s", "90", args=args, limit_s=170)
+def test_dispatch_combine_is_exact_on_every_rank(jobs, nproc, args):
+    job = _dispatch_combine(jobs, nproc, args)
     _all_pass(job, nproc, checks=12)
 
 
@@ -52,13 +67,13 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(n
 
 
 @pytest.mark.timeout(180)
-def test_the_live_form_sums_live_routes_only_in_chunks_so_an_inf_row_gives_inf_not_nan():
+def test_the_live_form_sums_live_routes_only_in_chunks_so_an_inf_row_gives_inf_not_nan(jobs):
     """The live form's combine groups arrivals by how many of their routes live on the rank (1..K at top-3, 3 experts
     per rank) and sums exactly those rows, SUM_CHUNK arrivals a pass (256 in the library; 2 here: several passes
     and a 1-arrival last one): a token whose live route reads a +inf expert row combines to +inf. The fixed form's
     stand-in for a dead route slot (a live row of the token, weight 0) made that 0 * inf = NaN."""
-    job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "live", "--top-k", "3", "--sum-chunk", "2",
-                                                                 "--experts-per-rank", "3", "--inf-row"), limit_s=170)
+    job = _dispatch_combine(jobs, 2, ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3",
+                                      "--inf-row"))
     _all_pass(job, 2, checks=12)
 
 
