@@ -23,6 +23,8 @@ ERRORS = os.path.join(PROGS, "moe_errors.py")
 TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
              ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3", "--inf-row"))
 
+LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
+
 
 @pytest.fixture(scope="module")
 def jobs():
@@ -146,7 +148,9 @@ def test_the_kernels_run_in_a_host_form_program_with_windows_it_allocates():
 @pytest.mark.parametrize("nproc, args", [(2, ("--names", "deepseek")), (2, ("--quantize",)),
                                          (4, ("--names", "deepseek", "--quantize"))],
                          ids=["2-deepseek-bf16", "2-mixtral-int8", "4-deepseek-int8"])
-def test_moe_layer_matches_its_golden_and_loads_only_its_experts(nproc, args):
-    """MoELayer.from_state_dict + three calls (router, gate, dispatch, experts, combine + shared expert)."""
-    job = launch(nproc, os.path.join(PROGS, "moe_layer.py"), "--timeout-s", "90", args=args, limit_s=170)
+def test_moe_layer_matches_its_golden_and_loads_only_its_experts(jobs, nproc, args):
+    """MoELayer.from_state_dict + three calls (router, gate, dispatch, experts, combine + shared expert). The two
+    2-rank layers are checked in one job (two layers of one model), each test on its layer's lines."""
+    configs = LAYERS if nproc == 2 and args in LAYERS else (args,)
+    job = jobs.job(nproc, os.path.join(PROGS, "moe_layer.py"), ("--timeout-s", "90"), configs, configs.index(args))
     _all_pass(job, nproc, checks=4)
