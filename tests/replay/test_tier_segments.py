@@ -157,7 +157,7 @@ def _failing_rank(rank):
 
 
 @pytest.mark.timeout(120)
-def test_a_failing_segment_compile_keeps_the_whole_replay_and_says_why():
+def test_a_failing_segment_compile_keeps_the_whole_replay_and_says_why(inductor_loaded):
     outcome = run_ranks(_failing_rank, 2, deadline_s=90).ok()
     for rank, (results, tiers) in outcome.items():
         assert all(results), (rank, results)
