@@ -23,6 +23,9 @@ ERRORS = os.path.join(PROGS, "moe_errors.py")
 TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
              ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3", "--inf-row"))
 
+# the 2-rank steady checks, one job: the fixed form, then the live form at another hidden size (layouts differ)
+STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
+          for form, hidden in (("fixed", ()), ("live", ("--hidden", "16")))}
 LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
 
 
@@ -58,13 +61,15 @@ def test_dispatch_combine_is_exact_on_every_rank(jobs, nproc, args):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("nproc, form", [(2, "fixed"), (2, "live"), (4, "fixed")])
-def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(nproc, form):
+def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(jobs, nproc, form):
     """Steady token counts, new routing every call: from the fifth call both calls replay (the counts region's
     signals as recorded calls, the fixed form's receive side as recorded torch calls reading the windows, the live
     form's called as it is; the third call's recording is refused inside the exchange and the return, which the
-    fourth calls as they are) and every call still matches the golden."""
-    job = launch(nproc, DISPATCH_COMBINE, "--timeout-s", "90",
-                 args=("--form", form, "--steady", "--calls", "6", "--routing", "uniform"), limit_s=170)
+    fourth calls as they are) and every call still matches the golden. The two 2-rank forms share a job (the live
+    form's hidden size another, so its layout is its own)."""
+    args = STEADY[form] if nproc == 2 else ("--form", form, "--steady", "--calls", "6", "--routing", "uniform")
+    configs = tuple(STEADY.values()) if nproc == 2 else (args,)
+    job = jobs.job(nproc, DISPATCH_COMBINE, ("--timeout-s", "90"), configs, configs.index(args))
     _all_pass(job, nproc, checks=6 * 4 + 2)
 
 
