@@ -19,8 +19,10 @@ PROGS = os.path.join(HERE, "progs")
 C09 = os.path.join(os.path.dirname(HERE), "conformance", "c09_allgather_launched.py")
 
 
+# 2 and 8 ranks (the dynamic rank count at two values, 8 the largest job of the suite); 4 ranks of c09 run under
+# the Ray backend (tests/launch/test_ray.py, c09-4-attached), where a rank's start-up costs the same
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("nproc", [2, 4, 8])
+@pytest.mark.parametrize("nproc", [2, 8])
 def test_c09_allgather_passes_on_every_rank(nproc):
     job = launch(nproc, C09)
     assert job.rc == 0, job.out[-3000:] + job.err[-3000:]

@@ -6,7 +6,9 @@ or background): the compiled calls give the golden's results, with the routing a
 call to call (a rank with no tokens among them); the capture call that the segments are built from communicates
 exactly as any call (no effect run twice for the check); a segment that fails to compile keeps the whole replay
 and says why; PYPTO_STATS shows the segmented tier. Two ranks, forked (tests.collective.harness); the inductor
-compiles take seconds each (cached on disk within the session's scratch cache).
+compiles take seconds each (cached on disk within the session's scratch cache). Inductor is loaded in this process
+before the ranks fork (`inductor_loaded`): each rank would otherwise pay its imports and first-compile set-up
+(~8 s of CPU); the ranks still compile every graph of theirs.
 """
 from __future__ import annotations
 
@@ -113,9 +115,24 @@ def _moe_rank(mode: str):
     return rank_fn
 
 
+@pytest.fixture(scope="module")
+def inductor_loaded():
+    """One small tier build here (its cache in a folder of its own, in the session's scratch cache), so that forked
+    ranks inherit inductor's modules and set-up. Starts no thread or process (compile_threads=1)."""
+    import os
+    import threading
+
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with temporary_cache_dir(os.path.join(os.environ["PYPTO_CACHE_DIR"], "inductor-warm-up")):   # (tests/conftest.py)
+        tier_inductor.build(lambda a, b: (a * b + 1.0).relu(), [torch.ones(2, 4), torch.ones(2, 4)], (), 1,
+                            lambda graph: None)
+    assert threading.active_count() == 1, "forking with live threads is fragile (tests.collective.harness)"
+
+
 @pytest.mark.timeout(720)
 @pytest.mark.parametrize("mode", ["eager", "background"])
-def test_dispatch_and_combine_run_compiled_segments_and_match_the_golden(mode):
+def test_dispatch_and_combine_run_compiled_segments_and_match_the_golden(inductor_loaded, mode):
     outcome = run_ranks(_moe_rank(mode), 2, deadline_s=660).ok()
     for rank, (results, states, notified, stats) in outcome.items():
         assert all(results), (rank, results)
@@ -140,7 +157,7 @@ def _failing_rank(rank):
 
 
 @pytest.mark.timeout(120)
-def test_a_failing_segment_compile_keeps_the_whole_replay_and_says_why():
+def test_a_failing_segment_compile_keeps_the_whole_replay_and_says_why(inductor_loaded):
     outcome = run_ranks(_failing_rank, 2, deadline_s=90).ok()
     for rank, (results, tiers) in outcome.items():
         assert all(results), (rank, results)

@@ -12,11 +12,31 @@ import sys
 
 import pytest
 
+from tests.kernels.moe.launched_configs import SharedJobs
 from tests.multirank.launched import launch
 
 PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs")
 DISPATCH_COMBINE = os.path.join(PROGS, "dispatch_combine.py")
 ERRORS = os.path.join(PROGS, "moe_errors.py")
+# the module's 2-rank dispatch_combine.py checks (each of a layout of its own) run as one job, a rank's start-up paid
+# once (tests/kernels/moe/launched_configs.py); each test checks its configuration's lines
+TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
+             ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3", "--inf-row"))
+
+# the 2-rank steady checks, one job: the fixed form, then the live form at another hidden size (layouts differ)
+STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
+          for form, hidden in (("fixed", ()), ("live", ("--hidden", "16")))}
+LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return SharedJobs(limit_s=170)
+
+
+def _dispatch_combine(jobs, nproc: int, args: tuple):
+    configs = TWO_RANKS if nproc == 2 and args in TWO_RANKS else (args,)
+    return jobs.job(nproc, DISPATCH_COMBINE, ("--timeout-s", "90"), configs, configs.index(args))
 
 
 def _all_pass(job, nproc: int, checks: int):
@@ -34,31 +54,33 @@ def _all_pass(job, nproc: int, checks: int):
     (4, ("--routing", "skewed")),
     (8, ("--top-k", "6", "--max-tokens", "4")),
 ], ids=["2-bf16", "2-fp32-k3", "4-skewed", "8-k6"])
-def test_dispatch_combine_is_exact_on_every_rank(nproc, args):
-    job = launch(nproc, DISPATCH_COMBINE, "--timeout-s", "90", args=args, limit_s=170)
+def test_dispatch_combine_is_exact_on_every_rank(jobs, nproc, args):
+    job = _dispatch_combine(jobs, nproc, args)
     _all_pass(job, nproc, checks=12)
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("nproc, form", [(2, "fixed"), (2, "live"), (4, "fixed")])
-def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(nproc, form):
+def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(jobs, nproc, form):
     """Steady token counts, new routing every call: from the fifth call both calls replay (the counts region's
     signals as recorded calls, the fixed form's receive side as recorded torch calls reading the windows, the live
     form's called as it is; the third call's recording is refused inside the exchange and the return, which the
-    fourth calls as they are) and every call still matches the golden."""
-    job = launch(nproc, DISPATCH_COMBINE, "--timeout-s", "90",
-                 args=("--form", form, "--steady", "--calls", "6", "--routing", "uniform"), limit_s=170)
+    fourth calls as they are) and every call still matches the golden. The two 2-rank forms share a job (the live
+    form's hidden size another, so its layout is its own)."""
+    args = STEADY[form] if nproc == 2 else ("--form", form, "--steady", "--calls", "6", "--routing", "uniform")
+    configs = tuple(STEADY.values()) if nproc == 2 else (args,)
+    job = jobs.job(nproc, DISPATCH_COMBINE, ("--timeout-s", "90"), configs, configs.index(args))
     _all_pass(job, nproc, checks=6 * 4 + 2)
 
 
 @pytest.mark.timeout(180)
-def test_the_live_form_sums_live_routes_only_in_chunks_so_an_inf_row_gives_inf_not_nan():
+def test_the_live_form_sums_live_routes_only_in_chunks_so_an_inf_row_gives_inf_not_nan(jobs):
     """The live form's combine groups arrivals by how many of their routes live on the rank (1..K at top-3, 3 experts
     per rank) and sums exactly those rows, SUM_CHUNK arrivals a pass (256 in the library; 2 here: several passes
     and a 1-arrival last one): a token whose live route reads a +inf expert row combines to +inf. The fixed form's
     stand-in for a dead route slot (a live row of the token, weight 0) made that 0 * inf = NaN."""
-    job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "live", "--top-k", "3", "--sum-chunk", "2",
-                                                                 "--experts-per-rank", "3", "--inf-row"), limit_s=170)
+    job = _dispatch_combine(jobs, 2, ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3",
+                                      "--inf-row"))
     _all_pass(job, 2, checks=12)
 
 
@@ -131,7 +153,9 @@ def test_the_kernels_run_in_a_host_form_program_with_windows_it_allocates():
 @pytest.mark.parametrize("nproc, args", [(2, ("--names", "deepseek")), (2, ("--quantize",)),
                                          (4, ("--names", "deepseek", "--quantize"))],
                          ids=["2-deepseek-bf16", "2-mixtral-int8", "4-deepseek-int8"])
-def test_moe_layer_matches_its_golden_and_loads_only_its_experts(nproc, args):
-    """MoELayer.from_state_dict + three calls (router, gate, dispatch, experts, combine + shared expert)."""
-    job = launch(nproc, os.path.join(PROGS, "moe_layer.py"), "--timeout-s", "90", args=args, limit_s=170)
+def test_moe_layer_matches_its_golden_and_loads_only_its_experts(jobs, nproc, args):
+    """MoELayer.from_state_dict + three calls (router, gate, dispatch, experts, combine + shared expert). The two
+    2-rank layers are checked in one job (two layers of one model), each test on its layer's lines."""
+    configs = LAYERS if nproc == 2 and args in LAYERS else (args,)
+    job = jobs.job(nproc, os.path.join(PROGS, "moe_layer.py"), ("--timeout-s", "90"), configs, configs.index(args))
     _all_pass(job, nproc, checks=4)

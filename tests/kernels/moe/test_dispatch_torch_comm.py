@@ -9,17 +9,33 @@ import re
 
 import pytest
 
+from tests.kernels.moe.launched_configs import SharedJobs
 from tests.multirank.test_launched import launch
 
 PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs")
+DISPATCH_COMBINE = os.path.join(PROGS, "dispatch_combine.py")
+# the module's dispatch_combine.py checks at one rank count (each of a layout of its own) run as one job, a rank's
+# start-up paid once (tests/kernels/moe/launched_configs.py); each test checks its configuration's lines
+CHUNKS = ("--sum-chunk", "2", "--top-k", "3")
+CONFIGS = {2: (("--routing", "uniform", "--dtype", "bf16"), ("--routing", "skewed", "--dtype", "fp32"), CHUNKS),
+           4: (("--routing", "uniform", "--dtype", "bf16"), ("--routing", "skewed", "--dtype", "fp32"))}
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return SharedJobs(limit_s=170)
+
+
+def _on_gloo(jobs, nproc: int, args: tuple):
+    configs = CONFIGS[nproc]
+    return jobs.job(nproc, DISPATCH_COMBINE, ("--comm", "gloo", "--timeout-s", "60"), configs, configs.index(args))
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("nproc", [2, 4])
 @pytest.mark.parametrize("routing,dtype", [("uniform", "bf16"), ("skewed", "fp32")])
-def test_dispatch_and_combine_match_torch_on_gloo(nproc, routing, dtype):
-    job = launch(nproc, os.path.join(PROGS, "dispatch_combine.py"), "--comm", "gloo", "--timeout-s", "60",
-                 args=("--routing", routing, "--dtype", dtype), limit_s=170)
+def test_dispatch_and_combine_match_torch_on_gloo(jobs, nproc, routing, dtype):
+    job = _on_gloo(jobs, nproc, ("--routing", routing, "--dtype", dtype))
     assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
     for rank in range(nproc):
         for call in range(3):
@@ -28,11 +44,10 @@ def test_dispatch_and_combine_match_torch_on_gloo(nproc, routing, dtype):
 
 
 @pytest.mark.timeout(180)
-def test_combine_on_gloo_sums_the_arrivals_in_chunks_with_a_short_last_one():
+def test_combine_on_gloo_sums_the_arrivals_in_chunks_with_a_short_last_one(jobs):
     # 2 arrived tokens per weighted-sum pass (dispatch_parts.SUM_CHUNK; 256 in the library): several passes, an
     # odd count a 1-token last one
-    job = launch(2, os.path.join(PROGS, "dispatch_combine.py"), "--comm", "gloo", "--timeout-s", "60",
-                 args=("--sum-chunk", "2", "--top-k", "3"), limit_s=170)
+    job = _on_gloo(jobs, 2, CHUNKS)
     assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
     for rank in range(2):
         for call in range(3):

@@ -3,6 +3,7 @@
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed] [--dtype bf16|fp32]
                                                [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
+                                               [--then <another configuration's options> ...]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
@@ -16,8 +17,13 @@ on replay, and checks that they do. --sum-chunk sets the live form's tokens per 
 and a short last one.
 --inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
+--then runs one more configuration in the same job, on a buffer of its own (a rank's start-up, mostly the torch import,
+is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each configuration's lines lie between
+"rank r/n: CONFIG i begins" and "rank r/n: CONFIG i ends ok" (or "... ends not ok"); the compiled dispatch and combine
+are cached per layout, and the form is not part of it, so two configurations of one job must differ in layout.
 """
 import argparse
+import sys
 
 import torch
 
@@ -49,7 +55,7 @@ def _inf_tokens(idxs, counts, me, e_local) -> list[int]:
     return mine
 
 
-def main():
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--experts-per-rank", type=int, default=2)
@@ -62,16 +68,17 @@ def main():
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--sum-chunk", type=int, default=None)
     ap.add_argument("--inf-row", action="store_true")
-    args = ap.parse_args()
-    if args.sum_chunk is not None:
-        dispatch_parts.SUM_CHUNK = dispatch_live.SUM_CHUNK = args.sum_chunk
-    if args.form != "auto":
-        dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
+    return ap
+
+
+# the module settings a configuration may change, as imported: each configuration starts from them
+DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch_live.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES)
+
+
+def check(args, buf) -> dict:
+    """{check name: passed} of `args.calls` dispatch + combine calls on `buf` (see the module's text)."""
     me, world = pld.rank(), pld.world_size()
-    experts, dtype = args.experts_per_rank * world, DTYPES[args.dtype]
-    cfg = MoEConfig(hidden=args.hidden, num_experts=experts, top_k=args.top_k,
-                    max_tokens_per_rank=args.max_tokens, dtype=dtype)
-    buf = MoEBuffer(cfg)
+    experts, dtype = buf.cfg.num_experts, buf.cfg.dtype
     gen = torch.Generator().manual_seed(2024)
     e_local = experts // world
     checks = {}
@@ -117,9 +124,48 @@ def main():
         tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
         checks[f"call {call}: combine"] = list(out.shape) == [counts[me], args.hidden] and torch.allclose(
             out.float(), want, rtol=tol, atol=tol)
-    for name, ok in checks.items():
-        print(f"rank {me}/{world}: {'PASS' if ok else 'FAIL'} {name}")
-    raise SystemExit(0 if all(checks.values()) else 1)
+    return checks
+
+
+def _buffer(args) -> MoEBuffer:
+    """The configuration's buffer, after its module settings."""
+    dispatch_parts.SUM_CHUNK, dispatch_live.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES = DEFAULTS
+    if args.sum_chunk is not None:
+        dispatch_parts.SUM_CHUNK = dispatch_live.SUM_CHUNK = args.sum_chunk
+    if args.form != "auto":
+        dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
+    experts = args.experts_per_rank * pld.world_size()
+    return MoEBuffer(MoEConfig(hidden=args.hidden, num_experts=experts, top_k=args.top_k,
+                               max_tokens_per_rank=args.max_tokens, dtype=DTYPES[args.dtype]))
+
+
+def _configurations(argv: list[str]) -> list[list[str]]:
+    parts = [[]]
+    for arg in argv:
+        if arg == "--then":
+            parts.append([])
+        else:
+            parts[-1].append(arg)
+    return parts
+
+
+def main():
+    me, world = pld.rank(), pld.world_size()
+    every_ok, layouts = True, set()
+    for i, argv in enumerate(_configurations(sys.argv[1:])):
+        args = _parser().parse_args(argv)
+        buf = _buffer(args)
+        if buf.layout in layouts:
+            raise SystemExit(f"configuration {i} ({' '.join(argv)}) repeats an earlier one's layout: the compiled "
+                             "dispatch and combine are cached per layout (not per form); give each a different size")
+        layouts.add(buf.layout)
+        print(f"rank {me}/{world}: CONFIG {i} begins", flush=True)
+        checks = check(args, buf)
+        for name, ok in checks.items():
+            print(f"rank {me}/{world}: {'PASS' if ok else 'FAIL'} {name}")
+        every_ok &= all(checks.values())
+        print(f"rank {me}/{world}: CONFIG {i} ends {'ok' if all(checks.values()) else 'not ok'}", flush=True)
+    raise SystemExit(0 if every_ok else 1)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """A launched MoELayer against its single-process golden, on every rank (prints PASS / FAIL per call).
 
-    pypto-launch --nproc N moe_layer.py [--names mixtral|deepseek] [--quantize] [--calls C]
+    pypto-launch --nproc N moe_layer.py [--names mixtral|deepseek] [--quantize] [--calls C] [--then <options> ...]
 
 Every rank builds the same Hugging Face-style state dict from one seed; the layer loads only its own experts
 (the test counts the expert tensors each rank touched), the golden loads them all. Token counts differ per
-rank and per call (rank 1 has none on the first call).
+rank and per call (rank 1 has none on the first call). --then checks one more layer in the same job (as a model has
+several; a rank's start-up is most of a small job's cost: tests/kernels/moe/launched_configs.py), its lines between
+"rank r/n: CONFIG i begins" and "rank r/n: CONFIG i ends ok" (or "... ends not ok").
 """
 import argparse
+import sys
 
 import torch
 
@@ -46,12 +49,8 @@ def state_dict(names: str, experts: int, gen) -> CountingDict:
     return CountingDict(sd)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--names", choices=sorted(PROJECTIONS), default="mixtral")
-    ap.add_argument("--quantize", action="store_true")
-    ap.add_argument("--calls", type=int, default=3)
-    args = ap.parse_args()
+def check(args) -> dict:
+    """{check name: passed} of one layer (see the module's text)."""
     me, world = pld.rank(), pld.world_size()
     experts = E_PER_RANK * world
     score = "sigmoid" if args.names == "deepseek" else "softmax"
@@ -73,9 +72,30 @@ def main():
         want = moe_layer_golden(cfg, everything, xs[me])
         checks[f"call {call}: matches the golden"] = out.shape == want.shape and torch.allclose(
             out.float(), want.float(), rtol=4e-2, atol=4e-2)
-    for name, ok in checks.items():
-        print(f"rank {me}/{world}: {'PASS' if ok else 'FAIL'} {name}")
-    raise SystemExit(0 if all(checks.values()) else 1)
+    return checks
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--names", choices=sorted(PROJECTIONS), default="mixtral")
+    ap.add_argument("--quantize", action="store_true")
+    ap.add_argument("--calls", type=int, default=3)
+    me, world = pld.rank(), pld.world_size()
+    every_ok = True
+    configs = [[]]
+    for arg in sys.argv[1:]:
+        if arg == "--then":
+            configs.append([])
+        else:
+            configs[-1].append(arg)
+    for i, argv in enumerate(configs):
+        print(f"rank {me}/{world}: CONFIG {i} begins", flush=True)
+        checks = check(ap.parse_args(argv))
+        for name, ok in checks.items():
+            print(f"rank {me}/{world}: {'PASS' if ok else 'FAIL'} {name}")
+        every_ok &= all(checks.values())
+        print(f"rank {me}/{world}: CONFIG {i} ends {'ok' if all(checks.values()) else 'not ok'}", flush=True)
+    raise SystemExit(0 if every_ok else 1)
 
 
 if __name__ == "__main__":
