@@ -110,15 +110,15 @@ def test_mistakes_raise_before_communicating_and_the_buffer_keeps_working():
         assert f"rank {rank}: PASS the call after the mistakes" in job.out
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(420)
 def test_a_mistake_on_one_rank_names_that_rank_and_the_users_line():
-    job = launch(2, ERRORS, "--timeout-s", "60", args=("uncaught",))
+    job = launch(2, ERRORS, "--timeout-s", "300", args=("uncaught",), limit_s=400)
     assert job.rc != 0
     summary = job.err.split("pypto-launch: job", 1)[-1]
     assert "rank 0 failed first" in summary, job.err[-3000:]
     assert "rank 0: MoEBuffer.dispatch: x has 5 tokens, over max_tokens_per_rank=4" in summary
     assert "moe_errors.py" in summary and "buf.dispatch(x, idx, w)" in summary
-    assert job.seconds < 50, job.seconds   # the launcher ends rank 1's wait; not the 60 s deadline
+    assert job.seconds < 150, job.seconds   # the launcher ends rank 1's wait, not the 300 s deadline (56 s at load 19)
 
 
 @pytest.mark.timeout(120)
