@@ -16,6 +16,9 @@ them). Measured on this CPU against 0-d/1-d index tensors (index_copy_ on the bu
 is lowered as a pass over the whole written buffer, so a compiled cache write costs O(cache) where the replay costs
 O(rows), and the trial keeps the replay for large buffers; index_copy_ is done in place only into a graph input
 itself (not through the replay's views), which would need the body's slice writes rewritten as index ops.
+Sizes: specialisations of one entry whose replays differ only in integers that follow their arguments' sizes (serving
+batch buckets) form a family (replay.tier_family): the second one compiled gets a graph whose sizes are symbolic,
+the later ones share it without a compile (each checked against its own replay, then timed); the first keeps its own.
 Replays calling kernel blocks as they are (replay.opaque) are not compiled; a value carried that is not an integer
 (a float operand) keeps the replay. A replay that communicates (recorded `pld` effects, replay.comm_block) is
 compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
