@@ -43,29 +43,48 @@ class Family:
     dims: tuple
     params: tuple
     members: list = field(default_factory=list)
+    shapes: tuple = ()   # (name, value) of the replay's constant tuples of integers (fitted like its literals)
     fit: dict | None = None
     shared: object = None
     failed: str = ""   # why the generic graph was not built or kept (its members compile their own)
 
     def rewrite(self, fn: ast.FunctionDef, body: list) -> list:
-        """`body` (statements of `fn`) with each fitted integer replaced by its expression of the arguments' sizes."""
-        numbered = {id(node): i for i, node in enumerate(_int_nodes(fn))}
-        fit, dims, params = self.fit, self.dims, self.params
+        """`body` (statements of `fn`) with each fitted integer replaced by its expression of the arguments' sizes;
+        a constant tuple of integers (a shape recorded as `k1`) by a tuple of them."""
+        nodes = _int_nodes(fn)
+        numbered = {id(node): i for i, node in enumerate(nodes)}
+        at = len(nodes)
+        tuples = {}   # constant name -> (position of its first integer, its values)
+        for name, value in self.shapes:
+            tuples[name] = (at, value)
+            at += len(value)
+        family = self
 
         class Sizes(ast.NodeTransformer):
             def visit_Constant(self, node):
                 i = numbered.get(id(node))
-                if i is None or i not in fit:
+                return node if i is None else ast.copy_location(family._expression(i, node.value), node)
+
+            def visit_Name(self, node):
+                if node.id not in tuples or not isinstance(node.ctx, ast.Load):
                     return node
-                j, a, c = fit[i]
-                arg, d = dims[j]
-                size: ast.expr = ast.parse(f"{params[arg]}.shape[{d}]", mode="eval").body
-                if a != 1:
-                    size = ast.BinOp(ast.Constant(a), ast.Mult(), size)
-                if c:
-                    size = ast.BinOp(size, ast.Add(), ast.Constant(c))
-                return ast.copy_location(size, node)
+                first, value = tuples[node.id]
+                items = [family._expression(first + k, v) for k, v in enumerate(value)]
+                return ast.copy_location(ast.Tuple(items, ast.Load()), node)
         return [Sizes().visit(s) for s in body]
+
+    def _expression(self, i: int, value: int) -> ast.expr:
+        """The integer at position `i`: its fitted expression of an argument's size, else `value` itself."""
+        if i not in self.fit:
+            return ast.Constant(value)
+        j, a, c = self.fit[i]
+        arg, d = self.dims[j]
+        size: ast.expr = ast.parse(f"{self.params[arg]}.shape[{d}]", mode="eval").body
+        if a != 1:
+            size = ast.BinOp(ast.Constant(a), ast.Mult(), size)
+        if c:
+            size = ast.BinOp(size, ast.Add(), ast.Constant(c))
+        return size
 
     def dynamic_dims(self) -> dict[int, set[int]]:
         """argument -> its dims whose sizes differ between the members (symbolic in the trace)."""
@@ -100,12 +119,18 @@ def _int_nodes(fn: ast.AST) -> list:
     return [n for n in ast.walk(fn) if isinstance(n, ast.Constant) and type(n.value) is int]
 
 
-def structure(source: str, args: list) -> tuple:
-    """(call structure key, integer literals, flattened sizes, (argument, dim) per size, parameter names) of a
-    replay's `source` called with `args`."""
+def _is_shape(value) -> bool:
+    return isinstance(value, tuple) and bool(value) and all(type(v) is int for v in value)
+
+
+def structure(source: str, constants: dict, args: list) -> tuple:
+    """(call structure key, integer literals then those of the constant tuples of integers, flattened sizes,
+    (argument, dim) per size, parameter names, the constant tuples of integers) of a replay's `source` called
+    with `args`."""
     fn = ast.parse(source).body[0]
     nodes = _int_nodes(fn)
-    ints = tuple(n.value for n in nodes)
+    shapes = tuple((name, value) for name, value in sorted(constants.items()) if _is_shape(value))
+    ints = tuple(n.value for n in nodes) + tuple(v for _, value in shapes for v in value)
     for n in nodes:
         n.value = None
     groups: dict[int, int] = {}
@@ -118,22 +143,23 @@ def structure(source: str, args: list) -> tuple:
         layout.append((a.dtype, a.dim(), a.stride(), a.storage_offset(), group))
         dims.extend(a.shape)
         where.extend((i, d) for d in range(a.dim()))
-    key = (ast.dump(fn), tuple(layout))
-    return key, ints, tuple(dims), tuple(where), tuple(a.arg for a in fn.args.args)
+    key = (ast.dump(fn), tuple(layout), tuple((name, type(value), len(value)) for name, value in shapes))
+    return key, ints, tuple(dims), tuple(where), tuple(a.arg for a in fn.args.args), shapes
 
 
 def same_constants(a: dict, b: dict) -> str | None:
-    """The name of a constant that differs between two replays' constants, or None."""
+    """The name of a constant that differs between two replays' constants (tuples of integers aside: they are
+    fitted), or None."""
     if a.keys() != b.keys():
         return "(their names)"
     for name, x in a.items():
         y = b[name]
-        if x is y:
+        if x is y or _is_shape(x):
             continue
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
             if x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y):
                 continue
-        elif type(x) is type(y) and not callable(x) and x == y:
+        elif type(x) is type(y) and x == y:   # (functions: the same one; bound methods: of the same object)
             continue
         return name
     return None
@@ -181,12 +207,12 @@ def join(families: Families | None, source: str, constants: dict, args: list) ->
     (fitted on this and the earlier members), or compile its OWN graph (the first of its structure, or no fit)."""
     if families is None:
         return None, OWN, ""
-    key, ints, dims, where, params = structure(source, args)
+    key, ints, dims, where, params, shapes = structure(source, constants, args)
     member = Member(ints, dims, constants)
     with families.lock:
         family = families.by_structure.get(key)
         if family is None:
-            family = families.by_structure[key] = Family(where, params, [member])
+            family = families.by_structure[key] = Family(where, params, [member], shapes=shapes)
             others = len(families.by_structure) - 1
             return family, OWN, (f"size-specialised: its call structure differs from {others} other recorded "
                                  "size(s)'") if others else ""
