@@ -131,3 +131,31 @@ def test_a_later_size_whose_integers_leave_the_fit_is_not_shared():
     family.fit, _ = tier_family.fit(family.members)
     assert family.fits(_Member([8, 8], [8]))
     assert not family.fits(_Member([8, 2], [8]))   # min(rows, 2): fitted as rows on 1 and 2, not at 8
+
+
+def test_a_body_rewritten_for_its_family_computes_each_size_as_its_own_replay():
+    from pypto_rt.replay.passes import compile_trace
+    from pypto_rt.replay.tier_source import split_source
+
+    def recorded(rows):   # a replay as the recorder writes it: a row count as a literal and in a shape constant
+        source = (f"def replay(a0, a1):\n    v2 = view_0(a0, [{2 * rows}, 8])\n    v3 = sum_1(v2, dim=-1)\n"
+                  f"    a1[0:{rows}, :] = reshape_2(v3, k1)\n    return (a1,)\n")
+        return source, {"view_0": torch.Tensor.view, "sum_1": torch.sum, "reshape_2": torch.reshape,
+                        "k1": torch.Size([rows, 2])}
+
+    families = tier_family.Families()
+    for rows, kind in ((2, tier_family.OWN), (3, tier_family.GENERIC), (5, tier_family.SHARE)):
+        source, constants = recorded(rows)
+        args = [torch.randn(rows, COLS), torch.zeros(rows, 2)]
+        family, got, why = tier_family.join(families, source, constants, args)
+        assert (got, why) == (kind, ""), (rows, got, why)
+        if kind == tier_family.GENERIC:
+            family.shared = object()   # (as the tier does once the graph of dynamic sizes is verified)
+    generic = split_source(source, constants, args, rewrite=family.rewrite)[1]
+    for rows in (4, 7):   # the rewritten body at sizes it was not recorded at: each size's own replay
+        own, own_constants = recorded(rows)
+        x = torch.randn(rows, COLS)
+        want, got = torch.zeros(rows, 2), torch.zeros(rows, 2)
+        compile_trace(own, own_constants, "<replay>")(x, want)
+        generic(x, got)
+        assert torch.equal(got, want)
