@@ -219,11 +219,11 @@ def join(families: Families | None, source: str, constants: dict, args: list) ->
         differs = same_constants(family.members[0].constants, constants)
         if differs is not None:
             return None, OWN, f"size-specialised: its replay's constant {differs} differs from another size's"
+        if family.shared is not None and not family.fits(member):   # (not a member: `fits` compares with them)
+            return None, OWN, "size-specialised: its integers do not follow the sizes the family's graph fitted"
         family.members = [m for m in family.members if m.dims != dims] + [member]
         if family.shared is not None:
-            if family.fits(member):
-                return family, SHARE, ""
-            return family, OWN, "size-specialised: its integers do not follow the sizes the family's graph fitted"
+            return family, SHARE, ""
         if family.fit is not None:   # (a generic build is under way, or failed)
             return family, OWN, family.failed and f"size-specialised: {family.failed}"
         if len(family.members) < 2:
