@@ -42,6 +42,8 @@ class KernelState:
     # ... and the settled call (replay.settled `settle`): `settled(args)` replays the last matched specialisation
     # when nothing is left to decide, else gives NOT_SETTLED (and the call takes the driver); None when there is none
     settled: Any = None
+    # ... and the compiled tier's families of specialisations sharing one graph (replay.tier_family; None until used)
+    tier_families: Any = None
 
     def clear(self) -> None:
         """Forget everything (as a fresh process would)."""

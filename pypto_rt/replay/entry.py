@@ -82,6 +82,7 @@ from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.policy import ReplayPolicy, current_policy
 from pypto_rt.replay.settled import settings, settings_now, settle
 from pypto_rt.replay.tier import Tier
+from pypto_rt.replay.tier_family import Families
 from pypto_rt.replay.results import Unreplayable, number_outputs, plain_rebuilder, plain_scalars, rebuild, result_plan
 from pypto_rt.run_stats import DISABLED, ENGINE, RECORDED, REFUSED, REPLAYED, ReplayDecision, note_replay
 from pypto_rt.run_stats import GUARD_MISS as GUARD_MISS_KIND
@@ -354,7 +355,9 @@ def _record(kernel, spec: _Specialisation, binding, run_on_engine):
     spec.calls, spec.guards, spec.opaque = recorder.calls, recorder.guards, recorder.opaque_calls
     spec.communicates = recorder.communicates
     spec.block_guards = recorder.block_guards
-    spec.tier = Tier(kernel.name, source, recorder.constants, _untierable(spec))
+    if kernel.state.tier_families is None:
+        kernel.state.tier_families = Families()
+    spec.tier = Tier(kernel.name, source, recorder.constants, _untierable(spec), kernel.state.tier_families)
     _dump(kernel, source)
     _decided(kernel, ReplayDecision(RECORDED, f"in {took}; from now on {spec.standing(current_policy()).reason}"),
              "")

@@ -16,6 +16,9 @@ them). Measured on this CPU against 0-d/1-d index tensors (index_copy_ on the bu
 is lowered as a pass over the whole written buffer, so a compiled cache write costs O(cache) where the replay costs
 O(rows), and the trial keeps the replay for large buffers; index_copy_ is done in place only into a graph input
 itself (not through the replay's views), which would need the body's slice writes rewritten as index ops.
+Sizes: specialisations of one entry whose replays differ only in integers that follow their arguments' sizes (serving
+batch buckets) form a family (replay.tier_family): the second one compiled gets a graph whose sizes are symbolic,
+the later ones share it without a compile (each checked against its own replay, then timed); the first keeps its own.
 Replays calling kernel blocks as they are (replay.opaque) are not compiled; a value carried that is not an integer
 (a float operand) keeps the replay. A replay that communicates (recorded `pld` effects, replay.comm_block) is
 compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
@@ -57,7 +60,7 @@ from pypto_rt import config
 from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
-from pypto_rt.replay import tier_inductor
+from pypto_rt.replay import tier_family, tier_inductor
 from pypto_rt.replay.tier_worker import ensure_worker as _ensure_worker, submit as _submit, wait_idle, where as _where
 from pypto_rt.replay.tier_graph import tensor_constants, with_constants
 from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
@@ -70,10 +73,12 @@ class Tier:
     """The compiled tier of one specialisation's replay. `pick` gives the function a call runs: `chosen` once
     decided (the replay or the compiled one; one attribute read on the hot path), else per state."""
     __slots__ = ("entry", "source", "constants", "state", "why", "compile_s", "tiered", "chosen", "started",
-                 "trial_ns", "lock", "text", "stats", "segments", "call_ns")
+                 "trial_ns", "lock", "text", "stats", "segments", "call_ns", "families", "sizes")
 
-    def __init__(self, entry: str, source: str, constants: dict, why_not: str | None = None):
+    def __init__(self, entry: str, source: str, constants: dict, why_not: str | None = None, families=None):
         self.entry, self.source, self.constants = entry, source, constants
+        self.families = families    # the entry's replay.tier_family.Families (None: every size compiles its own)
+        self.sizes = ""             # how its sizes were compiled: shared with other sizes, or why not
         # a replay that communicates is compiled segment by segment (replay.tier_segments), or says why not
         self.segments = tier_segments.segmented(source, constants, why_not, current_policy().tier_min_segment_calls)
         if self.segments is not None:
@@ -173,13 +178,16 @@ class Tier:
                 body = split_source(self.source, self.constants, args)
                 inputs = _snapshot(args, policy.tier_max_copy_bytes)
                 _carried_values(body, inputs)
+                family, kind, self.sizes = tier_family.join(self.families, self.source, self.constants, args)
+                generic = None if kind == tier_family.OWN else \
+                    split_source(self.source, self.constants, args, rewrite=family.rewrite)
             except Untierable as e:
                 self._settle(REPLAY, str(e), replay)
                 return
             self.state, self.started, self.stats = COMPILING, time.perf_counter(), config.STATS.get() == "1"
             self._describe()
         threads = torch.get_num_threads()
-        job = lambda: self._build(replay, body, inputs, threads)   # noqa: E731
+        job = lambda: self._build(replay, body, inputs, threads, (family, kind, generic))   # noqa: E731
         if not background:
             self._eager(job, replay, policy.tier_timeout_s)
         elif not _submit(job):
@@ -199,20 +207,48 @@ class Tier:
                 if self.state == COMPILING:
                     self._settle(FAILED, f"timed out after {timeout_s:g} s", replay)
 
-    def _build(self, replay, body, inputs: list, threads: int) -> None:
+    def _build(self, replay, body, inputs: list, threads: int, sized: tuple) -> None:
         """Compile `body`, check it against `replay` on `inputs`, and move to the trial (or to failed, saying why);
         runs on the worker thread (background) or the caller's (eager). Never raises. The compile time noted
-        leaves out loading the compiler (once per process: seconds)."""
+        leaves out loading the compiler (once per process: seconds). `sized`: (family, what its build does, the
+        body with sizes as expressions) from replay.tier_family: the family's graph shared or built with dynamic
+        sizes first, where that fails the body's own graph."""
         _use_our_cache()   # (before inductor loads: it settles on a folder when it does)
         import torch._inductor.compile_fx  # noqa: F401
         t0 = time.perf_counter()
-        try:
-            tiered, problem = _checked(replay, _compile(body, inputs, threads), inputs)
-            if problem is not None and getattr(tiered, "joined", 0):   # (joined K steps summed past the tolerance)
-                tiered, problem = _checked(replay, _compile(body, inputs, threads, join=False), inputs)
-        except Exception as e:   # (whatever the compiler raises: the replay stays)
-            tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
+        tiered, problem = self._family_build(replay, inputs, threads, *sized)
+        if tiered is None:
+            try:
+                tiered, problem = _compiled_checked(replay, body, inputs, threads)
+            except Exception as e:   # (whatever the compiler raises: the replay stays)
+                tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
         self._built(replay, tiered, problem, t0)
+
+    def _family_build(self, replay, inputs: list, threads: int, family, kind: str, generic) -> tuple:
+        """(the tiered function through the family's graph, None) where it is shared or built with dynamic sizes
+        and agrees with the replay; else (None, None), `sizes` saying why."""
+        if kind == tier_family.OWN:
+            return None, None
+        try:
+            if kind == tier_family.SHARE:
+                graph = family.shared
+            else:
+                dynamic = family.dynamic_dims()
+                graph = _graph(generic, inputs, threads, {generic[2].index(a): d for a, d in dynamic.items()})
+            tiered, problem = _checked(replay, _tiered_of(generic, graph, inputs), inputs)
+        except Exception as e:   # (the compiler's errors, a graph whose assumptions these sizes are outside)
+            tiered, problem = None, f"{type(e).__name__}: {_first_line(e)}"
+        shared = len(family.members)
+        if problem is None:
+            if kind == tier_family.GENERIC:
+                family.shared = graph
+            self.sizes = (f"one graph with dynamic sizes for {shared} sizes" if kind == tier_family.GENERIC else
+                          f"shares its family's graph of dynamic sizes ({shared} sizes)")
+            return tiered, None
+        if kind == tier_family.GENERIC:
+            family.failed = f"the graph with dynamic sizes was not kept ({problem})"
+        self.sizes = f"size-specialised: the family's graph of dynamic sizes was not kept ({problem})"
+        return None, None
 
     def _built(self, replay, tiered, problem: str | None, t0: float) -> None:
         """A build begun at `t0` ended: on to the trial with `tiered`, or failed with `problem`."""
@@ -249,6 +285,8 @@ class Tier:
             text = f"tier {self.state} ({self.why})" if self.why else f"tier {self.state}"
         if self.segments is not None and self.segments.why_not is None:
             text = f"{text} · {self.segments.describe()}"
+        if self.sizes:
+            text = f"{text} · {self.sizes}"
         self.text = text
         if self.stats:
             print(f"pypto-rt stats [{self.entry}]: {text}", file=sys.stderr)
@@ -265,20 +303,48 @@ def _checked(replay, tiered, inputs: list) -> tuple:
     return tiered, problem
 
 
+def _compiled_checked(replay, split, inputs: list, threads: int) -> tuple:
+    """(the tiered function of `split`'s own compiled graph, why it disagrees with `replay` or None); compiled
+    again without joining K steps where the joined ones summed past the tolerance."""
+    tiered, problem = _checked(replay, _compile(split, inputs, threads), inputs)
+    if problem is not None and getattr(tiered, "joined", 0):
+        tiered, problem = _checked(replay, _compile(split, inputs, threads, join=False), inputs)
+    return tiered, problem
+
+
 def _compile(split, inputs: list, threads: int, join: bool = True):
     """The tiered function: the prologue, then the compiled body on the tensor arguments, the replay's tensor
     constants and the values carried from the prologue, its outputs that are arguments given back as the caller's
     own tensors. It calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped`
     is the same through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
     (replay.tier_passes); `joined` says how many were."""
+    return _tiered_of(split, _graph(split, inputs, threads, join=join), inputs)
+
+
+def _graph(split, inputs: list, threads: int, dynamic: dict | None = None, join: bool = True) -> tuple:
+    """(compile_fx's function, inductor's direct call or None, the check of its assumptions or None, K steps
+    joined): `split`'s body compiled on the call of `inputs`; `dynamic`: tensor argument (its index among them) ->
+    its dims compiled as symbolic sizes (replay.tier_family)."""
     body, positions = split[1], split[2]
     names, constants = tensor_constants(body)
     examples = [t for t in _copy(inputs) if t is not None] + _copy(constants)
     values = _carried_values(split, inputs)
     # (with carried values, tensors the replay keeps as constants enter the symbolic trace as graph inputs)
-    compiled, direct, guards, joined = tier_inductor.build(
+    return tier_inductor.build(
         with_constants(body, names, len(positions)), examples, values, threads,
-        lambda graph: join_k_steps(graph) + join_tiles(graph) if join else 0)
+        lambda graph: join_k_steps(graph) + join_tiles(graph) if join else 0, dynamic)
+
+
+def _tiered_of(split, graph: tuple, inputs: list):
+    """The tiered function of `split` calling `graph` (`_graph`'s). Assumptions only on sizes (no value carried)
+    are checked once, on the call of `inputs` (a specialisation's sizes are fixed): Untierable where they fail."""
+    compiled, direct, guards, joined = graph
+    _, constants = tensor_constants(split[1])
+    if guards is not None and not split[4]:
+        at = [*[inputs[i] for i in split[2]], *constants]
+        if not guards(at):
+            raise Untierable("its sizes are outside what the graph of dynamic sizes assumed")
+        guards = None
     wrapped = _tiered(split, lambda graph_inputs: compiled(*graph_inputs), constants, guards)
     wrapped.joined = joined
     if direct is None:

@@ -32,12 +32,13 @@ def retry_settings(e: Exception) -> dict | None:
     return None
 
 
-def build(fn, examples: list, values: tuple, threads: int, prepare):
+def build(fn, examples: list, values: tuple, threads: int, prepare, dynamic: dict | None = None):
     """(compile_fx's compiled function, inductor's direct call or None (replay.tier_graph), the check of what tracing
     and compiling assumed of `values` or None, what `prepare(traced graph)` gave): `fn` traced (`_trace`) and
     compiled with the tier's inductor settings; after a known bug of inductor's C++ code generation, once more
     avoiding it (`retry_settings`). `prepare` may rewrite the graph before the compile (replay.tier_passes) or
-    raise to refuse it."""
+    raise to refuse it. `dynamic`: example index -> its dims traced as symbolic sizes (replay.tier_family); what
+    was assumed of them is checked with the carried values'."""
     from torch._functorch import config as functorch
     from torch._guards import TracingContext, tracing
     from torch._inductor import config as inductor
@@ -47,17 +48,19 @@ def build(fn, examples: list, values: tuple, threads: int, prepare):
 
     settings = inductor_settings(threads)
 
+    symbolic = bool(values) or bool(dynamic)
+
     def attempt(changes: dict):
         # (inductor's FX-graph cache keys on a shape environment: as dynamo gives it, sizes static)
-        shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if values else ShapeEnv()
-        fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=bool(values))
+        shape_env = ShapeEnv(specialize_zero_one=False, duck_shape=False) if symbolic else ShapeEnv()
+        fake = FakeTensorMode(shape_env=shape_env, static_shapes=True, allow_non_fake_inputs=symbolic)
         found = []   # (AOT's own cache off: a hit there skips the inner compile that tells the direct call)
         with inductor.patch({**settings, **changes}), functorch.patch(enable_autograd_cache=False), \
                 tracing(TracingContext(fake)):
-            graph, placeholders = _trace(fn, examples, values)
+            graph, placeholders = _trace(fn, _sized(fake, examples, dynamic or {}), values, symbolic)
             prepared = prepare(graph)
             compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
-            guards = _assumptions(shape_env, placeholders) if values else None
+            guards = _assumptions(shape_env, placeholders) if symbolic else None
             return compiled, direct_call(graph, found), guards, prepared
     try:
         return attempt({})
@@ -68,13 +71,31 @@ def build(fn, examples: list, values: tuple, threads: int, prepare):
         return attempt(retry)
 
 
-def _trace(body, examples: list, values: tuple):
-    """(aten graph of `body`, its example inputs for the compiler). Tensors keep static sizes; the values carried
-    from the prologue are traced as symbolic integers (none specialised for being 0 or 1 or equal to another), so
-    the graph serves any offsets, slots or expert ids without recompiling."""
+def _sized(fake, examples: list, dynamic: dict) -> list:
+    """`examples` as fake tensors (all of them, so memory they share stays shared), the dims `dynamic` lists
+    (example index -> dims) symbolic sizes; unchanged when none is."""
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    if not dynamic:
+        return examples
+    out = []
+    for k, t in enumerate(examples):
+        dims = dynamic.get(k, ())
+        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())]
+        out.append(fake.from_tensor(t, static_shapes=False, source=LocalSource(f"t{k}"),
+                                    symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
+    return out
+
+
+def _trace(body, examples: list, values: tuple, symbolic: bool):
+    """(aten graph of `body`, its example inputs for the compiler). Tensors keep static sizes but for the dims
+    made symbolic (`_sized`); the values carried from the prologue are traced as symbolic integers (none
+    specialised for being 0 or 1 or equal to another), so the graph serves any offsets, slots or expert ids
+    without recompiling."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    if not values:
+    if not symbolic:
         from pypto_rt.replay.tier import _copy   # (tier imports this module)
 
         return make_fx(body)(*_copy(examples)), examples
@@ -83,14 +104,20 @@ def _trace(body, examples: list, values: tuple):
 
 
 def _assumptions(shape_env, placeholders: list):
-    """`(graph inputs) -> bool`: whether the carried values meet what tracing and compiling assumed of them
-    (ranges, relations, a value fixed), or None when nothing was assumed. Asked after the compile: inductor's
-    lowering may assume more."""
+    """`(graph inputs) -> bool`: whether the carried values and the sizes traced as symbolic meet what tracing and
+    compiling assumed of them (ranges, relations, a value fixed), or None when nothing was assumed. Asked after
+    the compile: inductor's lowering may assume more. Left out: bounds on a tensor's storage offset, which say
+    that the example call's tensor fits in its example memory (each call's own tensors fit in theirs; a
+    specialisation's offsets are its own, the family's the same)."""
+    from torch._dynamo.source import LocalSource
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-    code = shape_env.produce_guards_expression(placeholders) if shape_env.backed_var_to_val else None
-    if code is None:
+    if not shape_env.backed_var_to_val:
         return None
-    check = compile(code, "<pypto-rt tier assumptions>", "eval")
-    names = [f"t{i}" for i in range(len(placeholders))]   # (as produce_guards_expression names them)
+    names = [f"t{i}" for i in range(len(placeholders))]
+    guards = [g for g in shape_env.produce_guards(placeholders, [LocalSource(n) for n in names], ignore_static=True)
+              if "storage_offset()" not in g]
+    if not guards:
+        return None
+    check = compile(" and ".join(guards), "<pypto-rt tier assumptions>", "eval")
     return lambda inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, inputs))})

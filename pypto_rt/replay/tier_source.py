@@ -46,16 +46,19 @@ def _reads_before(statements: list, entry: set) -> int:
     return end
 
 
-def split_source(source: str, constants: dict, args: list):
+def split_source(source: str, constants: dict, args: list, rewrite=None):
     """(prologue function or None, body function of the tensor arguments then the carried values, the tensor
     arguments' positions, for each output the position of the argument it is (else -1), the carried names): the
     values read from data that the body uses (offsets, slot positions, expert ids) are carried from the prologue,
-    which returns them, into the body as parameters."""
+    which returns them, into the body as parameters. `rewrite(function AST, body statements)`: the body's
+    statements to compile instead (replay.tier_family: integers as expressions of the arguments' sizes)."""
     fn = ast.parse(source).body[0]
     params = [a.arg for a in fn.args.args]
     last_guard = max((i for i, s in enumerate(fn.body) if _is_guard(s)), default=-1)
     end = max(last_guard + 1, _reads_before(fn.body, set(params) | set(constants)))
     prologue, body = fn.body[:end], fn.body[end:]
+    if rewrite is not None:
+        body = rewrite(fn, body)
     if any(_reads_data(s) for s in body):
         raise Untierable("its torch calls read back data they computed (.item()): kept as a replay (a compiled "
                          "graph would fix the recorded value)")
