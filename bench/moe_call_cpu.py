@@ -7,9 +7,10 @@ cProfile's top functions, inside a launched job with the bench's shape and MoEBu
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
 (compiled: every tier swapped in; replayed: the replays) after 20 untimed ones: wall time and `time.thread_time`
-(CPU of the calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile (in thread CPU time) of as
-many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8; its live form is not
-compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank 0's experts).
+(CPU of the calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile (in
+thread CPU time) of as many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8;
+its live form is not compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank
+0's experts).
 """
 from __future__ import annotations
 
