@@ -7,9 +7,10 @@ cProfile's top functions, inside a launched job with the bench's shape and MoEBu
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
 (compiled: every tier swapped in; replayed: the replays) after 20 untimed ones: wall time and `time.thread_time`
-(CPU of the calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile of as
-many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8; its live form is not
-compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank 0's experts).
+(CPU of the calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile (in
+thread CPU time) of as many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8;
+its live form is not compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank
+0's experts).
 """
 from __future__ import annotations
 
@@ -47,17 +48,17 @@ def _count_waits() -> None:
     shm_communicator.backoff_wait = counted
 
 
-def per_call(run, calls: int) -> tuple[float, float, float]:
-    """(wall ms, CPU ms, CPU ms in waits) per call of `run`."""
-    wall, cpu, waits = time.perf_counter(), time.thread_time(), _in_waits[0]
+def per_call(run, calls: int) -> tuple[float, float, float, float]:
+    """(wall ms, CPU ms, CPU ms in waits, process CPU ms: every thread's, OpenMP's and gloo's too) per call."""
+    wall, cpu, waits, process = time.perf_counter(), time.thread_time(), _in_waits[0], time.process_time()
     for _ in range(calls):
         run()
     return tuple((t / calls * 1e3) for t in (time.perf_counter() - wall, time.thread_time() - cpu,
-                                              _in_waits[0] - waits))
+                                              _in_waits[0] - waits, time.process_time() - process))
 
 
 def profile(run, calls: int, top: int = 40, sort: str = "tottime") -> str:
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)   # CPU, not wall: a rank without a core accrues nothing
     prof.enable()
     for _ in range(calls):
         run()
@@ -87,9 +88,10 @@ def main(argv=None) -> int:
         run = tiered(call, buf, args.form == "compiled")
         per_call(run, 20)
         dist.barrier()
-        wall, cpu, waits = per_call(run, args.calls)
+        wall, cpu, waits, process = per_call(run, args.calls)
         print(f"rank {rank} {args.form} ({', '.join(t['state'] for t in tiers)}): wall {wall:.3f} ms, "
-              f"CPU {cpu:.3f} ms per call ({cpu - waits:.3f} ms outside the waits' polls)", flush=True)
+              f"CPU {cpu:.3f} ms per call ({cpu - waits:.3f} ms outside the waits' polls; all threads "
+              f"{process:.3f} ms), torch threads {torch.get_num_threads()}", flush=True)
         dist.barrier()
         if args.profile:
             text = profile(run, args.calls, sort=args.sort)

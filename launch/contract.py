@@ -29,8 +29,16 @@ PYPTO_TIMEOUT_S       only with ``--timeout-s``: the ranks' no-progress deadline
 Also set, for code written against torch's launcher: ``TORCHELASTIC_USE_AGENT_STORE=True`` (MASTER_ADDR:PORT is
 the launcher's store, so ranks join it as clients, and ``init_process_group(init_method="env://")`` works as it
 does under torchrun), and ``PYTHONUNBUFFERED=1`` unless already set, so rank output reaches logs line by line.
+
+Intra-op threads: ``OMP_NUM_THREADS`` (torch's CPU thread count at import, OpenMP's team size) is the host's usable
+cores divided by the ranks on it (``LOCAL_WORLD_SIZE``), at least 1, unless already set; the ranks of a host then
+share its cores instead of each running a team as large as the host (4 ranks of 2 threads on 2 cores spin-wait
+for each other's cores). torchrun sets 1 whenever it starts more than one rank. ``PYPTO_GOLDEN_NUM_THREADS`` (the
+count ``pypto_rt.golden`` sets at import) follows ``OMP_NUM_THREADS`` unless already set.
 """
 from __future__ import annotations
+
+import os
 
 from pypto_rt import knobs
 
@@ -51,6 +59,8 @@ STACK_FILE = knobs.STACK_FILE.env
 TIMEOUT_S = knobs.TIMEOUT_S.env
 RANK_NODES = knobs.RANK_NODES.env
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+OMP_THREADS = "OMP_NUM_THREADS"
+GOLDEN_THREADS = knobs.GOLDEN_NUM_THREADS.env
 
 SHM_DIR = "/dev/shm"
 RESULT_FILE = "rank{rank}.result.pkl"   # a run_function rank's return value, beside its error file
@@ -80,4 +90,13 @@ def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: in
     if rank_nodes is not None:
         env[RANK_NODES] = ",".join(map(str, rank_nodes))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault(OMP_THREADS, str(intra_op_threads(local_world_size)))
+    env.setdefault(GOLDEN_THREADS, env[OMP_THREADS])
     return env
+
+
+def intra_op_threads(local_world_size: int, cores: int | None = None) -> int:
+    """Each rank's share of this host's usable cores (`cores`: the launcher's CPU affinity), at least 1."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_world_size))

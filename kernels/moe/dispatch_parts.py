@@ -223,13 +223,24 @@ def weighted_rows(table, rows, weights, n, width, hidden):
 
 
 @pl.jit.inline
+def live_weighted_rows(table, rows, weights, n, width, hidden):
+    """[n, H] FP32: per line i, sum_j weights[i, j] * table[rows[i, j]] over its live slots (rows [n, width] INT32,
+    -1: dead). A dead slot reads a stand-in row (`stand_in_rows`) that a select then zeroes, so a row that is +inf or
+    NaN meets no 0 weight (0 * inf is NaN); the select fuses into the gather when compiled."""
+    live = pl.reshape(pl.cmps(rows, 0, cmp_type=5), [n * width, 1])
+    picked = pl.mgather(table, pl.reshape(stand_in_rows(rows, n, width), [n * width, 1]), coalesce="row")
+    picked = pl.reshape(pl.sels(live, picked, scalar=0.0), [n, width, hidden])
+    return pl.reshape(pl.matmul(pl.reshape(weights, [n, 1, width]), picked), [n, hidden])
+
+
+@pl.jit.inline
 def sum_returned(back, slots, members, first_row, t_dim, hidden, world):
     """[T, H] FP32: per token, the sum of the rows the ranks of its routes sent back; rank d's rows start at
     first_row[0, d] ([1, W] INT32) and hold its tokens in slot order."""
     rows = pl.add(pl.cast(slots, pl.INT32, mode="trunc"),
                   pl.col_expand(pl.full([t_dim, world], dtype=pl.INT32, value=0), first_row))
     rows = pl.sel(pl.cmps(members, 0.5, cmp_type=4), rows, pl.full([t_dim, world], dtype=pl.INT32, value=-1))
-    return weighted_rows(back, stand_in_rows(rows, t_dim, world), members, t_dim, world, hidden)
+    return live_weighted_rows(back, rows, members, t_dim, world, hidden)
 
 
 # ------------------------------------------------------------------ fixed-shape forms (small layouts, replayed)
@@ -270,7 +281,7 @@ def expand_all(recv_rows, tokens, rows, lanes, layout_rows, top_k):
 def weighted_all(y, meta, rows, lanes, top_k, hidden):
     """The fixed-shape form of `sums_by_chunk`, over every arrival slot (`rows`: the dispatch's `arrived_routes`):
     [LANES, H] FP32 (rows of dead slots hold anything: no one reads them). Slots that do not live here weigh 0
-    (their stale weights: any bits)."""
+    (their stale weights: any bits) and add 0 (`live_weighted_rows`)."""
     weights = pl.sel(pl.cmps(rows, 0, cmp_type=5), meta[:, top_k : 2 * top_k],
                      pl.full([lanes, top_k], dtype=pl.FP32, value=0.0))
-    return weighted_rows(y, stand_in_rows(rows, lanes, top_k), weights, lanes, top_k, hidden)
+    return live_weighted_rows(y, rows, weights, lanes, top_k, hidden)

@@ -113,6 +113,7 @@ class _Effect:
 
     def __init__(self):
         self._last: tuple | None = None   # (key, weak buffer, offset, typed?) of the latest operand: one swap
+        self._plan: tuple | None = None   # (key, plan): what the latest arguments computed to (`planned`)
 
     def bind(self) -> "_Effect":
         return type(self)()
@@ -129,20 +130,37 @@ class _Effect:
             self._last = last = (key, weakref.ref(buf), offset, typed)
         return buf, last[2], buf.window.typed(x.dtype) if last[3] else None
 
+    def planned(self, key: tuple):
+        """The plan kept for `key` (this operand's resolution, `self._last[0]`, and the other arguments), or None.
+        A plan is what checked arguments computed to (peer, boxes, byte offsets): a recorded line is called with the
+        same ones call after call, so it is checked once; arguments that differ in any way are checked anew."""
+        plan = self._plan
+        return plan[1] if plan is not None and plan[0] == key else None
+
+    def keep(self, key: tuple, plan) -> None:
+        self._plan = (key, plan)
+
     def cell(self, name: str, x, offsets, what: str) -> tuple:
         """(buffer, byte offset, offsets as ints) of the INT32 signal cell x[offsets]."""
         buf, offset, _ = self.window(name, x, what)
+        key = (self._last[0], *offsets)
+        kept = self.planned(key)
+        if kept is not None:
+            return buf, kept[0], kept[1]
         if x.dtype != torch.int32:
             raise OpError(f"pld.{name}: the signal `{what}` must be INT32, got {x.dtype}")
         at, _ = _extent(name, x.shape, offsets, [1] * x.dim(), what)
-        return buf, offset + 4 * _index(at, x.stride()), at
+        kept = (offset + 4 * _index(at, x.stride()), at)
+        self.keep(key, kept)
+        return buf, kept[0], kept[1]
 
 
 def _write(name: str, found: tuple, target: torch.Tensor, peer, offsets, atomic: bool, values: torch.Tensor,
-           what: str) -> None:
+           what: str) -> int | None:
     """Write (or atomically add) `values` into rank `peer`'s elements under the box of `target` (a window operand,
     `found` its resolution) at `offsets`: one copy into a strided view of the peer's window where this process maps
-    it, else through the communicator one contiguous run at a time (and for atomic adds, which take its lock)."""
+    it (returns the box's first element in it), else through the communicator one contiguous run at a time (and for
+    atomic adds, which take its lock; returns None)."""
     buf, offset, typed = found
     peer = _peer(name, buf, peer)
     at, shape = _extent(name, target.shape, offsets, list(values.shape), what)
@@ -151,9 +169,11 @@ def _write(name: str, found: tuple, target: torch.Tensor, peer, offsets, atomic:
         for axis, (o, n) in enumerate(zip(at, shape)):
             view = view.narrow(axis, o, n)
         _store(buf, peer, view, atomic, values)
-    elif values.numel():
-        start = offset // target.element_size() + _index(at, target.stride())
+        return None
+    start = offset // target.element_size() + _index(at, target.stride())
+    if values.numel():
         typed[peer].as_strided(shape, target.stride(), start).copy_(values)
+    return start
 
 
 # ------------------------------------------------------------------------------------------------ signals
@@ -258,9 +278,20 @@ def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=N
 class _PutBox(_Effect):
     def __call__(self, dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
         found = self.window("tensor.put", dst, "dst")
+        key = (self._last[0], peer, atomic, local.shape, local.stride(), local.storage_offset(),
+               *(dst_offsets or ()), None, *(src_offsets or ()), None, *(shape or ()))
+        kept = self.planned(key)   # (peer, shape, source strides, source offset, target strides, target offset)
+        if kept is not None and not found[0].window.closed:
+            if kept[1] is not None:
+                found[2][kept[0]].as_strided(kept[1], kept[4], kept[5]).copy_(
+                    local.as_strided(kept[1], kept[2], kept[3]))
+            return
         at, shape = _extent("tensor.put", local.shape, src_offsets or [0] * local.dim(), shape, "src")
         values = local.as_strided(shape, local.stride(), local.storage_offset() + _index(at, local.stride()))
-        _write("tensor.put", found, dst, peer, dst_offsets or [0] * dst.dim(), atomic, values, "dst")
+        start = _write("tensor.put", found, dst, peer, dst_offsets or [0] * dst.dim(), atomic, values, "dst")
+        if start is not None:   # a plain copy into a mapped window: the same arguments copy the same boxes
+            self.keep(key, (int(peer), shape if values.numel() else None, local.stride(), values.storage_offset(),
+                            dst.stride(), start))
 
 
 _store_box, _put_box = _StoreBox(), _PutBox()

@@ -1,0 +1,72 @@
+"""A bound pld effect (what a recorded line calls) checks its arguments once: a call with the same ones reuses the
+plan (peer, boxes, offsets) and copies the call's values; any other argument is checked anew."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pypto_rt.collective import create_communicator, process
+from pypto_rt.errors import OpError
+from pypto_rt.ops import distributed
+
+
+@pytest.fixture
+def window():
+    comm = create_communicator("shm", 0, 1, store=dist.HashStore())
+    process.install(comm)
+    try:
+        def make(shape, dtype=torch.float32):
+            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            return process.alloc(nbytes).window.local[:nbytes].view(dtype).view(shape)
+        yield make
+    finally:
+        process.close()
+
+
+@pytest.fixture
+def extents(monkeypatch):
+    """How many boxes were checked (distributed._extent calls)."""
+    seen = [0]
+    real = distributed._extent
+
+    def counted(*args, **kwargs):
+        seen[0] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(distributed, "_extent", counted)
+    return seen
+
+
+def test_a_put_with_the_same_arguments_is_checked_once_and_copies_each_calls_values(window, extents):
+    win, put = window([4, 8]), distributed._put_box.bind()
+    local = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    put(win, 0, local, [2, 0], [0, 4], [2, 4], False)
+    checked = extents[0]
+    assert checked > 0 and torch.equal(win[2:4, 0:4], local[0:2, 4:8])
+    for values in (local * 10, local + 0.5):   # new tensors, same layout: the kept plan, this call's values
+        put(win, 0, values, [2, 0], [0, 4], [2, 4], False)
+        assert torch.equal(win[2:4, 0:4], values[0:2, 4:8])
+    assert extents[0] == checked and float(win[:2].abs().sum()) == 0.0
+    put(win, 0, local, [0, 4], [0, 4], [2, 4], False)   # another box: checked anew, written there
+    assert extents[0] > checked and torch.equal(win[0:2, 4:8], local[0:2, 4:8])
+
+
+def test_a_put_with_a_bad_argument_after_good_ones_still_fails(window):
+    win, put = window([4, 8]), distributed._put_box.bind()
+    local = torch.ones(4, 8)
+    put(win, 0, local, [2, 0], [0, 0], [2, 4], False)
+    with pytest.raises(OpError, match="peer 1 is outside"):
+        put(win, 1, local, [2, 0], [0, 0], [2, 4], False)
+    with pytest.raises(OpError, match="does not fit"):
+        put(win, 0, local, [3, 0], [0, 0], [2, 4], False)
+    put(win, 0, local[1:], [2, 0], [0, 0], [2, 4], False)   # another source layout (offset): checked, copied
+    assert float(win.sum()) == 8.0
+
+
+def test_a_signal_cell_is_resolved_once_per_offsets(window, extents):
+    signal = window([2, 2], torch.int32)
+    notify, wait = distributed._notify_cell.bind(), distributed._wait_cell.bind()
+    for offsets, value in (([0, 1], 3), ([0, 1], 4), ([1, 0], 5)):
+        notify(signal, 0, offsets, "set", value)
+        wait(signal, offsets, "eq", None, value)
+    assert signal.tolist() == [[0, 4], [5, 0]] and extents[0] == 4   # ([0, 1], then [1, 0]) x (notify, wait)
