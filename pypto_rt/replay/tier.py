@@ -21,13 +21,14 @@ Replays calling kernel blocks as they are (replay.opaque) are not compiled; a va
 compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
-(PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background (the default) compiles on one daemon worker
-thread at the lowest CPU priority (a bounded queue; calls go on replaying meanwhile, never waiting), and only once
+(PYPTO_STATS shows it with the replay's line). Every build runs in a compile process (replay.tier_process: the
+replay's code and a copy of its inputs go there, the compiled code comes back through inductor's cache; killed at
+`tier_timeout_s` and at exit). PYPTO_TIER=background (the default) hands the build to one daemon worker thread (a
+bounded queue; calls go on replaying meanwhile, never waiting) and a compile process at nice 19, and only once
 the replay has paid for a compile: `tier_after_replays` replays and `tier_after_replayed_ms` of replayed time, the
 replay count times its fastest timed call (`Tier.due`), so a short run never compiles (replay.tier_worker: the
 worker, its priority, and stopping it at exit); eager compiles at the first replay, the call waiting for it at most
-`tier_timeout_s` (benchmarks, serving warm-up; the build runs on a thread of its own in the caller's context); off
-never compiles. Before the swap, the compiled body is checked against the replay
+`tier_timeout_s` (benchmarks, serving warm-up; in a compile process at normal priority); off never compiles. Before the swap, the compiled body is checked against the replay
 on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
@@ -44,7 +45,6 @@ is set): a fresh process tracing the same body gets its compiled code from disk.
 """
 from __future__ import annotations
 
-import contextvars
 import math
 import os
 import sys
@@ -57,9 +57,9 @@ from pypto_rt import config
 from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
-from pypto_rt.replay import tier_inductor
+from pypto_rt.replay import tier_process
 from pypto_rt.replay.tier_worker import ensure_worker as _ensure_worker, submit as _submit, wait_idle, where as _where
-from pypto_rt.replay.tier_graph import tensor_constants, with_constants
+from pypto_rt.replay.tier_graph import tensor_constants
 from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 from pypto_rt.replay.tier_source import Untierable, split_source
 
@@ -178,40 +178,33 @@ class Tier:
                 return
             self.state, self.started, self.stats = COMPILING, time.perf_counter(), config.STATS.get() == "1"
             self._describe()
-        threads = torch.get_num_threads()
-        job = lambda: self._build(replay, body, inputs, threads)   # noqa: E731
+        threads, timeout_s = torch.get_num_threads(), policy.tier_timeout_s
+        job = lambda: self._build(replay, body, inputs, threads, timeout_s, background)   # noqa: E731
         if not background:
-            self._eager(job, replay, policy.tier_timeout_s)
+            job()   # (bounded: the compile process is stopped at the deadline)
         elif not _submit(job):
             with self.lock:
                 self.state, self.started = REPLAY, 0.0   # the queue is full: asked again at a later call
                 self._describe()
 
-    def _eager(self, job, replay, timeout_s: float) -> None:
-        """Run the build `job` for the calling thread (in its context), waiting at most `timeout_s`: past that the
-        replay is kept and the call goes on (the build cannot be stopped; its late result is dropped)."""
-        thread = threading.Thread(target=contextvars.copy_context().run, args=(job,), name="pypto-rt-tier-eager",
-                                  daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        if thread.is_alive():
-            with self.lock:
-                if self.state == COMPILING:
-                    self._settle(FAILED, f"timed out after {timeout_s:g} s", replay)
-
-    def _build(self, replay, body, inputs: list, threads: int) -> None:
-        """Compile `body`, check it against `replay` on `inputs`, and move to the trial (or to failed, saying why);
-        runs on the worker thread (background) or the caller's (eager). Never raises. The compile time noted
-        leaves out loading the compiler (once per process: seconds)."""
-        _use_our_cache()   # (before inductor loads: it settles on a folder when it does)
-        import torch._inductor.compile_fx  # noqa: F401
-        t0 = time.perf_counter()
+    def _build(self, replay, body, inputs: list, threads: int, timeout_s: float, idle: bool) -> None:
+        """Compile `body` in the compile process (replay.tier_process: the `idle` priority one for background
+        compiles; stopped `timeout_s` after the compile was asked for), check it against `replay` on `inputs`, and
+        move to the trial (or to failed, saying why); runs on the worker thread (background) or the caller's
+        (eager). Never raises. The compile time noted includes starting the compile process (once per process:
+        seconds)."""
+        if self.state != COMPILING:   # (timed out while queued)
+            return
+        _use_our_cache()   # (the compile process and this one load from the same folder)
+        t0, deadline = time.perf_counter(), self.started + timeout_s
         try:
-            tiered, problem = _checked(replay, _compile(body, inputs, threads), inputs)
+            tiered, problem = _checked(replay, _compile(body, inputs, threads, deadline=deadline, idle=idle),
+                                       inputs)
             if problem is not None and getattr(tiered, "joined", 0):   # (joined K steps summed past the tolerance)
-                tiered, problem = _checked(replay, _compile(body, inputs, threads, join=False), inputs)
+                tiered, problem = _checked(
+                    replay, _compile(body, inputs, threads, join=False, deadline=deadline, idle=idle), inputs)
         except Exception as e:   # (whatever the compiler raises: the replay stays)
-            tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
+            tiered, problem = None, _failure(e, timeout_s)
         self._built(replay, tiered, problem, t0)
 
     def _built(self, replay, tiered, problem: str | None, t0: float) -> None:
@@ -265,20 +258,42 @@ def _checked(replay, tiered, inputs: list) -> tuple:
     return tiered, problem
 
 
-def _compile(split, inputs: list, threads: int, join: bool = True):
+# the passes run on the traced graph before inductor (`module:function`, in the compile process): K steps joined
+JOIN_PASSES = "pypto_rt.replay.tier:_joined"
+
+
+def _joined(graph) -> int:
+    return join_k_steps(graph) + join_tiles(graph)
+
+
+def _unjoined(graph) -> int:
+    return 0
+
+
+def _failure(e: Exception, timeout_s: float) -> str:
+    """Why a build ended in `e`, as the tier says it."""
+    if isinstance(e, tier_process.TimedOut):
+        return f"timed out after {timeout_s:g} s: the compile process was stopped ({e})"
+    if isinstance(e, tier_process.CompileFailed):
+        return f"the torch compiler failed: {e}"
+    return f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
+
+
+def _compile(split, inputs: list, threads: int, join: bool = True, deadline: float = math.inf, idle: bool = False):
     """The tiered function: the prologue, then the compiled body on the tensor arguments, the replay's tensor
     constants and the values carried from the prologue, its outputs that are arguments given back as the caller's
-    own tensors. It calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped`
-    is the same through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
+    own tensors; built in the compile process (of `idle` priority) before `deadline` (replay.tier_process). It
+    calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped` is the same
+    through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
     (replay.tier_passes); `joined` says how many were."""
     body, positions = split[1], split[2]
     names, constants = tensor_constants(body)
     examples = [t for t in _copy(inputs) if t is not None] + _copy(constants)
     values = _carried_values(split, inputs)
     # (with carried values, tensors the replay keeps as constants enter the symbolic trace as graph inputs)
-    compiled, direct, guards, joined = tier_inductor.build(
-        with_constants(body, names, len(positions)), examples, values, threads,
-        lambda graph: join_k_steps(graph) + join_tiles(graph) if join else 0)
+    compiled, direct, guards, joined = tier_process.compile_apart(
+        body, (names, len(positions)) if names else None, examples, values, threads,
+        (JOIN_PASSES if join else "pypto_rt.replay.tier:_unjoined", ()), deadline, idle)
     wrapped = _tiered(split, lambda graph_inputs: compiled(*graph_inputs), constants, guards)
     wrapped.joined = joined
     if direct is None:

@@ -32,12 +32,48 @@ def retry_settings(e: Exception) -> dict | None:
     return None
 
 
-def build(fn, examples: list, values: tuple, threads: int, prepare):
+def build(fn, examples: list, values: tuple, threads: int, prepare, changes: dict | None = None):
     """(compile_fx's compiled function, inductor's direct call or None (replay.tier_graph), the check of what tracing
     and compiling assumed of `values` or None, what `prepare(traced graph)` gave): `fn` traced (`_trace`) and
-    compiled with the tier's inductor settings; after a known bug of inductor's C++ code generation, once more
-    avoiding it (`retry_settings`). `prepare` may rewrite the graph before the compile (replay.tier_passes) or
-    raise to refuse it."""
+    compiled with the tier's inductor settings (and `changes`); after a known bug of inductor's C++ code generation,
+    once more avoiding it (`retry_settings`). `prepare` may rewrite the graph before the compile (replay.tier_passes)
+    or raise to refuse it. In this process: replay.tier_process builds in a child (`artifact`) and calls this only
+    for compile_fx's wrapped function, then from inductor's cache."""
+    compiled, graph, found, code, prepared, _ = _attempts(fn, examples, values, threads, prepare, changes)
+    return compiled, direct_call(graph, found), assumptions(code, len(examples) + len(values)), prepared
+
+
+def artifact(fn, examples: list, values: tuple, threads: int, prepare) -> dict:
+    """`build` in the compile child: what the calling process needs to load the compiled code (`load`) rather than
+    the code itself: the inductor setting changes a retry made, what `prepare` gave, the assumptions' source, and
+    the generated module's cache key, path and constants where inductor's `call` may be called directly (else None:
+    the caller builds compile_fx's wrapped function from the cache)."""
+    _, graph, found, code, prepared, changes = _attempts(fn, examples, values, threads, prepare, None)
+    module = None
+    call = getattr(found[0][1], "current_callable", None) if len(found) == 1 else None
+    scope = getattr(call, "__globals__", {})
+    if direct_call(graph, found) is not None and getattr(call, "__name__", "") == "call" and "__file__" in scope \
+            and not getattr(found[0][1], "opaque_value_type_classes", None):
+        compiled = found[0][1]
+        module = {"key": compiled.cache_key, "path": scope["__file__"], "constants": dict(compiled.constants or {})}
+    return {"changes": changes, "prepared": prepared, "assumptions": code, "module": module}
+
+
+def load(module: dict, threads: int, changes: dict):
+    """`(list of inputs) -> outputs`: the generated module `artifact` described, loaded here (its C++ from
+    inductor's cache on disk, where the child put it), called as `direct_call` calls it."""
+    from torch._inductor import config as inductor
+    from torch._inductor.codecache import PyCodeCache
+
+    with inductor.patch({**inductor_settings(threads), **changes}):   # (the C++ found under the child's settings)
+        loaded = PyCodeCache.load_by_key_path(module["key"], module["path"], attrs=module["constants"] or None)
+    call = loaded.call
+    return lambda inputs: call(inputs)
+
+
+def _attempts(fn, examples: list, values: tuple, threads: int, prepare, changes: dict | None):
+    """(compiled, traced graph, [(AOT's graph, inductor's compiled code)], assumptions' source, what `prepare`
+    gave, the setting changes used): a build, retried once after a known inductor bug."""
     from torch._functorch import config as functorch
     from torch._guards import TracingContext, tracing
     from torch._inductor import config as inductor
@@ -57,8 +93,10 @@ def build(fn, examples: list, values: tuple, threads: int, prepare):
             graph, placeholders = _trace(fn, examples, values)
             prepared = prepare(graph)
             compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
-            guards = _assumptions(shape_env, placeholders) if values else None
-            return compiled, direct_call(graph, found), guards, prepared
+            code = _assumed(shape_env, placeholders) if values else None
+            return compiled, graph, found, code, prepared, changes
+    if changes is not None:
+        return attempt(changes)
     try:
         return attempt({})
     except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
@@ -82,15 +120,20 @@ def _trace(body, examples: list, values: tuple):
     return graph, [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
 
 
-def _assumptions(shape_env, placeholders: list):
+def _assumed(shape_env, placeholders: list) -> str | None:
+    """The source of what tracing and compiling assumed of the carried values, or None when nothing was. Asked
+    after the compile: inductor's lowering may assume more."""
+    return shape_env.produce_guards_expression(placeholders) if shape_env.backed_var_to_val else None
+
+
+def assumptions(code: str | None, inputs: int):
     """`(graph inputs) -> bool`: whether the carried values meet what tracing and compiling assumed of them
-    (ranges, relations, a value fixed), or None when nothing was assumed. Asked after the compile: inductor's
-    lowering may assume more."""
+    (ranges, relations, a value fixed; `code` from `_assumed`, on a graph of `inputs` inputs), or None when nothing
+    was assumed."""
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-    code = shape_env.produce_guards_expression(placeholders) if shape_env.backed_var_to_val else None
     if code is None:
         return None
     check = compile(code, "<pypto-rt tier assumptions>", "eval")
-    names = [f"t{i}" for i in range(len(placeholders))]   # (as produce_guards_expression names them)
-    return lambda inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, inputs))})
+    names = [f"t{i}" for i in range(inputs)]   # (as produce_guards_expression names them)
+    return lambda graph_inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, graph_inputs))})

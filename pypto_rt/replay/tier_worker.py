@@ -1,11 +1,12 @@
 """The compiled tier's background worker (replay.tier, PYPTO_TIER=background): one daemon thread per process running
-compile jobs from a bounded queue, at the lowest CPU priority, stopped cleanly when the process exits.
+compile jobs from a bounded queue, at the lowest CPU priority, stopped cleanly when the process exits. A job sends
+its build to the compile process (replay.tier_process, itself at nice 19) and waits for it without the interpreter
+lock; on this thread remain loading the compiled code and checking it against the replay.
 
 Priority: the thread lowers its own nice value to 19 (Linux: nice is per thread), and what it starts inherits it:
-the C++ compiler processes inductor runs (the tier compiles with compile_threads 1: on this thread, no process
-pool) and the OpenMP threads of the compiled code it checks. A busy job's threads then get the cores first; the
-compile takes what they leave idle. Where lowering is refused, or not on Linux, it runs at normal priority and
-says so (`priority`, shown by PYPTO_STATS).
+the OpenMP threads of the compiled code it checks. A busy job's threads then get the cores first; the compile takes
+what they leave idle. Where lowering is refused, or not on Linux, it runs at normal priority and says so
+(`priority`, shown by PYPTO_STATS).
 
 Exit: a daemon thread still inside torch's C++ code (which releases the GIL) when the interpreter finalizes is
 ended as it takes the GIL back, inside C++ frames, and the process aborts ("terminate called without an active
@@ -63,14 +64,17 @@ def ensure_worker() -> None:
         _worker.append(thread)
         atexit.register(_stop_at_exit)   # (runs before the handlers torch registered earlier)
     if config.STATS.get() == "1":
-        print(f"pypto-rt stats: the compiled tier compiles in the background {priority}", file=sys.stderr)
+        print(f"pypto-rt stats: the compiled tier compiles in the background, in a compile process; its worker thread "
+              f"waits for it and checks its code {priority}", file=sys.stderr)
 
 
 def where() -> str:
     """Where a compile asked for here runs, as the tier's text says it."""
+    from pypto_rt.replay import tier_process
+
     if config.TIER.get() != "background":
-        return "on the caller's thread"
-    return f"in the background {priority}".rstrip()
+        return f"in a compile process {tier_process.priority(False)}, the call waiting"
+    return f"in the background, in a compile process {tier_process.priority(True)}"
 
 
 def wait_idle(timeout_s: float) -> bool:
