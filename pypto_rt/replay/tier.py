@@ -28,8 +28,9 @@ bounded queue; calls go on replaying meanwhile, never waiting) and a compile pro
 the replay has paid for a compile: `tier_after_replays` replays and `tier_after_replayed_ms` of replayed time, the
 replay count times its fastest timed call (`Tier.due`), so a short run never compiles (replay.tier_worker: the
 worker, its priority, and stopping it at exit); eager compiles at the first replay, the call waiting for it at most
-`tier_timeout_s` (benchmarks, serving warm-up; in a compile process at normal priority); off never compiles. Before the swap, the compiled body is checked against the replay
-on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
+`tier_timeout_s` (benchmarks, serving warm-up; in a compile process at normal priority); off never compiles.
+Before the swap, the compiled body is checked against the replay on the inputs of the call it was built from (a
+copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
 vector code, is retried once as scalar C++; its outer-loop fusion's KeyError once without fusion) or a compile

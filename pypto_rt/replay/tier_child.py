@@ -1,5 +1,5 @@
 """The compiled tier's compile child (replay.tier_process starts it: `python -m pypto_rt.replay.tier_child IN OUT
-NICE`, the file descriptors of its requests and replies and its nice value).
+NICE PARENT`: the file descriptors of its requests and replies, its nice value, its parent's process id).
 
 It loads torch and inductor, then lowers its own CPU priority to NICE (what it starts, the C++ compilers, inherits
 it; loading first, at normal priority, takes seconds of CPU once, where at nice 19 on a loaded machine the first
@@ -7,8 +7,9 @@ compile waited minutes for it), says it is ready,
 then answers requests one at a time: each one traced and compiled by replay.tier_inductor.artifact, the compiled
 code left in inductor's cache for the parent to load. Replies: ("ready", priority), ("ok", artifact),
 ("kept", why) (the build refused the graph: replay.tier_source.Untierable), ("failed", "Type: first line").
-It exits at the end of its input, and by itself once its parent is gone (a watch thread), so a killed parent
-leaves no compile running.
+It exits at the end of its input, and is killed by the kernel when the thread of its parent that started it ends
+(Linux's parent-death signal; elsewhere a watch thread polls for the parent, which needs the interpreter lock
+that the compile, at idle priority, may hold for long), so a killed parent leaves no compile running.
 """
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ import time
 from multiprocessing.connection import Connection
 
 
-def main(requests_fd: int, replies_fd: int, nice: int) -> None:
+def main(requests_fd: int, replies_fd: int, nice: int, parent: int) -> None:
     os.dup2(2, 1)   # (prints of what it runs go to stderr, never into the replies)
-    _watch_parent(os.getppid())
+    _end_with_parent(parent)
     requests, replies = Connection(requests_fd, writable=False), Connection(replies_fd, readable=False)
     import torch
     import torch._inductor.compile_fx  # noqa: F401 - loaded before lowering the priority (see the module text)
@@ -79,8 +80,17 @@ def _lower_priority(nice: int) -> str:
     return f"at idle priority, nice {nice}"
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit at once when the parent is gone (the child is then reparented)."""
+def _end_with_parent(parent: int) -> None:
+    """Die with the parent: the parent-death signal (Linux), else a thread watching for the child's reparenting."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # (PR_SET_PDEATHSIG)
+        if os.getppid() != parent:   # (gone before the signal was armed)
+            os._exit(0)
+        return
+
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
@@ -89,4 +99,4 @@ def _watch_parent(parent: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    main(*(int(arg) for arg in sys.argv[1:5]))

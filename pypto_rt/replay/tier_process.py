@@ -38,7 +38,7 @@ import torch
 
 from pypto_rt.replay import tier_request
 
-IDLE_NICE = 19
+IDLE_NICE = 19         # the background compile process's nice value (read when one starts)
 START_WAIT_S = 120.0   # a child that has not said it is ready after this is killed (loading torch takes seconds)
 cache = [0, 0]         # graphs the children found in inductor's FX-graph cache (loaded from disk), and did not
 
@@ -95,7 +95,8 @@ class _Child:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pypto_rt.replay.tier_child", str(from_parent), str(to_parent), str(nice)],
+                [sys.executable, "-m", "pypto_rt.replay.tier_child", str(from_parent), str(to_parent), str(nice),
+                 str(os.getpid())],
                 pass_fds=(from_parent, to_parent), start_new_session=True, env=env, stdin=subprocess.DEVNULL)
         except BaseException:
             for fd in (to_child, from_child):
@@ -126,14 +127,15 @@ class _Child:
 
 
 class _Slot:
-    """The child of one priority: its nice value, the child while one runs, one request at a time."""
+    """The child of one priority (`idle`: background compiles), while one runs; one request at a time."""
 
-    def __init__(self, nice: int):
-        self.nice, self.child, self.lock = nice, None, threading.Lock()
-        self.priority = f"at idle priority, nice {nice}" if nice else "at normal priority"   # (until the child says)
+    def __init__(self, idle: bool):
+        self.idle, self.child, self.lock = idle, None, threading.Lock()
+        # (until the child says how it runs)
+        self.priority = f"at idle priority, nice {IDLE_NICE}" if idle else "at normal priority"
 
 
-_slots = {True: _Slot(IDLE_NICE), False: _Slot(0)}   # idle (background compiles) or not (eager ones)
+_slots = {True: _Slot(True), False: _Slot(False)}
 _closing = False   # the process is exiting: no child starts
 
 
@@ -173,12 +175,13 @@ def build(request: dict, deadline: float, idle: bool) -> dict:
 
 def _running(slot: _Slot, deadline: float) -> _Child:
     """The slot's child, started if none runs (its `ready` reply read within the deadline)."""
-    if slot.child is not None:
+    if slot.child is not None and slot.child.process.poll() is None:
         return slot.child
+    _stop(slot)   # (one that ended: with the thread that started it, see replay.tier_child)
+    _register_exit()
     if _closing:
         raise CompileFailed("the process is exiting: no compile starts")
-    _register_exit()
-    slot.child = _Child(slot.nice)
+    slot.child = _Child(IDLE_NICE if slot.idle else 0)
     _, slot.priority = _answer(slot, min(deadline, time.perf_counter() + START_WAIT_S))
     return slot.child
 
@@ -238,7 +241,7 @@ def _forget_after_fork() -> None:
     for slot in _slots.values():
         if slot.child is not None:
             slot.child.forget()
-    _slots, _closing = {True: _Slot(IDLE_NICE), False: _Slot(0)}, False
+    _slots, _closing = {True: _Slot(True), False: _Slot(False)}, False
     _registered.clear()
 
 

@@ -92,8 +92,22 @@ def flag_compiled():
     return found
 
 
+@pytest.fixture
+def background_at_normal_priority(monkeypatch):
+    """Background compiles in a compile process at normal priority: at nice 19 on a shared machine under other
+    jobs' load one waited minutes for CPU (what idle priority is for; not what these tests check)."""
+    def restart():
+        slot = tier_process._slots[True]
+        with slot.lock:
+            tier_process._stop(slot)
+    monkeypatch.setattr(tier_process, "IDLE_NICE", 0)
+    restart()
+    yield
+    restart()
+
+
 @pytest.mark.timeout(480)
-def test_calls_during_the_swap_from_several_threads_are_right():
+def test_calls_during_the_swap_from_several_threads_are_right(background_at_normal_priority):
     scale_into = scale_into_source()
     errors, seen = [], set()
     done = threading.Event()
@@ -114,8 +128,8 @@ def test_calls_during_the_swap_from_several_threads_are_right():
         threads = [threading.Thread(target=in_context(caller), args=(s,)) for s in range(2)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 400   # (the compile process starts, then compiles at nice 19: on a loaded
-        while time.monotonic() < deadline and not any(t.state == TRIAL for t in tiers(scale_into)):   # machine, long
+        deadline = time.monotonic() + 400   # (the compile process starts: seconds, tens on a loaded machine)
+        while time.monotonic() < deadline and not any(t.state == TRIAL for t in tiers(scale_into)):
             time.sleep(0.05)
         time.sleep(0.3)   # calls alternate compiled and replayed under the threads
         done.set()
@@ -452,7 +466,8 @@ def test_by_default_a_short_run_never_compiles_and_its_replay_takes_the_settled_
     assert scale_into.state.settled is not None, "the waiting replay did not take the settled path"
 
 
-def test_a_replay_that_has_paid_for_a_compile_is_compiled_in_the_background_from_the_settled_path():
+def test_a_replay_that_has_paid_for_a_compile_is_compiled_in_the_background_from_the_settled_path(
+        background_at_normal_priority):
     scale_into = scale_into_source()
     policy = dict(KEEP, tier_after_replays=40, tier_after_replayed_ms=0.0)
     with config.scope(TIER="background"), policy_scope(**policy) as in_force:
