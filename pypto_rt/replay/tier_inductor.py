@@ -54,18 +54,25 @@ def artifact(fn, examples: list, values: tuple, threads: int, prepare) -> dict:
     scope = getattr(call, "__globals__", {})
     if direct_call(graph, found) is not None and getattr(call, "__name__", "") == "call" and "__file__" in scope \
             and not getattr(found[0][1], "opaque_value_type_classes", None):
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
         compiled = found[0][1]
-        module = {"key": compiled.cache_key, "path": scope["__file__"], "constants": dict(compiled.constants or {})}
+        module = {"key": compiled.cache_key, "path": scope["__file__"], "constants": dict(compiled.constants or {}),
+                  "vec_isa_ok": bool(pick_vec_isa())}
     return {"changes": changes, "prepared": prepared, "assumptions": code, "module": module}
 
 
 def load(module: dict, threads: int, changes: dict):
     """`(list of inputs) -> outputs`: the generated module `artifact` described, loaded here (its C++ from
-    inductor's cache on disk, where the child put it), called as `direct_call` calls it."""
+    inductor's cache on disk, where the child put it), called as `direct_call` calls it. Under the child's settings
+    and its verdict on the CPU's vector instructions: inductor decides that by building and loading a probe, which
+    on a loaded machine can time out in one process and not the other (then this process looked for C++ built
+    without them, and built it: `'at::vec' has not been declared`)."""
     from torch._inductor import config as inductor
     from torch._inductor.codecache import PyCodeCache
 
-    with inductor.patch({**inductor_settings(threads), **changes}):   # (the C++ found under the child's settings)
+    settings = {**inductor_settings(threads), **changes, "cpp.vec_isa_ok": module["vec_isa_ok"]}
+    with inductor.patch(settings):   # (so the C++ is found under the key the child stored it at)
         loaded = PyCodeCache.load_by_key_path(module["key"], module["path"], attrs=module["constants"] or None)
     call = loaded.call
     return lambda inputs: call(inputs)

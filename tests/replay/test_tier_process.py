@@ -42,6 +42,15 @@ def test_a_request_carries_the_function_with_its_operators_and_modules_by_name()
     assert tier_request.preparer(back["prepare"]).func.__name__ == "spoiling"
 
 
+def test_a_refused_priority_change_runs_at_normal_priority_and_says_why(monkeypatch):
+    from pypto_rt.replay import tier_child
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "setpriority", refuse)
+    assert tier_child._lower_priority(19).startswith("at normal priority (lowering it was refused: ")
+
+
 KILLED = r"""
 import sys, threading, time, torch
 sys.path.insert(0, {repo!r})
