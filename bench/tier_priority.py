@@ -1,12 +1,15 @@
 """What a background compile costs the calls of its own process (issue 17: PYPTO_TIER=background is the default):
-a small kernel replayed in a loop on the calling thread, timed per call, without a compile, while the tier's
-worker compiles another kernel (nice 19, replay.tier_worker), and without again.
+a small kernel replayed in a loop on the calling thread, timed per call, without a compile, while the tier
+compiles another kernel in the background (in its compile process at nice 19, replay.tier_process; before issue
+17's fix, on the worker thread, replay.tier_worker), and without again. The `max` column is the calling thread's
+longest gap between calls.
 
     .venv/bin/python -m bench.tier_priority [--seconds 8] [--compile-seconds 60]
 
-Idle priority keeps the compile's CPU and its C++ compiler behind busy threads, but the compile's Python holds the
-process's GIL while it runs: a worker preempted while holding it stalls the caller (the `max` column). Inductor is
-loaded before timing (a process's first compile loads it: seconds). Run it next to the load you care about; the
+Idle priority keeps the compile's CPU and its C++ compiler behind busy threads; on a worker thread the compile's
+Python held the process's GIL while it ran, and a worker preempted while holding it stalled the caller (seconds on
+a loaded machine); in the compile process it holds only its own. Inductor is loaded before timing (a process's
+first compile loads it: seconds). Run it next to the load you care about; the
 machine's load average is printed with each line.
 """
 from __future__ import annotations

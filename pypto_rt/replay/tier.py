@@ -24,14 +24,16 @@ Replays calling kernel blocks as they are (replay.opaque) are not compiled; a va
 compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
-(PYPTO_STATS shows it with the replay's line). PYPTO_TIER=background (the default) compiles on one daemon worker
-thread at the lowest CPU priority (a bounded queue; calls go on replaying meanwhile, never waiting), and only once
+(PYPTO_STATS shows it with the replay's line). Every build runs in a compile process (replay.tier_process: the
+replay's code and a copy of its inputs go there, the compiled code comes back through inductor's cache; killed at
+`tier_timeout_s` and at exit). PYPTO_TIER=background (the default) hands the build to one daemon worker thread (a
+bounded queue; calls go on replaying meanwhile, never waiting) and a compile process at nice 19, and only once
 the replay has paid for a compile: `tier_after_replays` replays and `tier_after_replayed_ms` of replayed time, the
 replay count times its fastest timed call (`Tier.due`), so a short run never compiles (replay.tier_worker: the
 worker, its priority, and stopping it at exit); eager compiles at the first replay, the call waiting for it at most
-`tier_timeout_s` (benchmarks, serving warm-up; the build runs on a thread of its own in the caller's context); off
-never compiles. Before the swap, the compiled body is checked against the replay
-on the inputs of the call it was built from (a copy of their memory, views and sharing kept):
+`tier_timeout_s` (benchmarks, serving warm-up; in a compile process at normal priority); off never compiles.
+Before the swap, the compiled body is checked against the replay on the inputs of the call it was built from (a
+copy of their memory, views and sharing kept):
 integer and boolean results bit for bit, floating ones within torch.testing's tolerance of their dtype (inductor
 fuses and reorders: the last bits may differ). A mismatch, an error (a C++ compile error, a bug of inductor's
 vector code, is retried once as scalar C++; its outer-loop fusion's KeyError once without fusion) or a compile
@@ -47,7 +49,6 @@ is set): a fresh process tracing the same body gets its compiled code from disk.
 """
 from __future__ import annotations
 
-import contextvars
 import math
 import os
 import sys
@@ -60,10 +61,11 @@ from pypto_rt import config
 from pypto_rt.replay import tier_segments
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay.policy import current_policy
-from pypto_rt.replay import tier_family, tier_inductor
+from pypto_rt.replay import tier_family, tier_process
 from pypto_rt.replay.tier_worker import ensure_worker as _ensure_worker, submit as _submit, wait_idle, where as _where
-from pypto_rt.replay.tier_graph import tensor_constants, with_constants
+from pypto_rt.replay.tier_graph import tensor_constants
 from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
+from pypto_rt.replay.tier_copies import copy as _copy, snapshot as _snapshot
 from pypto_rt.replay.tier_source import Untierable, split_source
 
 REPLAY, COMPILING, TRIAL, COMPILED, FAILED = "replay", "compiling", "trial", "compiled", "failed"
@@ -186,47 +188,40 @@ class Tier:
                 return
             self.state, self.started, self.stats = COMPILING, time.perf_counter(), config.STATS.get() == "1"
             self._describe()
-        threads = torch.get_num_threads()
-        job = lambda: self._build(replay, body, inputs, threads, (family, kind, generic))   # noqa: E731
+        sized, threads, timeout_s = (family, kind, generic), torch.get_num_threads(), policy.tier_timeout_s
+        job = lambda: self._build(replay, body, inputs, sized, threads, timeout_s, background)   # noqa: E731
         if not background:
-            self._eager(job, replay, policy.tier_timeout_s)
+            job()   # (bounded: the compile process is stopped at the deadline)
         elif not _submit(job):
             with self.lock:
                 self.state, self.started = REPLAY, 0.0   # the queue is full: asked again at a later call
                 self._describe()
 
-    def _eager(self, job, replay, timeout_s: float) -> None:
-        """Run the build `job` for the calling thread (in its context), waiting at most `timeout_s`: past that the
-        replay is kept and the call goes on (the build cannot be stopped; its late result is dropped)."""
-        thread = threading.Thread(target=contextvars.copy_context().run, args=(job,), name="pypto-rt-tier-eager",
-                                  daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        if thread.is_alive():
-            with self.lock:
-                if self.state == COMPILING:
-                    self._settle(FAILED, f"timed out after {timeout_s:g} s", replay)
-
-    def _build(self, replay, body, inputs: list, threads: int, sized: tuple) -> None:
-        """Compile `body`, check it against `replay` on `inputs`, and move to the trial (or to failed, saying why);
-        runs on the worker thread (background) or the caller's (eager). Never raises. The compile time noted
-        leaves out loading the compiler (once per process: seconds). `sized`: (family, what its build does, the
-        body with sizes as expressions) from replay.tier_family: the family's graph shared or built with dynamic
-        sizes first, where that fails the body's own graph."""
-        _use_our_cache()   # (before inductor loads: it settles on a folder when it does)
-        import torch._inductor.compile_fx  # noqa: F401
-        t0 = time.perf_counter()
-        tiered, problem = self._family_build(replay, inputs, threads, *sized)
-        if tiered is None:
-            try:
-                tiered, problem = _compiled_checked(replay, body, inputs, threads)
-            except Exception as e:   # (whatever the compiler raises: the replay stays)
-                tiered, problem = None, f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
+    def _build(self, replay, body, inputs: list, sized: tuple, threads: int, timeout_s: float, idle: bool) -> None:
+        """Compile `body` in the compile process (replay.tier_process: the `idle` priority one for background
+        compiles; stopped `timeout_s` after the compile was asked for), check it against `replay` on `inputs`, and
+        move to the trial (or to failed, saying why); runs on the worker thread (background) or the caller's
+        (eager). Never raises. The compile time noted includes starting the compile process (once per process:
+        seconds). `sized`: (family, what its build does, the body with sizes as expressions) from
+        replay.tier_family: the family's graph shared or built with dynamic sizes first, where that fails the
+        body's own graph."""
+        if self.state != COMPILING:   # (timed out while queued)
+            return
+        _use_our_cache()   # (the compile process and this one load from the same folder)
+        t0, deadline = time.perf_counter(), self.started + timeout_s
+        apart = dict(threads=threads, deadline=deadline, idle=idle)
+        try:
+            tiered, problem = self._family_build(replay, inputs, *sized, apart)
+            if tiered is None:
+                tiered, problem = _compiled_checked(replay, body, inputs, apart)
+        except Exception as e:   # (whatever the compiler raises: the replay stays)
+            tiered, problem = None, _failure(e, timeout_s)
         self._built(replay, tiered, problem, t0)
 
-    def _family_build(self, replay, inputs: list, threads: int, family, kind: str, generic) -> tuple:
+    def _family_build(self, replay, inputs: list, family, kind: str, generic, apart: dict) -> tuple:
         """(the tiered function through the family's graph, None) where it is shared or built with dynamic sizes
-        and agrees with the replay; else (None, None), `sizes` saying why."""
+        (in the compile process: `apart`, `_graph`'s) and agrees with the replay; else (None, None), `sizes` saying
+        why. A compile past the deadline raises tier_process.TimedOut (no time is left for the body's own)."""
         if kind == tier_family.OWN:
             return None, None
         try:
@@ -234,8 +229,12 @@ class Tier:
                 graph = family.shared
             else:
                 dynamic = family.dynamic_dims()
-                graph = _graph(generic, inputs, threads, {generic[2].index(a): d for a, d in dynamic.items()})
+                graph = _graph(generic, inputs, dynamic={generic[2].index(a): d for a, d in dynamic.items()},
+                               **apart)
             tiered, problem = _checked(replay, _tiered_of(generic, graph, inputs), inputs)
+        except tier_process.TimedOut as e:
+            family.failed = f"the graph with dynamic sizes was not kept (timed out: {e})"
+            raise
         except Exception as e:   # (the compiler's errors, a graph whose assumptions these sizes are outside)
             tiered, problem = None, f"{type(e).__name__}: {_first_line(e)}"
         shared = len(family.members)
@@ -303,36 +302,61 @@ def _checked(replay, tiered, inputs: list) -> tuple:
     return tiered, problem
 
 
-def _compiled_checked(replay, split, inputs: list, threads: int) -> tuple:
+def _compiled_checked(replay, split, inputs: list, apart: dict) -> tuple:
     """(the tiered function of `split`'s own compiled graph, why it disagrees with `replay` or None); compiled
-    again without joining K steps where the joined ones summed past the tolerance."""
-    tiered, problem = _checked(replay, _compile(split, inputs, threads), inputs)
+    again without joining K steps where the joined ones summed past the tolerance. `apart`: `_graph`'s threads,
+    deadline and priority."""
+    tiered, problem = _checked(replay, _compile(split, inputs, **apart), inputs)
     if problem is not None and getattr(tiered, "joined", 0):
-        tiered, problem = _checked(replay, _compile(split, inputs, threads, join=False), inputs)
+        tiered, problem = _checked(replay, _compile(split, inputs, join=False, **apart), inputs)
     return tiered, problem
 
 
-def _compile(split, inputs: list, threads: int, join: bool = True):
+# the passes run on the traced graph before inductor (`module:function`, in the compile process): K steps joined
+JOIN_PASSES = "pypto_rt.replay.tier:_joined"
+
+
+def _joined(graph) -> int:
+    return join_k_steps(graph) + join_tiles(graph)
+
+
+def _unjoined(graph) -> int:
+    return 0
+
+
+def _failure(e: Exception, timeout_s: float) -> str:
+    """Why a build ended in `e`, as the tier says it."""
+    if isinstance(e, tier_process.TimedOut):
+        return f"timed out after {timeout_s:g} s: the compile process was stopped ({e})"
+    if isinstance(e, tier_process.CompileFailed):
+        return f"the torch compiler failed: {e}"
+    return f"the torch compiler failed: {type(e).__name__}: {_first_line(e)}"
+
+
+def _compile(split, inputs: list, threads: int, join: bool = True, deadline: float = math.inf, idle: bool = False):
     """The tiered function: the prologue, then the compiled body on the tensor arguments, the replay's tensor
     constants and the values carried from the prologue, its outputs that are arguments given back as the caller's
-    own tensors. It calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped`
-    is the same through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
+    own tensors; built in the compile process (of `idle` priority) before `deadline` (replay.tier_process). It
+    calls inductor's code directly where the graph allows (replay.tier_graph); then its `wrapped` is the same
+    through compile_fx's wrappers (else None). `join`: K steps of a matmul joined before compiling
     (replay.tier_passes); `joined` says how many were."""
-    return _tiered_of(split, _graph(split, inputs, threads, join=join), inputs)
+    return _tiered_of(split, _graph(split, inputs, threads, join=join, deadline=deadline, idle=idle), inputs)
 
 
-def _graph(split, inputs: list, threads: int, dynamic: dict | None = None, join: bool = True) -> tuple:
+def _graph(split, inputs: list, threads: int, dynamic: dict | None = None, join: bool = True,
+           deadline: float = math.inf, idle: bool = False) -> tuple:
     """(compile_fx's function, inductor's direct call or None, the check of its assumptions or None, K steps
-    joined): `split`'s body compiled on the call of `inputs`; `dynamic`: tensor argument (its index among them) ->
-    its dims compiled as symbolic sizes (replay.tier_family)."""
+    joined): `split`'s body compiled on the call of `inputs`, in the compile process (of `idle` priority) before
+    `deadline`; `dynamic`: tensor argument (its index among them) -> its dims compiled as symbolic sizes
+    (replay.tier_family)."""
     body, positions = split[1], split[2]
     names, constants = tensor_constants(body)
     examples = [t for t in _copy(inputs) if t is not None] + _copy(constants)
     values = _carried_values(split, inputs)
     # (with carried values, tensors the replay keeps as constants enter the symbolic trace as graph inputs)
-    return tier_inductor.build(
-        with_constants(body, names, len(positions)), examples, values, threads,
-        lambda graph: join_k_steps(graph) + join_tiles(graph) if join else 0, dynamic)
+    return tier_process.compile_apart(
+        body, (names, len(positions)) if names else None, examples, values, threads,
+        (JOIN_PASSES if join else "pypto_rt.replay.tier:_unjoined", ()), deadline, idle, dynamic)
 
 
 def _tiered_of(split, graph: tuple, inputs: list):
@@ -443,45 +467,6 @@ def _differs(want: torch.Tensor, got: torch.Tensor) -> str | None:
     if not torch.equal(got, want):
         return f"{int((got != want).sum())} of {want.numel()} elements differ ({want.dtype}: compared bit for bit)"
     return None
-
-
-def _snapshot(args: list, max_bytes: int) -> list:
-    """Copies of the tensor arguments: each memory copied once (arguments sharing memory still share it), each
-    argument a view with its own sizes, strides and offset into its copy."""
-    memories: dict[int, torch.UntypedStorage] = {}
-    total = 0
-    for a in args:
-        if a is not None:
-            memory = a.untyped_storage()
-            if memory.data_ptr() not in memories:
-                total += memory.nbytes()
-                memories[memory.data_ptr()] = memory
-    if total > max_bytes:
-        raise Untierable(f"its arguments' memory ({total >> 20} MiB) is over policy.tier_max_copy_bytes to copy "
-                         "for the check: kept as a replay")
-    copies = {key: memory.clone() for key, memory in memories.items()}
-    return [None if a is None else _view(a, copies[a.untyped_storage().data_ptr()]) for a in args]
-
-
-def _copy(inputs: list) -> list:
-    """Fresh copies of a snapshot (sharing kept), so each use starts from the call's inputs."""
-    copies: dict[int, torch.UntypedStorage] = {}
-    out = []
-    for t in inputs:
-        if t is None:
-            out.append(None)
-            continue
-        memory = t.untyped_storage()
-        copy = copies.get(memory.data_ptr())
-        if copy is None:
-            copy = copies[memory.data_ptr()] = memory.clone()
-        out.append(_view(t, copy))
-    return out
-
-
-def _view(like: torch.Tensor, memory: torch.UntypedStorage) -> torch.Tensor:
-    return torch.empty(0, dtype=like.dtype, device=like.device).set_(
-        memory, like.storage_offset(), like.size(), like.stride())
 
 
 def _first_line(e: Exception) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import traceback
 
+from pypto_rt.replay.tier_copies import copy
 from pypto_rt.replay.tier_graph import capturing, direct_call
 
 
@@ -32,13 +33,57 @@ def retry_settings(e: Exception) -> dict | None:
     return None
 
 
-def build(fn, examples: list, values: tuple, threads: int, prepare, dynamic: dict | None = None):
+def build(fn, examples: list, values: tuple, threads: int, prepare, dynamic: dict | None = None,
+          changes: dict | None = None):
     """(compile_fx's compiled function, inductor's direct call or None (replay.tier_graph), the check of what tracing
     and compiling assumed of `values` or None, what `prepare(traced graph)` gave): `fn` traced (`_trace`) and
-    compiled with the tier's inductor settings; after a known bug of inductor's C++ code generation, once more
-    avoiding it (`retry_settings`). `prepare` may rewrite the graph before the compile (replay.tier_passes) or
-    raise to refuse it. `dynamic`: example index -> its dims traced as symbolic sizes (replay.tier_family); what
-    was assumed of them is checked with the carried values'."""
+    compiled with the tier's inductor settings (and `changes`); after a known bug of inductor's C++ code generation,
+    once more avoiding it (`retry_settings`). `prepare` may rewrite the graph before the compile (replay.tier_passes)
+    or raise to refuse it. `dynamic`: example index -> its dims traced as symbolic sizes (replay.tier_family); what
+    was assumed of them is checked with the carried values'. In this process: replay.tier_process builds in a child
+    (`artifact`) and calls this only for compile_fx's wrapped function, then from inductor's cache."""
+    compiled, graph, found, code, prepared, _ = _attempts(fn, examples, values, threads, prepare, dynamic, changes)
+    return compiled, direct_call(graph, found), assumptions(code, len(examples) + len(values)), prepared
+
+
+def artifact(fn, examples: list, values: tuple, threads: int, prepare, dynamic: dict | None = None) -> dict:
+    """`build` in the compile child: what the calling process needs to load the compiled code (`load`) rather than
+    the code itself: the inductor setting changes a retry made, what `prepare` gave, the assumptions' source, and
+    the generated module's cache key, path and constants where inductor's `call` may be called directly (else None:
+    the caller builds compile_fx's wrapped function from the cache)."""
+    _, graph, found, code, prepared, changes = _attempts(fn, examples, values, threads, prepare, dynamic, None)
+    module = None
+    call = getattr(found[0][1], "current_callable", None) if len(found) == 1 else None
+    scope = getattr(call, "__globals__", {})
+    if direct_call(graph, found) is not None and getattr(call, "__name__", "") == "call" and "__file__" in scope \
+            and not getattr(found[0][1], "opaque_value_type_classes", None):
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        compiled = found[0][1]
+        module = {"key": compiled.cache_key, "path": scope["__file__"], "constants": dict(compiled.constants or {}),
+                  "vec_isa_ok": bool(pick_vec_isa())}
+    return {"changes": changes, "prepared": prepared, "assumptions": code, "module": module}
+
+
+def load(module: dict, threads: int, changes: dict):
+    """`(list of inputs) -> outputs`: the generated module `artifact` described, loaded here (its C++ from
+    inductor's cache on disk, where the child put it), called as `direct_call` calls it. Under the child's settings
+    and its verdict on the CPU's vector instructions: inductor decides that by building and loading a probe, which
+    on a loaded machine can time out in one process and not the other (then this process looked for C++ built
+    without them, and built it: `'at::vec' has not been declared`)."""
+    from torch._inductor import config as inductor
+    from torch._inductor.codecache import PyCodeCache
+
+    settings = {**inductor_settings(threads), **changes, "cpp.vec_isa_ok": module["vec_isa_ok"]}
+    with inductor.patch(settings):   # (so the C++ is found under the key the child stored it at)
+        loaded = PyCodeCache.load_by_key_path(module["key"], module["path"], attrs=module["constants"] or None)
+    call = loaded.call
+    return lambda inputs: call(inputs)
+
+
+def _attempts(fn, examples: list, values: tuple, threads: int, prepare, dynamic: dict | None, changes: dict | None):
+    """(compiled, traced graph, [(AOT's graph, inductor's compiled code)], assumptions' source, what `prepare`
+    gave, the setting changes used): a build, retried once after a known inductor bug."""
     from torch._functorch import config as functorch
     from torch._guards import TracingContext, tracing
     from torch._inductor import config as inductor
@@ -60,8 +105,10 @@ def build(fn, examples: list, values: tuple, threads: int, prepare, dynamic: dic
             graph, placeholders = _trace(fn, _sized(fake, examples, dynamic or {}), values, symbolic)
             prepared = prepare(graph)
             compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
-            guards = _assumptions(shape_env, placeholders) if symbolic else None
-            return compiled, direct_call(graph, found), guards, prepared
+            code = _assumed(shape_env, placeholders) if symbolic else None
+            return compiled, graph, found, code, prepared, changes
+    if changes is not None:
+        return attempt(changes)
     try:
         return attempt({})
     except Exception as e:   # noqa: BLE001 - bugs of inductor's C++ code generation: once more, avoiding them
@@ -96,28 +143,34 @@ def _trace(body, examples: list, values: tuple, symbolic: bool):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if not symbolic:
-        from pypto_rt.replay.tier import _copy   # (tier imports this module)
-
-        return make_fx(body)(*_copy(examples)), examples
+        return make_fx(body)(*copy(examples)), examples
     graph = make_fx(body, tracing_mode="symbolic")(*examples, *values)
     return graph, [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
 
 
-def _assumptions(shape_env, placeholders: list):
-    """`(graph inputs) -> bool`: whether the carried values and the sizes traced as symbolic meet what tracing and
-    compiling assumed of them (ranges, relations, a value fixed), or None when nothing was assumed. Asked after
-    the compile: inductor's lowering may assume more. Left out: bounds on a tensor's storage offset, which say
-    that the example call's tensor fits in its example memory (each call's own tensors fit in theirs; a
-    specialisation's offsets are its own, the family's the same)."""
+def _assumed(shape_env, placeholders: list) -> str | None:
+    """The source of what tracing and compiling assumed of the carried values and the sizes traced as symbolic
+    (ranges, relations, a value fixed; its inputs named t0..tN as produce_guards_expression names them), or None
+    when nothing was. Asked after the compile: inductor's lowering may assume more. Left out: bounds on a tensor's
+    storage offset, which say that the example call's tensor fits in its example memory (each call's own tensors
+    fit in theirs; a specialisation's offsets are its own, the family's the same)."""
     from torch._dynamo.source import LocalSource
-    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
     if not shape_env.backed_var_to_val:
         return None
     names = [f"t{i}" for i in range(len(placeholders))]
     guards = [g for g in shape_env.produce_guards(placeholders, [LocalSource(n) for n in names], ignore_static=True)
               if "storage_offset()" not in g]
-    if not guards:
+    return " and ".join(guards) or None
+
+
+def assumptions(code: str | None, inputs: int):
+    """`(graph inputs) -> bool`: whether the carried values and the symbolic sizes meet what tracing and compiling
+    assumed of them (`code` from `_assumed`, on a graph of `inputs` inputs), or None when nothing was assumed."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    if code is None:
         return None
-    check = compile(" and ".join(guards), "<pypto-rt tier assumptions>", "eval")
-    return lambda inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, inputs))})
+    check = compile(code, "<pypto-rt tier assumptions>", "eval")
+    names = [f"t{i}" for i in range(inputs)]   # (as `_assumed` names them)
+    return lambda graph_inputs: eval(check, SYMPY_INTERP, {"L": dict(zip(names, graph_inputs))})

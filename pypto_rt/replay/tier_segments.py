@@ -19,9 +19,9 @@ touched. A segment that fails to compile or to agree keeps the whole replay (FAI
 a number that is not an integer, or inputs over `tier_max_copy_bytes`, stays replayed, and so does one whose traced
 graph writes a window: the compiled graph may write a written input back whole, over what a peer wrote to another
 part of it meanwhile. A segment calls inductor's code without compile_fx's wrappers where its graph allows
-(replay.tier_graph's direct call), else, or where the direct call disagrees in the check, through them. replay.tier's trial then times whole calls (waits for peers included; the minimum over its
-calls counts) and keeps the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in
-the same order.
+(replay.tier_graph's direct call), else, or where the direct call disagrees in the check, through them.
+replay.tier's trial then times whole calls (waits for peers included; the minimum over its calls counts) and keeps
+the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in the same order.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from pypto_rt import config
 from pypto_rt.collective import process
 from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
-from pypto_rt.replay import tier_inductor
+from pypto_rt.replay import tier_process
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
@@ -228,6 +228,7 @@ def capturing(tier, replay, policy, background: bool):
         tier.state, tier.started, tier.stats = base.COMPILING, time.perf_counter(), config.STATS.get() == "1"
         tier._describe()
     segmented, threads, max_bytes = tier.segments, torch.get_num_threads(), policy.tier_max_copy_bytes
+    timeout_s = policy.tier_timeout_s
     snapshots: dict = {}
     run = segmented.function({s.index: _capture(s, snapshots, max_bytes) for s in segmented.segments})
 
@@ -246,7 +247,7 @@ def capturing(tier, replay, policy, background: bool):
         if outputs is GUARD_MISS or len(snapshots) < len(segmented.segments):
             again()
             return outputs
-        job = lambda: _build(tier, replay, snapshots, threads)   # noqa: E731
+        job = lambda: _build(tier, replay, snapshots, threads, timeout_s, background)   # noqa: E731
         if not background:
             job()
         elif not base._submit(job):
@@ -282,14 +283,16 @@ def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int):
     return [v if c is None else c for v, c in zip(inputs, copies)], windows
 
 
-def _build(tier, replay, snapshots: dict, threads: int) -> None:
-    """Compile and check every segment that can be (see the module text), then hand the tiered replay (or why not)
-    to `tier`. Never raises."""
+def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: bool) -> None:
+    """Compile (in the compile process of `idle` priority, stopped `timeout_s` after the compile was asked for)
+    and check every segment that can be (see the module text), then hand the tiered replay (or why not) to `tier`.
+    Never raises."""
     from pypto_rt.replay import tier as base
 
+    if tier.state != base.COMPILING:   # (timed out while queued)
+        return
     base._use_our_cache()
-    import torch._inductor.compile_fx  # noqa: F401
-    t0 = time.perf_counter()
+    t0, deadline = time.perf_counter(), tier.started + timeout_s
     segmented, compiled = tier.segments, {}
     tiered, problem = None, None
     for segment in segmented.segments:
@@ -298,12 +301,13 @@ def _build(tier, replay, snapshots: dict, threads: int) -> None:
             segment.kept, compiled[segment.index] = snapshot, segment.replayed
             continue
         try:
-            compiled[segment.index], problem = _checked(segment, _compile(segment, *snapshot, threads), snapshot[0])
-        except _Kept as e:
+            compiled[segment.index], problem = _checked(segment, _compile(segment, *snapshot, threads, deadline, idle),
+                                                        snapshot[0])
+        except Untierable as e:   # (_Kept, raised where the segment was traced)
             segment.kept, compiled[segment.index] = str(e), segment.replayed
             continue
         except Exception as e:   # (whatever the compiler raises: the replay stays)
-            problem = f"the torch compiler failed: {type(e).__name__}: {base._first_line(e)}"
+            problem = base._failure(e, timeout_s)
         if problem is not None:
             problem = f"{segment.name}: {problem}"
             break
@@ -314,23 +318,19 @@ def _build(tier, replay, snapshots: dict, threads: int) -> None:
     tier._built(replay, tiered, problem, t0)
 
 
-def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int):
-    """`(*inputs) -> outputs`: the segment compiled for its snapshot's integers as symbols (tensors first in the
-    graph), replayed for integers outside what the graph assumed; _Kept when its graph writes one of `windows`."""
+def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int, deadline: float, idle: bool):
+    """`(*inputs) -> outputs`: the segment compiled (in the compile process, before `deadline`) for its snapshot's
+    integers as symbols (tensors first in the graph), replayed for integers outside what the graph assumed;
+    Untierable when its graph writes one of `windows`."""
     from pypto_rt.replay import tier as base
 
     tensors = [i for i, v in enumerate(snapshot) if isinstance(v, torch.Tensor)]
     order = tensors + [i for i, v in enumerate(snapshot) if i not in tensors]
     names = [segment.inputs[i] for i in order]
     traced = compile_trace(segment.source(names), segment.constants, f"<pypto-rt tier segment {segment.index}, traced>")
-
-    def check(graph) -> None:
-        written = [names[p] for p in sorted(_written_inputs(graph)) if names[p] in windows]
-        if written:
-            raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
-                        "write an input back whole)")
-    graph, direct, assumed, _ = tier_inductor.build(traced, base._copy([snapshot[i] for i in tensors]),
-                                                    tuple(snapshot[i] for i in order[len(tensors):]), threads, check)
+    graph, direct, assumed, _ = tier_process.compile_apart(
+        traced, None, base._copy([snapshot[i] for i in tensors]), tuple(snapshot[i] for i in order[len(tensors):]),
+        threads, ("pypto_rt.replay.tier_segments:refuse_window_writes", (names, windows)), deadline, idle)
     replayed = segment.replayed
 
     def calling(call):
@@ -348,6 +348,14 @@ def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int):
     run = calling(direct)
     run.wrapped = wrapped
     return run
+
+
+def refuse_window_writes(names: list, windows: set, graph) -> None:
+    """_Kept when the traced `graph` (inputs named `names`) writes one of `windows` (run in the compile process)."""
+    written = [names[p] for p in sorted(_written_inputs(graph)) if names[p] in windows]
+    if written:
+        raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
+                    "write an input back whole)")
 
 
 def _checked(segment: TorchRun, compiled, snapshot: list) -> tuple:

@@ -1,11 +1,12 @@
 """The compiled tier's background worker (replay.tier, PYPTO_TIER=background): one daemon thread per process running
-compile jobs from a bounded queue, at the lowest CPU priority, stopped cleanly when the process exits.
+compile jobs from a bounded queue, stopped cleanly when the process exits. A job sends its build to the compile
+process (replay.tier_process, at the lowest CPU priority) and waits for it without the interpreter lock; on this
+thread remain loading the compiled code and checking it against the replay.
 
-Priority: the thread lowers its own nice value to 19 (Linux: nice is per thread), and what it starts inherits it:
-the C++ compiler processes inductor runs (the tier compiles with compile_threads 1: on this thread, no process
-pool) and the OpenMP threads of the compiled code it checks. A busy job's threads then get the cores first; the
-compile takes what they leave idle. Where lowering is refused, or not on Linux, it runs at normal priority and
-says so (`priority`, shown by PYPTO_STATS).
+Priority: the thread keeps the process's priority. The compile's CPU and its C++ compiler are the compile process's,
+at nice 19; what is left here is short (loading the module, checking it), and at nice 19 this thread, preempted
+while holding the interpreter lock for it, stalled the calling thread (bench.tier_priority: 0.65-1.0 s at a load of
+6-11 against 0.09 s at normal priority, docs/benchmarks.md).
 
 Exit: a daemon thread still inside torch's C++ code (which releases the GIL) when the interpreter finalizes is
 ended as it takes the GIL back, inside C++ frames, and the process aborts ("terminate called without an active
@@ -26,12 +27,10 @@ import time
 
 from pypto_rt import config
 
-IDLE_NICE = 19       # the worker's nice value: the lowest CPU priority
 EXIT_WAIT_S = 10.0   # at exit, how long a worker stopped in a job is waited for
 _jobs: queue.Queue = queue.Queue(maxsize=16)
 _worker: list = []   # the one worker thread, once started
 _start_lock = threading.Lock()
-priority = ""        # how the worker runs: at idle priority, or at normal priority and why (once started)
 
 
 class _Exiting(BaseException):
@@ -49,8 +48,8 @@ def submit(job) -> bool:
 
 
 def ensure_worker() -> None:
-    """Start the worker thread (once per process) and wait, bounded, until it has set its priority; with
-    PYPTO_STATS=1 say at which priority it compiles."""
+    """Start the worker thread (once per process) and wait, bounded, until it runs; with PYPTO_STATS=1 say where
+    it compiles."""
     if _worker:
         return
     with _start_lock:
@@ -63,14 +62,16 @@ def ensure_worker() -> None:
         _worker.append(thread)
         atexit.register(_stop_at_exit)   # (runs before the handlers torch registered earlier)
     if config.STATS.get() == "1":
-        print(f"pypto-rt stats: the compiled tier compiles in the background {priority}", file=sys.stderr)
+        print(f"pypto-rt stats: the compiled tier compiles {where()}", file=sys.stderr)
 
 
 def where() -> str:
     """Where a compile asked for here runs, as the tier's text says it."""
+    from pypto_rt.replay import tier_process
+
     if config.TIER.get() != "background":
-        return "on the caller's thread"
-    return f"in the background {priority}".rstrip()
+        return f"in a compile process {tier_process.priority(False)}, the call waiting"
+    return f"in the background, in a compile process {tier_process.priority(True)}"
 
 
 def wait_idle(timeout_s: float) -> bool:
@@ -83,20 +84,7 @@ def wait_idle(timeout_s: float) -> bool:
     return True
 
 
-def _lower_priority() -> str:
-    """Lower this thread's CPU priority to the lowest; how it runs."""
-    if not sys.platform.startswith("linux"):
-        return f"at normal priority (a thread's own priority is set on Linux only; this is {sys.platform})"
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IDLE_NICE)
-    except OSError as e:
-        return f"at normal priority (lowering it was refused: {e})"
-    return f"at idle priority, nice {IDLE_NICE}"
-
-
 def _work(ready: threading.Event) -> None:
-    global priority
-    priority = _lower_priority()
     ready.set()
     try:
         while True:
@@ -125,8 +113,8 @@ def _stop_at_exit() -> None:
 def _forget_worker_after_fork() -> None:
     """In a forked child the worker thread is gone while `_worker` still names it: a fresh queue, lock and no
     worker, so the child's first job starts its own thread."""
-    global _jobs, _start_lock, priority
-    _jobs, _start_lock, priority = queue.Queue(maxsize=16), threading.Lock(), ""
+    global _jobs, _start_lock
+    _jobs, _start_lock = queue.Queue(maxsize=16), threading.Lock()
     _worker.clear()
 
 

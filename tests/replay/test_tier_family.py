@@ -13,7 +13,7 @@ import torch
 
 import pypto.language as pl
 from pypto_rt import config, run_stats
-from pypto_rt.replay import tier_family, tier_inductor
+from pypto_rt.replay import tier_family, tier_process
 from pypto_rt.replay.policy import policy_scope
 from pypto_rt.replay.tier import TRIAL, tiers
 from pypto_rt.run_stats import GUARD_MISS, REPLAYED
@@ -47,13 +47,13 @@ def want_pair_sums(x, on):
 
 @pytest.fixture
 def builds(monkeypatch):
-    """The tier's calls of inductor (one per graph built), by the dynamic dims they were given."""
-    made, build = [], tier_inductor.build
+    """The builds the tier sent to its compile process (one per graph built), by the dynamic dims they asked for."""
+    made, build = [], tier_process.build
 
-    def counting(*args, **kwargs):
-        made.append(args[5] if len(args) > 5 else kwargs.get("dynamic"))
-        return build(*args, **kwargs)
-    monkeypatch.setattr(tier_inductor, "build", counting)
+    def counting(request, *args, **kwargs):
+        made.append(request["dynamic"])
+        return build(request, *args, **kwargs)
+    monkeypatch.setattr(tier_process, "build", counting)
     return made
 
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 
 import pytest
 import torch
 
 from pypto_rt import config
-from pypto_rt.replay import tier_inductor, tier_segments
+from pypto_rt.replay import tier_process, tier_segments
+from pypto_rt.replay.tier_source import Untierable
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.policy import policy_scope
 from tests.collective.harness import run_ranks
@@ -140,7 +142,7 @@ def test_dispatch_and_combine_run_compiled_segments_and_match_the_golden(inducto
         assert len(states) == 4 and all(s == "trial" and "2 compiled" in text for s, text in states), states
         # the capture call (the second at each count) notified as often as every other call: nothing ran twice
         assert len(set(notified)) == 1, (rank, notified)
-        where = "on the caller's thread" if mode == "eager" else "in the background"
+        where = "in a compile process at normal priority" if mode == "eager" else "in the background, in a compile"
         assert f"tier compiling ({where}" in stats and ") · segmented: 2 runs of torch lines" in stats, stats[-2000:]
         assert "tier trial (compiled in" in stats and ", 2 compiled" in stats, stats[-2000:]
 
@@ -148,7 +150,7 @@ def test_dispatch_and_combine_run_compiled_segments_and_match_the_golden(inducto
 def _failing_rank(rank):
     def broken(*args):
         raise RuntimeError("injected: the C++ compiler is missing")
-    tier_inductor.build = broken   # (a forked rank: its own module; only segments compile in this job)
+    tier_process.compile_apart = broken   # (a forked rank: its own module; only segments compile in this job)
     with _moe_buffer(rank) as buf:
         gen = torch.Generator().manual_seed(8)
         with config.scope(TIER="eager"), policy_scope(**POLICY):
@@ -232,8 +234,8 @@ def test_a_segment_writing_a_window_stays_replayed(monkeypatch):
     split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20) for s in split.segments})(a0, a1, a2)
     (writes, windows), (reads, read_windows) = snapshots[0], snapshots[1]
     assert windows == read_windows == {"a1"}
-    with pytest.raises(tier_segments._Kept, match="it writes the window a1, which peers write meanwhile"):
-        tier_segments._compile(split.segments[0], writes, windows, 1)
+    with pytest.raises(Untierable, match="it writes the window a1, which peers write meanwhile"):   # (as _Kept)
+        tier_segments._compile(split.segments[0], writes, windows, 1, time.perf_counter() + 600, False)
     first, second = split.segments
     assert tier_segments._written_inputs(make_fx(first.replayed)(*writes)) == {first.inputs.index("a1")}
     assert tier_segments._written_inputs(make_fx(second.replayed)(*reads)) == set()
@@ -254,7 +256,7 @@ def test_a_segment_calls_inductors_code_directly_and_falls_back_to_the_wrapped_c
     snapshots = {}
     split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20) for s in split.segments})(a0, a1, a2)
     segment = split.segments[1]   # (v3, a1, v2, c0) -> v7: an integer among its inputs
-    compiled = tier_segments._compile(segment, *snapshots[1], 1)
+    compiled = tier_segments._compile(segment, *snapshots[1], 1, time.perf_counter() + 600, False)
     assert compiled.wrapped is not None
     checked, problem = tier_segments._checked(segment, compiled, snapshots[1][0])
     assert checked is compiled and problem is None

@@ -1,5 +1,5 @@
-"""The compiled tier's background worker (replay.tier_worker): it compiles at the lowest CPU priority, the processes
-it starts inherit it, and a process that exits while it works exits cleanly and promptly.
+"""The compiled tier's background worker (replay.tier_worker): it keeps the caller's priority (the compile process
+has the lowest), and a process that exits while it works exits cleanly and promptly.
 
 What users depend on: PYPTO_TIER=background is the default, so every job that runs long enough compiles on this
 thread; a busy job must keep the cores, and a job must never hang or abort at exit because of a compile."""
@@ -9,37 +9,22 @@ import os
 import subprocess
 import sys
 import threading
-import time
-
-import pytest
 
 from pypto_rt.replay import tier_worker
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's nice value is Linux's")
 
 
-@linux_only
-def test_the_worker_runs_at_the_lowest_priority_and_the_compiler_it_starts_inherits_it():
-    seen, mine = {}, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+def test_the_worker_keeps_the_callers_priority():
+    """The compile runs in the compile process at nice 19 (replay.tier_process); the worker only waits for it, then
+    loads and checks the code. Before, the worker ran at nice 19 itself: preempted while holding the interpreter
+    lock for that short part, it stalled the calling thread (0.65-1.0 s against 0.09 s, bench.tier_priority)."""
+    seen, mine = {}, os.getpriority(os.PRIO_PROCESS, os.getpid())
 
     def job():
         seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        seen["child"] = int(subprocess.run(["nice"], capture_output=True, text=True, timeout=30).stdout)
     assert tier_worker.submit(job) and tier_worker.wait_idle(30)
-    assert seen == {"thread": tier_worker.IDLE_NICE, "child": tier_worker.IDLE_NICE}, seen
-    assert tier_worker.priority == f"at idle priority, nice {tier_worker.IDLE_NICE}"
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine, "the caller's thread was lowered too"
-
-
-def test_a_refused_priority_change_runs_at_normal_priority_and_says_why(monkeypatch):
-    def refuse(*args):
-        raise PermissionError(1, "Operation not permitted")
-    monkeypatch.setattr(os, "setpriority", refuse)
-    monkeypatch.setattr(sys, "platform", "linux")
-    assert tier_worker._lower_priority().startswith("at normal priority (lowering it was refused: ")
-    monkeypatch.setattr(sys, "platform", "darwin")
-    assert "Linux only; this is darwin" in tier_worker._lower_priority()
+    assert seen == {"thread": mine}, seen
 
 
 IN_TORCH = r"""

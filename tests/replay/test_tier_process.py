@@ -1,0 +1,98 @@
+"""The compiled tier's compile process (replay.tier_process, replay.tier_child, replay.tier_request): what a build
+sends there, and that the child never outlives its parent.
+
+What users depend on: a job killed outright (SIGKILL: no atexit runs) leaves no compile running on the machine."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pypto_rt.replay import tier_request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _scaled(a, b):
+    return (torch.ops.aten.add.Tensor(a, b) * torch.tensor(2.0),)
+
+
+def test_a_request_carries_the_function_with_its_operators_and_modules_by_name():
+    """Aten operators and modules do not pickle: they travel by name and come back as themselves."""
+    import io
+
+    examples = [torch.randn(2, 3)]
+    examples.append(examples[0][1:])   # (a view: it stays one)
+    request = tier_request.request(_scaled, None, examples, (), 1, ("tests.replay.tier_hooks:spoiling", ()))
+    buffer = io.BytesIO()
+    torch.save(request, buffer)
+    buffer.seek(0)
+    back = torch.load(buffer, weights_only=False)
+    fn = tier_request.function(back)
+    a, b = torch.randn(2, 3), torch.randn(2, 3)
+    assert torch.equal(fn(a, b)[0], _scaled(a, b)[0])
+    assert fn.__globals__["torch"] is torch
+    x, view = back["examples"]
+    assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and view.storage_offset() == 3
+    assert tier_request.preparer(back["prepare"]).func.__name__ == "spoiling"
+
+
+def test_a_refused_priority_change_runs_at_normal_priority_and_says_why(monkeypatch):
+    from pypto_rt.replay import tier_child
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "setpriority", refuse)
+    assert tier_child._lower_priority(19).startswith("at normal priority (lowering it was refused: ")
+
+
+KILLED = r"""
+import sys, threading, time, torch
+sys.path.insert(0, {repo!r})
+from pypto_rt.replay import tier_process
+def body(a):
+    return (a + 1,)
+def build():
+    try:
+        tier_process.compile_apart(body, None, [torch.randn(2, 2)], (), 1, ("tests.replay.tier_hooks:stall", ()),
+                                   time.perf_counter() + 600, True)
+    except Exception:
+        pass
+threading.Thread(target=build, daemon=True).start()
+while tier_process._slots[True].child is None:
+    time.sleep(0.05)
+print("CHILD", tier_process._slots[True].child.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")   # (a zombie has ended)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.timeout(200)
+def test_a_killed_job_leaves_no_compile_process_running():
+    job = subprocess.Popen([sys.executable, "-c", KILLED.format(repo=REPO)], stdout=subprocess.PIPE, text=True,
+                           cwd=REPO)
+    try:
+        line = job.stdout.readline()
+        child = int(line.split()[1])
+        time.sleep(1.0)
+        assert _alive(child), "the compile process did not start"
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait(30)
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the compile process outlived its killed parent"
