@@ -193,6 +193,9 @@ STACK_FILE = Knob("PYPTO_STACK_FILE", "", "str", "where a rank writes every thre
                   audience=CONTRACT)
 RUN_CPU_FALLBACK = Knob("PYPTO_RUN_CPU_FALLBACK", "0", "bool", "set by pypto-run: an NPU platform request runs on "
                         "the CPU with a notice", audience=CONTRACT)
+INDUCTOR_CACHE_DIR = Knob("TORCHINDUCTOR_CACHE_DIR", "", "str", "torch inductor's cache folder (torch's own "
+                          "variable): unless set, the compiled tier sets it to <PYPTO_CACHE_DIR>/inductor; its compile "
+                          "process follows the caller's", audience=CONTRACT)
 RANK = Knob("RANK", "", "int", "this process's rank", audience=CONTRACT)
 LOCAL_RANK = Knob("LOCAL_RANK", "", "int", "this process's rank on its host (picks its GPU / NPU)", audience=CONTRACT)
 WORLD_SIZE = Knob("WORLD_SIZE", "", "int", "ranks in the job", audience=CONTRACT, minimum=1)

@@ -92,7 +92,8 @@ class _Child:
         from_parent, to_child = os.pipe()   # (read end, write end)
         from_child, to_parent = os.pipe()
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env = dict(os.environ)   # (this process's environment, its import path first)
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "pypto_rt.replay.tier_child", str(from_parent), str(to_parent), str(nice),

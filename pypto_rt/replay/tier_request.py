@@ -8,11 +8,12 @@ from __future__ import annotations
 import functools
 import importlib
 import marshal
-import os
 import sys
 import types
 
 import torch
+
+from pypto_rt import knobs
 
 
 def request(body, constants: tuple | None, examples: list, values: tuple, threads: int, prepare: tuple,
@@ -26,7 +27,7 @@ def request(body, constants: tuple | None, examples: list, values: tuple, thread
     scope = {n: _portable(v) for n, v in body.__globals__.items() if n in names or n == "__builtins__"}
     return {"code": marshal.dumps(body.__code__), "globals": scope, "constants": constants, "examples": examples,
             "values": tuple(values), "threads": threads, "prepare": prepare, "dynamic": dynamic, "path": list(sys.path),
-            "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}
+            "cache": knobs.INDUCTOR_CACHE_DIR.given()}
 
 
 def function(request: dict):
