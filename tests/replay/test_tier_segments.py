@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from pypto_rt import config
-from pypto_rt.replay import tier_process, tier_segments
+from pypto_rt.replay import tier_inductor, tier_process, tier_segments
 from pypto_rt.replay.tier_source import Untierable
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.policy import policy_scope
