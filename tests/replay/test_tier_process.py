@@ -96,3 +96,28 @@ def test_a_killed_job_leaves_no_compile_process_running():
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), "the compile process outlived its killed parent"
+
+
+def _doubled_into(a, b):
+    b[:, :] = a * 2 + 1
+    return (b,)
+
+
+@pytest.mark.timeout(300)
+def test_a_graph_of_dynamic_sizes_built_apart_serves_other_sizes_and_checks_what_it_assumed():
+    """replay.tier_family's graph goes through the compile process too: the dims to make symbolic travel in the
+    request, and what inductor assumed of the sizes comes back as source text, checked here."""
+    from pypto_rt.replay import tier_process
+
+    x, out = torch.randn(6, 8), torch.empty(6, 8)
+    _, direct, assumed, _ = tier_process.compile_apart(
+        _doubled_into, None, [x, out], (), 1, ("pypto_rt.replay.tier:_unjoined", ()), time.perf_counter() + 240,
+        False, {0: {0}, 1: {0}})
+    assert direct is not None and assumed is not None
+    for rows in (3, 9):   # sizes it was not built at
+        a, b = torch.randn(rows, 8), torch.empty(rows, 8)
+        assert assumed([a, b])
+        direct([a, b])
+        assert torch.equal(b, a * 2 + 1), rows
+    assert not assumed([torch.randn(1, 8), torch.empty(1, 8)])   # (traced assuming the row count is not 1)
+    assert not assumed([torch.randn(4, 8), torch.empty(5, 8)])   # (nor that a's and b's row counts differ)
