@@ -189,17 +189,17 @@ def sums_by_chunk(sums, first, y, meta, rows, n, top_k, hidden, dtype):
     """sums[first + i]: per arrived token i, the sum over its route slots here of its expert row in y
     ([E_local * LANES, H]) times the slot's weight, in the sums' dtype (meta [n, 2K] its meta rows, rows [n, K]
     INT32 its route slots' receive rows, -1 elsewhere). A segment sum per token: one gather of its K slots' rows,
-    stood in where a slot lives elsewhere, and one batched matmul (`weighted_rows`), SUM_CHUNK tokens at a time:
+    stood in and zeroed where a slot lives elsewhere, and one batched matmul (`live_weighted_rows`: an inf row behind
+    a dead slot gives inf, not 0 * inf = NaN), SUM_CHUNK tokens at a time:
     the [chunk, K, H] FP32 the matmul casts stays 8 MiB (heap memory a call reuses, in cache) where all n at
-    once (32 MiB at 1024 tokens, top-8, H=1024) took a fresh mapping per call and 3-4x the CPU. The weights and
-    stand-ins are computed once for all n (fewer op calls per pass). Returns sums."""
+    once (32 MiB at 1024 tokens, top-8, H=1024) took a fresh mapping per call and 3-4x the CPU. The weights are
+    computed once for all n (fewer op calls per pass). Returns sums."""
     weights = pl.sel(pl.cmps(rows, 0, cmp_type=5), meta[:, top_k : 2 * top_k],
                      pl.full([n, top_k], dtype=pl.FP32, value=0.0))
-    stand_ins = stand_in_rows(rows, n, top_k)
     for c0 in pl.range(0, n, SUM_CHUNK):
         c = pl.min(SUM_CHUNK, n - c0)
         sums[first + c0 : first + c0 + c, :] = pl.cast(
-            weighted_rows(y, stand_ins[c0 : c0 + c, :], weights[c0 : c0 + c, :], c, top_k, hidden), dtype,
+            live_weighted_rows(y, rows[c0 : c0 + c, :], weights[c0 : c0 + c, :], c, top_k, hidden), dtype,
             mode="rint")
     return sums
 

@@ -17,7 +17,9 @@ DISPATCH_COMBINE = os.path.join(PROGS, "dispatch_combine.py")
 # the module's dispatch_combine.py checks at one rank count (each of a layout of its own) run as one job, a rank's
 # start-up paid once (tests/kernels/moe/launched_configs.py); each test checks its configuration's lines
 CHUNKS = ("--sum-chunk", "2", "--top-k", "3")
-CONFIGS = {2: (("--routing", "uniform", "--dtype", "bf16"), ("--routing", "skewed", "--dtype", "fp32"), CHUNKS),
+INF_ROW = ("--sum-chunk", "2", "--top-k", "3", "--experts-per-rank", "3", "--inf-row")
+CONFIGS = {2: (("--routing", "uniform", "--dtype", "bf16"), ("--routing", "skewed", "--dtype", "fp32"), CHUNKS,
+               INF_ROW),
            4: (("--routing", "uniform", "--dtype", "bf16"), ("--routing", "skewed", "--dtype", "fp32"))}
 
 
@@ -48,6 +50,17 @@ def test_combine_on_gloo_sums_the_arrivals_in_chunks_with_a_short_last_one(jobs)
     # 2 arrived tokens per weighted-sum pass (dispatch_parts.SUM_CHUNK; 256 in the library): several passes, an
     # odd count a 1-token last one
     job = _on_gloo(jobs, 2, CHUNKS)
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(2):
+        for call in range(3):
+            assert f"rank {rank}/2: PASS call {call}: combine" in job.out, job.out[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_combine_on_gloo_gives_inf_not_nan_for_an_inf_row_behind_a_dead_route_slot(jobs):
+    # a token's route slots that live on another rank read a stand-in row here; a select zeroes it (weighing it 0
+    # gave 0 * inf = NaN for a token whose live row is +inf)
+    job = _on_gloo(jobs, 2, INF_ROW)
     assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
     for rank in range(2):
         for call in range(3):
