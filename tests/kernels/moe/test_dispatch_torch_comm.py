@@ -33,6 +33,14 @@ def _on_gloo(jobs, nproc: int, args: tuple):
     return jobs.job(nproc, DISPATCH_COMBINE, ("--comm", "gloo", "--timeout-s", "60"), configs, configs.index(args))
 
 
+def _combines_pass(job) -> None:
+    """Both ranks' combine matched torch on each of the three calls."""
+    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
+    for rank in range(2):
+        for call in range(3):
+            assert f"rank {rank}/2: PASS call {call}: combine" in job.out, job.out[-3000:]
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("nproc", [2, 4])
 @pytest.mark.parametrize("routing,dtype", [("uniform", "bf16"), ("skewed", "fp32")])
@@ -49,22 +57,14 @@ def test_dispatch_and_combine_match_torch_on_gloo(jobs, nproc, routing, dtype):
 def test_combine_on_gloo_sums_the_arrivals_in_chunks_with_a_short_last_one(jobs):
     # 2 arrived tokens per weighted-sum pass (dispatch_parts.SUM_CHUNK; 256 in the library): several passes, an
     # odd count a 1-token last one
-    job = _on_gloo(jobs, 2, CHUNKS)
-    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
-    for rank in range(2):
-        for call in range(3):
-            assert f"rank {rank}/2: PASS call {call}: combine" in job.out, job.out[-3000:]
+    _combines_pass(_on_gloo(jobs, 2, CHUNKS))
 
 
 @pytest.mark.timeout(180)
 def test_combine_on_gloo_gives_inf_not_nan_for_an_inf_row_behind_a_dead_route_slot(jobs):
     # a token's route slots that live on another rank read a stand-in row here; a select zeroes it (weighing it 0
     # gave 0 * inf = NaN for a token whose live row is +inf)
-    job = _on_gloo(jobs, 2, INF_ROW)
-    assert job.rc == 0, job.out[-3000:] + job.err[-3000:]
-    for rank in range(2):
-        for call in range(3):
-            assert f"rank {rank}/2: PASS call {call}: combine" in job.out, job.out[-3000:]
+    _combines_pass(_on_gloo(jobs, 2, INF_ROW))
 
 
 @pytest.mark.timeout(180)
