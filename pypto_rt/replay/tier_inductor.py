@@ -120,18 +120,22 @@ def _attempts(fn, examples: list, values: tuple, threads: int, prepare, dynamic:
 
 def _sized(fake, examples: list, dynamic: dict) -> list:
     """`examples` as fake tensors (all of them, so memory they share stays shared), the dims `dynamic` lists
-    (example index -> dims) symbolic sizes; unchanged when none is."""
+    (example index -> dims) symbolic sizes; unchanged when none is. A view's base (a slice's whole buffer) keeps
+    static sizes: else its sizes are symbols that no graph input carries, which the guards cannot name (an
+    IndexError in produce_guards). Views are faked after the rest, so a base that is an example is faked as one."""
     from torch._dynamo.source import LocalSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
     if not dynamic:
         return examples
-    out = []
-    for k, t in enumerate(examples):
-        dims = dynamic.get(k, ())
+    out = list(examples)
+    for k in sorted(range(len(examples)), key=lambda k: examples[k]._is_view()):
+        t, dims = examples[k], dynamic.get(k, ())
         sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())]
-        out.append(fake.from_tensor(t, static_shapes=False, source=LocalSource(f"t{k}"),
-                                    symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes)))
+        base = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * t._base.dim()) if t._is_view() else None
+        out[k] = fake.from_tensor(t, static_shapes=False, source=LocalSource(f"t{k}"),
+                                  symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes,
+                                                                            view_base_context=base))
     return out
 
 

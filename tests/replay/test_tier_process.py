@@ -121,3 +121,27 @@ def test_a_graph_of_dynamic_sizes_built_apart_serves_other_sizes_and_checks_what
         assert torch.equal(b, a * 2 + 1), rows
     assert not assumed([torch.randn(1, 8), torch.empty(1, 8)])   # (traced assuming the row count is not 1)
     assert not assumed([torch.randn(4, 8), torch.empty(5, 8)])   # (nor that a's and b's row counts differ)
+
+
+@pytest.mark.timeout(300)
+def test_a_graph_of_dynamic_sizes_builds_for_arguments_that_are_views_into_larger_memory():
+    """Serving engines pass views (the first rows of a persistent buffer, a slice of a pool): the view's base keeps
+    its sizes, so what the build assumed names only the graph's inputs (a base with sizes of its own raised an
+    IndexError in produce_guards), and the compiled calls, direct and through compile_fx's wrappers, give the
+    replay's results at other sizes and offsets."""
+    from pypto_rt.replay import tier_process
+
+    pool, persistent = torch.randn(40, 16), torch.zeros(64, 24)
+    x, out = pool[3:9, 4:12], persistent[:6, 8:16]   # (strided views at offsets)
+    wrapped, direct, assumed, _ = tier_process.compile_apart(
+        _doubled_into, None, [x, out], (), 1, ("pypto_rt.replay.tier:_unjoined", ()), time.perf_counter() + 240,
+        False, {0: {0}, 1: {0}})
+    assert direct is not None and assumed is not None
+    for rows in (3, 11):
+        for run in (direct, lambda inputs: wrapped(*inputs)):
+            a, b = pool[3:3 + rows, 4:12], persistent[:rows, 8:16]
+            assert assumed([a, b])
+            b.zero_()
+            run([a, b])
+            assert torch.equal(b, a * 2 + 1), rows
+            assert torch.equal(persistent[rows:], torch.zeros(64 - rows, 24)), rows   # (nothing past the view)
