@@ -8,8 +8,10 @@ then answers requests one at a time: each one traced and compiled by replay.tier
 code left in inductor's cache for the parent to load. Replies: ("ready", priority), ("ok", artifact),
 ("kept", why) (the build refused the graph: replay.tier_source.Untierable), ("failed", "Type: first line").
 It exits at the end of its input, and is killed by the kernel when the thread of its parent that started it ends
-(Linux's parent-death signal; elsewhere a watch thread polls for the parent, which needs the interpreter lock
-that the compile, at idle priority, may hold for long), so a killed parent leaves no compile running.
+(Linux's parent-death signal: replay.tier_process starts children from one daemon thread that lives as long as
+the process, so this is the parent process's end; elsewhere a watch thread polls for the parent, which needs the
+interpreter lock that the compile, at idle priority, may hold for long), so a killed parent leaves no compile
+running.
 """
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ timeout and keeps its pool until exit, so the tier runs a small child of its own
 - when the process exits (the main thread ends: `threading._register_atexit`, before non-daemon threads are joined;
   and atexit) the children are killed, so exit never waits for a compile and a thread waiting for one reads EOF;
   no child starts afterwards. A child whose parent died exits by itself (replay.tier_child's watch);
+- children are started by one long-lived daemon thread of this process (`_Starter`), whichever thread asks: Linux
+  sends the parent-death signal when the *thread* that started a child ends, so a child started by a short-lived
+  thread (a pool's, a server's request thread) was killed with it, and the next compile paid a fresh start;
 - a forked child (a host-form rank) closes its copies of the pipes and forgets the compile children (never kills
   them); its first compile starts its own.
 """
@@ -27,6 +30,7 @@ import atexit
 import io
 import os
 import pickle
+import queue
 import signal
 import subprocess
 import sys
@@ -127,6 +131,48 @@ class _Child:
         self.replies.close()
 
 
+class _Starter:
+    """Starts the compile children on its own daemon thread, alive as long as this process (see the module text);
+    a caller waits for the start at most START_WAIT_S. A start its caller gave up on is killed."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread, self.lock = None, threading.Lock()
+
+    def start(self, nice: int) -> _Child:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="pypto-rt-tier-starter", daemon=True)
+                self.thread.start()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        abandoned = threading.Event()
+        self.jobs.put((nice, done, abandoned))
+        try:
+            kind, value = done.get(timeout=START_WAIT_S)
+        except queue.Empty:
+            abandoned.set()
+            raise CompileFailed(f"the compile process was not started within {START_WAIT_S:g} s") from None
+        if kind == "error":
+            raise value
+        return value
+
+    def _run(self) -> None:
+        while True:
+            nice, done, abandoned = self.jobs.get()
+            try:
+                child = _Child(nice)
+            except BaseException as e:   # noqa: BLE001 - goes to the caller
+                done.put(("error", e))
+                continue
+            done.put(("child", child))
+            if abandoned.is_set():   # (nobody holds it: never left running)
+                child.kill()
+                child.forget()
+
+
+_starter = _Starter()
+
+
 class _Slot:
     """The child of one priority (`idle`: background compiles), while one runs; one request at a time."""
 
@@ -182,7 +228,7 @@ def _running(slot: _Slot, deadline: float) -> _Child:
     _register_exit()
     if _closing:
         raise CompileFailed("the process is exiting: no compile starts")
-    slot.child = _Child(IDLE_NICE if slot.idle else 0)
+    slot.child = _starter.start(IDLE_NICE if slot.idle else 0)
     _, slot.priority = _answer(slot, min(deadline, time.perf_counter() + START_WAIT_S))
     return slot.child
 
@@ -237,12 +283,13 @@ def _close() -> None:
 
 
 def _forget_after_fork() -> None:
-    """In a forked process: close the copies of the pipes, forget the parent's compile children (never kill them)."""
-    global _slots, _closing
+    """In a forked process: close the copies of the pipes, forget the parent's compile children (never kill them)
+    and its starter thread (not copied by fork: the first compile here starts its own)."""
+    global _slots, _closing, _starter
     for slot in _slots.values():
         if slot.child is not None:
             slot.child.forget()
-    _slots, _closing = {True: _Slot(True), False: _Slot(False)}, False
+    _slots, _closing, _starter = {True: _Slot(True), False: _Slot(False)}, False, _Starter()
     _registered.clear()
 
 

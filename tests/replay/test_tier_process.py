@@ -145,3 +145,48 @@ def test_a_graph_of_dynamic_sizes_builds_for_arguments_that_are_views_into_large
             run([a, b])
             assert torch.equal(b, a * 2 + 1), rows
             assert torch.equal(persistent[rows:], torch.zeros(64 - rows, 24)), rows   # (nothing past the view)
+
+
+SHORT_LIVED = r"""
+import sys, threading, time, torch
+sys.path.insert(0, {repo!r})
+from pypto_rt.replay import tier_process
+def body(a):
+    return (a + 1,)
+def build():
+    tier_process.compile_apart(body, None, [torch.randn(2, 2)], (), 1, ("pypto_rt.replay.tier:_unjoined", ()),
+                               time.perf_counter() + 240, False)
+first = threading.Thread(target=build)   # (as a pool's or a server's request thread: it ends after its compile)
+first.start()
+first.join()
+child = tier_process._slots[False].child.process
+time.sleep(1.0)   # (a parent-death signal is sent as the thread ends)
+print("ALIVE", child.poll() is None, flush=True)
+build()   # the next compile, from another thread, uses the same child
+print("SAME", tier_process._slots[False].child.process is child, child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.timeout(300)
+def test_a_compile_process_started_by_a_thread_that_ended_lives_on_and_dies_with_its_process():
+    """Linux sends the parent-death signal when the thread that started the child ends: the children are started
+    by a thread of the process's own, so a compile asked for by a short-lived thread leaves a child the next
+    compile uses, and killing the process still leaves none."""
+    job = subprocess.Popen([sys.executable, "-c", SHORT_LIVED.format(repo=REPO)], stdout=subprocess.PIPE, text=True,
+                           cwd=REPO)
+    child = None
+    try:
+        assert job.stdout.readline().split() == ["ALIVE", "True"], "the compile process died with the thread"
+        same, reused, pid = job.stdout.readline().split()
+        child = int(pid)
+        assert reused == "True", "the next compile started a fresh compile process"
+        assert _alive(child)
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait(30)
+    deadline = time.monotonic() + 30
+    while child is not None and _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert child is not None and not _alive(child), "the compile process outlived its killed parent"
