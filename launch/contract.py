@@ -34,7 +34,10 @@ Intra-op threads: ``OMP_NUM_THREADS`` (torch's CPU thread count at import, OpenM
 cores divided by the ranks on it (``LOCAL_WORLD_SIZE``), at least 1, unless already set; the ranks of a host then
 share its cores instead of each running a team as large as the host (4 ranks of 2 threads on 2 cores spin-wait
 for each other's cores). torchrun sets 1 whenever it starts more than one rank. ``PYPTO_GOLDEN_NUM_THREADS`` (the
-count ``pypto_rt.golden`` sets at import) follows ``OMP_NUM_THREADS`` unless already set.
+count ``pypto_rt.golden`` sets at import) follows ``OMP_NUM_THREADS`` unless already set. An empty value counts as
+unset. ``PYPTO_THREADS_SET`` names the ones the launcher set (not the user): a launch from such a rank (a nested
+``pypto-launch``, ``run_function``), and a Ray rank on another node, compute their own share instead of inheriting
+this host's.
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ RANK_NODES = knobs.RANK_NODES.env
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 OMP_THREADS = "OMP_NUM_THREADS"
 GOLDEN_THREADS = knobs.GOLDEN_NUM_THREADS.env
+THREADS_SET = knobs.THREADS_SET.env
 
 SHM_DIR = "/dev/shm"
 RESULT_FILE = "rank{rank}.result.pkl"   # a run_function rank's return value, beside its error file
@@ -90,8 +94,17 @@ def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: in
     if rank_nodes is not None:
         env[RANK_NODES] = ",".join(map(str, rank_nodes))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault(OMP_THREADS, str(intra_op_threads(local_world_size)))
-    env.setdefault(GOLDEN_THREADS, env[OMP_THREADS])
+    for name in env.pop(THREADS_SET, "").split(","):   # (a launcher's share for another host or rank count)
+        env.pop(name, None)
+    chosen = []
+    if not env.get(OMP_THREADS):
+        env[OMP_THREADS] = str(intra_op_threads(local_world_size))
+        chosen.append(OMP_THREADS)
+    if not env.get(GOLDEN_THREADS):
+        env[GOLDEN_THREADS] = env[OMP_THREADS]
+        chosen.append(GOLDEN_THREADS)
+    if chosen:
+        env[THREADS_SET] = ",".join(chosen)
     return env
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
+from pypto_rt import knobs
 from pypto_rt.launch.config import RAY_INSTALL, LaunchConfig
 
 PLACE_S = 60.0   # longest wait for the placement group's bundles
@@ -137,6 +138,9 @@ def _first_line(e: BaseException) -> str:
 
 def driver_env() -> dict[str, str]:
     """The driver's variables that travel to the ranks: PYPTO_* (the runtime's knobs) and the thread-count ones;
-    the rest of a rank's environment is its node's (set it on the cluster, as Ray's runtime_env would)."""
+    the rest of a rank's environment is its node's (set it on the cluster, as Ray's runtime_env would). Thread
+    counts a launcher chose for the driver (it is a launched rank: PYPTO_THREADS_SET names them) are its host's
+    share, not the user's: they stay behind, and each rank gets its node's share (contract.rank_env)."""
     keep = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")
-    return {k: v for k, v in os.environ.items() if k.startswith("PYPTO_") or k in keep}
+    chosen = set(knobs.THREADS_SET.get().split(",")) | {knobs.THREADS_SET.env}
+    return {k: v for k, v in os.environ.items() if (k.startswith("PYPTO_") or k in keep) and k not in chosen}

@@ -66,7 +66,10 @@ class RankHost:
             from pypto_rt.launch.gateway import relay
             self._relay = relay(tuple(gateway), secret)
             port = self._relay.port
-        env = contract.rank_env({**os.environ, **passed_env}, master_port=port, secret=secret,
+        # (this actor's OMP_NUM_THREADS is Ray's default, its bundle's CPUs: the rank gets the user's, passed from
+        # the driver, or its node's share, contract.rank_env)
+        own = {k: v for k, v in os.environ.items() if k != contract.OMP_THREADS}
+        env = contract.rank_env({**own, **passed_env}, master_port=port, secret=secret,
                                 error_file=self.error_file, stack_file=self.stack_file, **contract_env)
         self.proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd if os.path.isdir(cwd) else None,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -53,3 +53,32 @@ def test_launched_ranks_run_their_share_of_the_cores(tmp_path, program, launch, 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")   # the user's choice wins
     assert launch("--nproc", "2", prog, str(tmp_path)).rc == 0
     assert json.loads((tmp_path / "1.json").read_text()) == {"torch": 3, "golden": 3, "omp": "3"}
+
+
+def test_a_share_a_launcher_chose_is_not_taken_for_the_users_and_an_empty_value_is_unset():
+    """A launch from a launched rank (a nested pypto-launch, run_function) or a Ray rank on another node: the
+    thread counts the outer launcher chose (PYPTO_THREADS_SET names them) are its host's share, recomputed here."""
+    cores = len(os.sched_getaffinity(0))
+    outer = _env({}, 1)
+    assert outer["PYPTO_THREADS_SET"] == "OMP_NUM_THREADS,PYPTO_GOLDEN_NUM_THREADS"
+    inner = _env({**outer, "OMP_NUM_THREADS": "64", "PYPTO_GOLDEN_NUM_THREADS": "64"}, 2 * cores)
+    assert (inner["OMP_NUM_THREADS"], inner["PYPTO_GOLDEN_NUM_THREADS"]) == ("1", "1")
+    user = _env({"OMP_NUM_THREADS": "3"}, 1)   # the user's OMP_NUM_THREADS stays theirs in a nested launch too
+    assert user["PYPTO_THREADS_SET"] == "PYPTO_GOLDEN_NUM_THREADS"
+    assert _env(user, 2 * cores)["OMP_NUM_THREADS"] == "3"
+    assert _env({"OMP_NUM_THREADS": ""}, 1)["OMP_NUM_THREADS"] == str(cores)
+
+
+def test_the_ray_driver_passes_on_only_the_users_thread_counts(monkeypatch):
+    from pypto_rt.launch.ray_cluster import driver_env
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYPTO_GOLDEN_NUM_THREADS", "PYPTO_THREADS_SET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    assert (driver_env()["OMP_NUM_THREADS"], driver_env()["MKL_NUM_THREADS"]) == ("3", "2")
+    monkeypatch.setenv("PYPTO_GOLDEN_NUM_THREADS", "3")
+    monkeypatch.setenv("PYPTO_THREADS_SET", "OMP_NUM_THREADS,PYPTO_GOLDEN_NUM_THREADS")   # (the driver is a rank)
+    passed = driver_env()
+    assert "OMP_NUM_THREADS" not in passed and "PYPTO_GOLDEN_NUM_THREADS" not in passed, passed
+    assert "PYPTO_THREADS_SET" not in passed and passed["MKL_NUM_THREADS"] == "2"

@@ -150,3 +150,22 @@ def test_run_function_on_the_local_backend_returns_each_ranks_value(monkeypatch)
     from pypto_rt.launch import run_function
     monkeypatch.chdir(os.path.dirname(os.path.dirname(HERE)))
     assert run_function(square_plus_rank, 4, nproc=2) == [{"rank": 0, "value": 16}, {"rank": 1, "value": 17}]
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_gets_the_users_thread_count_or_its_nodes_share_never_its_launchers(monkeypatch):
+    """One rank on its node: its share is the node's usable cores (Ray's own default for an actor would be its
+    bundle's CPU, 1). A driver that is itself a launched rank carries its host's share (PYPTO_THREADS_SET names
+    it): that stays behind; an OMP_NUM_THREADS the user set reaches the rank."""
+    cores = len(os.sched_getaffinity(0))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYPTO_GOLDEN_NUM_THREADS", "PYPTO_THREADS_SET"):
+        monkeypatch.delenv(name, raising=False)
+    launched = {"OMP_NUM_THREADS": "64", "PYPTO_GOLDEN_NUM_THREADS": "64",
+                "PYPTO_THREADS_SET": "OMP_NUM_THREADS,PYPTO_GOLDEN_NUM_THREADS"}
+    base = dict(os.environ)
+    for env, want in (({}, cores), (launched, cores), ({"OMP_NUM_THREADS": "3"}, 3)):
+        monkeypatch.setattr(os, "environ", {**base, **env})
+        job = run(1, os.path.join(PROGS, "threads.py"))
+        assert job.rc == 0, job.out[-2000:] + job.err[-2000:]
+        seen = json.loads(re.search(r"\[rank 0\] THREADS (.*)", job.out).group(1))
+        assert seen == {"torch": want, "golden": want, "omp": str(want), "golden_env": str(want)}, (env, seen)
