@@ -159,3 +159,32 @@ def test_a_body_rewritten_for_its_family_computes_each_size_as_its_own_replay():
         compile_trace(own, own_constants, "<replay>")(x, want)
         generic(x, got)
         assert torch.equal(got, want)
+
+
+@pl.jit
+def doubled(x: pl.Tensor[[N, COLS], pl.FP32], y: pl.Out[pl.Tensor[[N, COLS], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP, name_hint="doubled"):
+        y[:, :] = pl.add(pl.mul(x, 2.0), 1.0)
+    return y
+
+
+def test_arguments_that_are_views_into_larger_memory_share_one_graph_of_dynamic_sizes(builds):
+    """What serving engines pass: the first rows of a persistent buffer, a slice of a pool (strided, at an offset,
+    both in one memory here). Each size's compiled call agrees with its replay (the trial's check), and the
+    memory around the views is untouched."""
+    pool = torch.zeros(64, 2 * COLS)
+    with config.scope(TIER="eager"), policy_scope(**KEEP):
+        for rows in (4, 8, 12):
+            for _ in range(WARM):
+                x, y = pool[3:3 + rows, :COLS], pool[40:40 + rows, COLS:]
+                x.normal_()
+                want = x * 2 + 1
+                doubled(x, y)
+                torch.testing.assert_close(y, want, msg=lambda m: f"{rows} rows: {m}")
+                assert not pool[:40, COLS:].any() and not pool[40 + rows:, COLS:].any(), rows
+                pool[40:40 + rows, COLS:] = 0
+    found = tiers(doubled)
+    assert len(found) == 3 and all(t.state == TRIAL and t.tiered is not None for t in found), [t.text for t in found]
+    assert len(builds) == 2, builds
+    assert "one graph with dynamic sizes for 2 sizes" in found[1].text, found[1].text
+    assert "shares its family's graph of dynamic sizes" in found[2].text and found[2].trial_ns[0], found[2].text
