@@ -3,6 +3,7 @@ graph, inductor's settings, the settings to build once more with after a known b
 the check of what tracing assumed of the values carried as symbolic integers."""
 from __future__ import annotations
 
+import re
 import traceback
 
 from pypto_rt.replay.tier_copies import copy
@@ -152,19 +153,23 @@ def _trace(body, examples: list, values: tuple, symbolic: bool):
     return graph, [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
 
 
+_OFFSET = re.compile(r"L\['(t\d+)'\]\.storage_offset\(\)")
+
+
 def _assumed(shape_env, placeholders: list) -> str | None:
     """The source of what tracing and compiling assumed of the carried values and the sizes traced as symbolic
     (ranges, relations, a value fixed; its inputs named t0..tN as produce_guards_expression names them), or None
-    when nothing was. Asked after the compile: inductor's lowering may assume more. Left out: bounds on a tensor's
-    storage offset, which say that the example call's tensor fits in its example memory (each call's own tensors
-    fit in theirs; a specialisation's offsets are its own, the family's the same)."""
+    when nothing was. Asked after the compile: inductor's lowering may assume more. Left out: bounds on one
+    tensor's storage offset, which say that the example call's tensor fits in its example memory (each call's own
+    tensors fit in theirs; a specialisation's offsets are its own, the family's the same). Kept: those relating two
+    tensors' offsets, that inputs sharing memory do not overlap (a family's larger size may make them overlap)."""
     from torch._dynamo.source import LocalSource
 
     if not shape_env.backed_var_to_val:
         return None
     names = [f"t{i}" for i in range(len(placeholders))]
     guards = [g for g in shape_env.produce_guards(placeholders, [LocalSource(n) for n in names], ignore_static=True)
-              if "storage_offset()" not in g]
+              if len(set(_OFFSET.findall(g))) != 1]
     return " and ".join(guards) or None
 
 

@@ -190,3 +190,23 @@ def test_a_compile_process_started_by_a_thread_that_ended_lives_on_and_dies_with
     while child is not None and _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert child is not None and not _alive(child), "the compile process outlived its killed parent"
+
+
+@pytest.mark.timeout(300)
+def test_a_graph_of_dynamic_sizes_assumes_its_inputs_sharing_memory_do_not_overlap_and_checks_it():
+    """Inputs in one memory (a pool's rows, read and written): the graph was built for them apart; a size at which
+    they overlap fails its check (the replay's or its own graph's course), where the compiled code was wrong."""
+    from pypto_rt.replay import tier_process
+    from pypto_rt.replay.tier_copies import copy
+
+    pool = torch.randn(40, 8)
+    _, direct, assumed, _ = tier_process.compile_apart(
+        _doubled_into, None, copy([pool[0:6], pool[10:16]]), (), 1, ("pypto_rt.replay.tier:_unjoined", ()),
+        time.perf_counter() + 240, False, {0: {0}, 1: {0}})
+    apart = torch.randn(40, 8)
+    want = apart.clone()
+    _doubled_into(want[0:8], want[10:18])
+    assert assumed([apart[0:8], apart[10:18]])
+    direct([apart[0:8], apart[10:18]])
+    assert torch.equal(apart, want)
+    assert not assumed([pool[0:12], pool[10:22]])   # (rows 10 and 11 are in both)
