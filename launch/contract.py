@@ -35,9 +35,9 @@ cores divided by the ranks on it (``LOCAL_WORLD_SIZE``), at least 1, unless alre
 share its cores instead of each running a team as large as the host (4 ranks of 2 threads on 2 cores spin-wait
 for each other's cores). torchrun sets 1 whenever it starts more than one rank. ``PYPTO_GOLDEN_NUM_THREADS`` (the
 count ``pypto_rt.golden`` sets at import) follows ``OMP_NUM_THREADS`` unless already set. An empty value counts as
-unset. ``PYPTO_THREADS_SET`` names the ones the launcher set (not the user): a launch from such a rank (a nested
-``pypto-launch``, ``run_function``), and a Ray rank on another node, compute their own share instead of inheriting
-this host's.
+unset. ``PYPTO_THREADS_SET`` names the ones a launcher set (not the user): a ``--backend ray`` launch from such a
+rank (``pypto-launch``, ``run_function``) leaves them behind, so its ranks on other nodes get their node's share, not
+this host's (a local launch from a rank keeps them: its ranks share this rank's cores).
 """
 from __future__ import annotations
 
@@ -94,9 +94,7 @@ def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: in
     if rank_nodes is not None:
         env[RANK_NODES] = ",".join(map(str, rank_nodes))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    for name in env.pop(THREADS_SET, "").split(","):   # (a launcher's share for another host or rank count)
-        env.pop(name, None)
-    chosen = []
+    chosen = [name for name in env.get(THREADS_SET, "").split(",") if name]   # (an outer launch's, kept)
     if not env.get(OMP_THREADS):
         env[OMP_THREADS] = str(intra_op_threads(local_world_size))
         chosen.append(OMP_THREADS)
@@ -104,7 +102,7 @@ def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: in
         env[GOLDEN_THREADS] = env[OMP_THREADS]
         chosen.append(GOLDEN_THREADS)
     if chosen:
-        env[THREADS_SET] = ",".join(chosen)
+        env[THREADS_SET] = ",".join(dict.fromkeys(chosen))
     return env
 
 

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 
+from pypto_rt import knobs
 from pypto_rt.launch import contract, files
 from pypto_rt.launch.job_segments import remove_segments
 from pypto_rt.launch.report import read_record
@@ -66,9 +67,11 @@ class RankHost:
             from pypto_rt.launch.gateway import relay
             self._relay = relay(tuple(gateway), secret)
             port = self._relay.port
-        # (this actor's OMP_NUM_THREADS is Ray's default, its bundle's CPUs: the rank gets the user's, passed from
+        # (this actor's OMP_NUM_THREADS is Ray's default, its bundle's CPUs, and a job-owned Ray instance inherits
+        # the driver's environment with the counts a launcher chose for it: the rank gets the user's, passed from
         # the driver, or its node's share, contract.rank_env)
-        own = {k: v for k, v in os.environ.items() if k != contract.OMP_THREADS}
+        chosen = {contract.OMP_THREADS, contract.THREADS_SET, *knobs.THREADS_SET.get().split(",")}
+        own = {k: v for k, v in os.environ.items() if k not in chosen}
         env = contract.rank_env({**own, **passed_env}, master_port=port, secret=secret,
                                 error_file=self.error_file, stack_file=self.stack_file, **contract_env)
         self.proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd if os.path.isdir(cwd) else None,

@@ -188,8 +188,8 @@ SHM_PREFIX = Knob("PYPTO_SHM_PREFIX", "", "str", "name prefix of this job's /dev
 RANK_NODES = Knob("PYPTO_RANK_NODES", "", "str", "with --backend ray over several nodes: each rank's node index, "
                   "comma-separated by rank (shared-memory windows need their ranks on one node)", audience=CONTRACT)
 THREADS_SET = Knob("PYPTO_THREADS_SET", "", "str", "the thread counts the launcher chose for this rank (its share "
-                   "of the host's cores; comma-separated names): a launch from this rank, local or Ray, treats them "
-                   "as unset, not as the user's", audience=CONTRACT)
+                   "of the host's cores; comma-separated names): a --backend ray launch from this rank does not pass "
+                   "them on as the user's", audience=CONTRACT)
 ERROR_FILE = Knob("PYPTO_ERROR_FILE", "", "str", "where a rank writes its error record (JSON) when it fails",
                   audience=CONTRACT)
 STACK_FILE = Knob("PYPTO_STACK_FILE", "", "str", "where a rank writes every thread's stack on SIGUSR1",

@@ -55,17 +55,14 @@ def test_launched_ranks_run_their_share_of_the_cores(tmp_path, program, launch, 
     assert json.loads((tmp_path / "1.json").read_text()) == {"torch": 3, "golden": 3, "omp": "3"}
 
 
-def test_a_share_a_launcher_chose_is_not_taken_for_the_users_and_an_empty_value_is_unset():
-    """A launch from a launched rank (a nested pypto-launch, run_function) or a Ray rank on another node: the
-    thread counts the outer launcher chose (PYPTO_THREADS_SET names them) are its host's share, recomputed here."""
+def test_the_launcher_names_the_counts_it_chose_and_an_empty_value_is_unset():
+    """PYPTO_THREADS_SET: what a --backend ray launch from this rank must not pass on as the user's."""
     cores = len(os.sched_getaffinity(0))
     outer = _env({}, 1)
     assert outer["PYPTO_THREADS_SET"] == "OMP_NUM_THREADS,PYPTO_GOLDEN_NUM_THREADS"
-    inner = _env({**outer, "OMP_NUM_THREADS": "64", "PYPTO_GOLDEN_NUM_THREADS": "64"}, 2 * cores)
-    assert (inner["OMP_NUM_THREADS"], inner["PYPTO_GOLDEN_NUM_THREADS"]) == ("1", "1")
-    user = _env({"OMP_NUM_THREADS": "3"}, 1)   # the user's OMP_NUM_THREADS stays theirs in a nested launch too
-    assert user["PYPTO_THREADS_SET"] == "PYPTO_GOLDEN_NUM_THREADS"
-    assert _env(user, 2 * cores)["OMP_NUM_THREADS"] == "3"
+    assert _env(outer, 2)["PYPTO_THREADS_SET"] == outer["PYPTO_THREADS_SET"]   # (a local launch from it: kept)
+    assert _env({"OMP_NUM_THREADS": "3"}, 1)["PYPTO_THREADS_SET"] == "PYPTO_GOLDEN_NUM_THREADS"
+    assert "PYPTO_THREADS_SET" not in _env({"OMP_NUM_THREADS": "3", "PYPTO_GOLDEN_NUM_THREADS": "2"}, 1)
     assert _env({"OMP_NUM_THREADS": ""}, 1)["OMP_NUM_THREADS"] == str(cores)
 
 
