@@ -8,9 +8,10 @@ serving model protocol (`allocate_kv_cache`, `forward`).
 A step: embedding -> per layer [RMSNorm (fused residual add) -> QKV GEMM -> neox RoPE -> write_kv_cache ->
 paged decode / chunked-prefill attention -> O proj -> RMSNorm (+ residual) -> MoELayer (+ shared expert)] ->
 the last token of each request -> final RMSNorm (+ residual) -> LM head (FP32 logits) -> greedy. Stages that run
-back to back on the same rows are one kernel each: [embedding or residual add, norm, QKV, RoPE], the cache write,
-the attention, [O proj, residual add, norm], the MoE layer (one kernel on one rank at decode size), [final norm,
-LM head, greedy]: six kernel calls per layer and one more per step.
+back to back on the same rows are one kernel each: [embedding or residual add, norm, QKV, RoPE, the cache write],
+the attention, [O proj, residual add, norm], the MoE layer (one kernel on one rank at decode size, two for one
+token), [final norm, LM head, greedy]: four kernel calls per layer and one more per step. (With another attention
+module, or an int32 slot mapping, the cache write is that module's own call.)
 
 Attention is data-parallel: each rank serves its own requests over its own KV pools. The experts are
 expert-parallel: MoELayer's dispatch is collective, so every rank steps together, and a rank with no live
