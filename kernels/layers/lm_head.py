@@ -59,25 +59,64 @@ def head_kernel(vocab: int, hidden: int, dtype: torch.dtype, eps: float):
     return norm_head_greedy
 
 
+@functools.lru_cache(maxsize=None)
+def head_rows_kernel(vocab: int, hidden: int, dtype: torch.dtype, eps: float):
+    """head_kernel where every row is a request's last (a decode step: B = T): no row gather."""
+    dt, k_step = PL_DTYPES[dtype], divisor_tile(hidden, K_TILE_MAX)
+    widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, eps)
+
+    @pl.jit
+    def norm_head_greedy_rows(
+        x: pl.Tensor[[B_DYN, hidden], dt],
+        residual: pl.Tensor[[B_DYN, hidden], dt],
+        weight: pl.Tensor[[1, hidden], dt],
+        lm_head: pl.Tensor[[vocab, hidden], dt],
+        tokens: pl.Out[pl.Tensor[[B_DYN, 1], pl.INT64]],
+        logits: pl.Out[pl.Tensor[[B_DYN, vocab], pl.FP32]],
+    ):
+        for t in (x, residual, tokens, logits):
+            t.bind_dynamic(0, B_DYN)
+        b_dim = pl.tensor.dim(x, 0)
+        for bb in pl.spmd((b_dim + ROW_TILE - 1) // ROW_TILE, name_hint="norm_head_greedy"):
+            b0 = bb * ROW_TILE
+            valid = pl.min(ROW_TILE, b_dim - b0)
+            summed = narrow(pl.add(widen(x[b0 : b0 + valid, :]), widen(residual[b0 : b0 + valid, :])))
+            normed = narrow(normalize(widen(summed), widen(weight)))
+            acc = pl.matmul(normed[:, 0:k_step], lm_head[:, 0:k_step], b_trans=True, out_dtype=pl.FP32)
+            for k0 in pl.pipeline(k_step, hidden, k_step, stage=2):
+                acc = pl.matmul_acc(acc, normed[:, k0 : k0 + k_step], lm_head[:, k0 : k0 + k_step], b_trans=True)
+            logits[b0 : b0 + valid, :] = acc
+            tokens[b0 : b0 + valid, :] = pl.cast(pl.row_argmax(acc), target_type=pl.INT64)
+        return tokens, logits
+
+    return norm_head_greedy_rows
+
+
 def norm_head_greedy(hidden: torch.Tensor, residual: torch.Tensor, last: torch.Tensor, norm_weight: torch.Tensor,
                      lm_head: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B] int64, logits [B, V] FP32) of the rows `last` [B] (int64, each < T) of hidden + residual."""
+    """(tokens [B] int64, logits [B, V] FP32) of the rows `last` [B] (int64, each < T) of hidden + residual;
+    last=None: every row (B = T, a decode step's rows are each its request's last)."""
     check_float("norm_head_greedy", "hidden", hidden, 2)
     (rows, width), dtype = hidden.shape, hidden.dtype
     check(isinstance(residual, torch.Tensor) and residual.shape == hidden.shape and residual.dtype == dtype,
           "norm_head_greedy", lambda: f"residual must be {dtype} {list(hidden.shape)} (hidden's shape), got "
           f"{describe(residual)}")
-    check(isinstance(last, torch.Tensor) and last.dim() == 1 and last.dtype in (torch.int64, torch.int32),
-          "norm_head_greedy", lambda: f"last must be a 1-D int64 tensor of row ids, got {describe(last)}")
+    check(last is None or isinstance(last, torch.Tensor) and last.dim() == 1 and
+          last.dtype in (torch.int64, torch.int32), "norm_head_greedy",
+          lambda: f"last must be None or a 1-D int64 tensor of row ids, got {describe(last)}")
     check(isinstance(norm_weight, torch.Tensor) and list(norm_weight.shape) == [width] and norm_weight.dtype == dtype,
           "norm_head_greedy", lambda: f"norm_weight must be {dtype} [{width}], got {describe(norm_weight)}")
     check(isinstance(lm_head, torch.Tensor) and lm_head.dim() == 2 and lm_head.shape[1] == width and
           lm_head.dtype == dtype, "norm_head_greedy", lambda: f"lm_head must be {dtype} [V, {width}], got "
           f"{describe(lm_head)}")
-    batch, vocab = last.shape[0], lm_head.shape[0]
+    batch, vocab = rows if last is None else last.shape[0], lm_head.shape[0]
     tokens = torch.empty(batch, 1, dtype=torch.int64)
     logits = torch.empty(batch, vocab, dtype=torch.float32)
-    if batch and rows:
+    if last is None and rows:
+        head_rows_kernel(vocab, width, dtype, float(eps))(hidden.contiguous(), residual.contiguous(),
+                                                          norm_weight.view(1, width), lm_head.contiguous(), tokens,
+                                                          logits)
+    elif batch and rows:
         head_kernel(vocab, width, dtype, float(eps))(hidden.contiguous(), residual.contiguous(),
                                                      last.to(torch.int64).view(-1, 1), norm_weight.view(1, width),
                                                      lm_head.contiguous(), tokens, logits)

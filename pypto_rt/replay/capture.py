@@ -371,6 +371,8 @@ class Recorder(TorchFunctionMode):
                     tainted=tainted)
         if func is GETITEM and len(args) == 2 and not kwargs and isinstance(out, torch.Tensor) and out._is_view():
             line.kind = "window"
+            line.whole = not traced and type(args[0]) is torch.Tensor and (out.shape, out.stride(), out.storage_offset(
+            )) == (args[0].shape, args[0].stride(), args[0].storage_offset())   # (passes: `_whole_windows`)
         elif func is COPY and len(args) == 2 and not kwargs and len(tensors_in) == 2:
             line.kind = "copy"
         elif func is torch._assert_async:

@@ -15,7 +15,8 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     Two clean-ups: a call repeating an earlier one (same function, same arguments, their memory unchanged
     since) reuses its result, unless either result is later written; a call whose result nothing needs and
     that changes nothing is left out. Each tensor the replay makes is released after its last use."""
-    calls = _fold(rec, _dedupe(rec.recorded, rec.storage_of, rec.volatile), set(results))
+    calls = _fold(rec, _whole_windows(_dedupe(rec.recorded, rec.storage_of, rec.volatile), set(results)),
+                  set(results))
     needed = set(results)
     keep = []
     for call in reversed(calls):
@@ -71,6 +72,22 @@ def _fold(rec, calls: list[Call], results: set[str]) -> list[Call]:
         if (name is not None and not call.effect and not call.tainted and name in rec.made
                 and rec.storage_of[name] not in keep_fresh):
             rec.constants[name] = rec.made[name]
+            continue
+        out.append(call)
+    return out
+
+
+def _whole_windows(calls: list[Call], results: set) -> list[Call]:
+    """`v4 = a3[0:1, :]` covering all of a3 (the shapes of a specialisation are static) is a3 itself: later calls
+    read a3 (a subscript costs a few µs of index parsing; a subscript assignment to it becomes `copy_`)."""
+    alias: dict[str, str] = {}
+    out = []
+    for call in calls:
+        if alias:
+            call.renamed(alias)
+        if call.kind == "window" and call.whole and call.out is not None and call.out not in results \
+                and len(call.reads) == 1:
+            alias[call.out] = call.reads[0]
             continue
         out.append(call)
     return out

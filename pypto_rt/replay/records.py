@@ -57,6 +57,7 @@ class Call:
     #                        "parts": a pure call returning a tuple (its parts are lines `t[i]`); "check": an assert
     fresh: bool = False    # the result has memory of its own (not a view of an argument)
     tainted: bool = True   # the result may depend on an entry tensor, an outside tensor or chance
+    whole: bool = False    # a window at constant bounds covering its tensor (same sizes, strides and offset)
 
     def renamed(self, alias: dict[str, str]) -> None:
         """Use `alias[name]` for each tensor name that has one (a result shared with an earlier call)."""

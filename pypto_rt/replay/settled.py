@@ -17,6 +17,9 @@ from pypto_rt.replay.policy import ReplayPolicy, current_policy, policy_knobs, s
 from pypto_rt.run_stats import note_replay
 
 _knobs = config.Snapshot(config.EXECUTOR, config.STATS, config.WORKER_THREADS, *policy_knobs)
+# settled specialisations one kernel keeps at once: a layer's kernel called on each layer's slice of a stacked
+# pool (another storage offset: another specialisation) alternates between them every step
+SETTLED_CHAIN = 4
 _settings_made = (None, None, None)   # (knob values, policy scope, settings): made again when either changes
 
 
@@ -45,7 +48,9 @@ def settle(kernel, spec, match, made: tuple):
     decide for `spec` under the settings `made` (`settings_now()`, PYPTO_STATS off): the chosen function, untimed,
     called from `KernelFunction.__call__` without the driver. It gives NOT_SETTLED for other arguments and
     uninstalls itself (giving NOT_SETTLED) when a knob or policy scope changed, `spec` is no longer steady or its
-    guards missed: the call then takes the driver, which decides again and installs one when it may. A replay that
+    guards missed: the call then takes the driver, which decides again and installs one when it may. Arguments
+    that do not match go on to the closure it replaced when that one settled another specialisation (a chain of
+    at most SETTLED_CHAIN, each checking its own settings, steadiness and guards as above). A replay that
     waits to pay for a background compile (replay.tier's `due`) is settled until then: the call that reaches it
     uninstalls it (`spec` no longer steady), so the next call takes the driver, which starts the compile."""
     values, changes, (_, _, threads, policy) = made
@@ -53,6 +58,10 @@ def settle(kernel, spec, match, made: tuple):
     state, name, knob_values, matches = kernel.state, kernel.name, _knobs.values, match.matches
     inputs = None if match.tensor_at is None else match.inputs   # (None: the arguments are the inputs)
     plain_results, warned = spec.plain_results, spec.warnings
+    other = state.settled   # (another specialisation's, tried for arguments this one does not match)
+    if other is not None and (getattr(other, "spec", None) is spec or getattr(other, "depth", SETTLED_CHAIN)
+                              >= SETTLED_CHAIN):
+        other = None
 
     def settled(args):
         if knob_values() is not values or scope_changes() is not changes or spec.steady is not policy:
@@ -60,7 +69,7 @@ def settle(kernel, spec, match, made: tuple):
             return NOT_SETTLED
         try:
             if not matches(args):
-                return NOT_SETTLED
+                return NOT_SETTLED if other is None else other(args)
         except (RuntimeError, NotImplementedError):   # (a tensor without storage or strides: binding says why)
             return NOT_SETTLED
         tier = spec.tier
@@ -84,5 +93,6 @@ def settle(kernel, spec, match, made: tuple):
         note_replay(name, spec.replayed if tier is None or tier.text is spec.replayed_tier else spec.standing(policy))
         return plain_results(outputs)
 
+    settled.spec, settled.depth = spec, 1 if other is None else other.depth + 1
     state.settled = settled
     return settled

@@ -351,3 +351,23 @@ def test_specialisations_called_in_turn_all_take_the_fast_path(fast_calls):
     kinds = [run_scale(layouts[i % 3]) for i in range(9)]
     assert kinds == [(REPLAYED, True)] * 9 and fast_calls == [True] * 9
     assert len(scale.state.replay_by_arguments) >= 3
+
+
+def test_calls_alternating_between_two_settled_specialisations_stay_on_the_settled_path(monkeypatch):
+    """A kernel called on each layer's slice of a stacked pool (another storage offset each: two specialisations)
+    keeps both settled (replay.settled's chain): after both settled, no call goes back to the driver, and each
+    writes its own slice."""
+    pool, y = torch.randn(2 * N, N), torch.empty(N, N)
+    slices = (pool[:N], pool[N:])
+    with policy_scope(**KEEP):
+        for x in slices:
+            settle(scale, x, 2.0, y)
+        driver = []
+        real = replay.by_arguments
+        monkeypatch.setattr(replay, "by_arguments", lambda *args: driver.append(1) or real(*args))
+        for _ in range(3):
+            for x in slices:
+                y.zero_()
+                scale(x, 2.0, y)
+                assert torch.equal(y, x * 2.0 + 1.0)
+        assert driver == []

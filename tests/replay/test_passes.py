@@ -61,3 +61,21 @@ def test_a_repeated_check_is_dropped_unless_its_memory_changed_between():
     write = Call(("v1", ".", "zero_()"), ["v1"], True, written=["v1"], written_storages=[2])
     assert len(_dedupe([check(), check()], {"v1": 2})) == 1
     assert len(_dedupe([check(), write, check()], {"v1": 2})) == 3
+
+
+def test_a_window_covering_its_whole_tensor_is_the_tensor_itself():
+    """`v1 = a0[0:1, :]` where a0 is [1, H] (a specialisation's shapes are static): later calls read a0, and the
+    copy into such a window copies into a0 itself; a window of part of a tensor, or a returned one, stays."""
+    from pypto_rt.replay.passes import _whole_windows
+
+    def window(out, base, key, whole):
+        line = Call((Ref(base), f"[{key}]"), [base], False, out=out)
+        line.kind, line.whole = "window", whole
+        return line
+
+    calls = [window("v1", "a0", "0:1, :", True), call("v2", "exp_0", Ref("v1")),
+             window("v3", "a1", "0:1, :", True), call(None, "copy_1", Ref("v3"), Ref("v2")),
+             window("v4", "a1", "0:1, 0:4", False), window("v5", "a2", "0:1, :", True)]
+    kept = _whole_windows(calls, {"v4", "v5"})
+    assert [text(c.code) for c in kept] == ["exp_0(a0)", "copy_1(a1, v2)", "a1[0:1, 0:4]", "a2[0:1, :]"]
+    assert kept[1].reads == ["a1", "v2"]

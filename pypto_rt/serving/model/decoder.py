@@ -8,9 +8,10 @@ serving model protocol (`allocate_kv_cache`, `forward`).
 A step: embedding -> per layer [RMSNorm (fused residual add) -> QKV GEMM -> neox RoPE -> write_kv_cache ->
 paged decode / chunked-prefill attention -> O proj -> RMSNorm (+ residual) -> MoELayer (+ shared expert)] ->
 the last token of each request -> final RMSNorm (+ residual) -> LM head (FP32 logits) -> greedy. Stages that run
-back to back on the same rows are one kernel each: [embedding or residual add, norm, QKV, RoPE], the cache write,
-the attention, [O proj, residual add, norm], the MoE layer (one kernel on one rank at decode size), [final norm,
-LM head, greedy]: six kernel calls per layer and one more per step.
+back to back on the same rows are one kernel each: [embedding or residual add, norm, QKV, RoPE, the cache write],
+the attention, [O proj, residual add, norm], the MoE layer (one kernel on one rank at decode size, two for one
+token), [final norm, LM head, greedy]: four kernel calls per layer and one more per step. (With another attention
+module, or an int32 slot mapping, the cache write is that module's own call.)
 
 Attention is data-parallel: each rank serves its own requests over its own KV pools. The experts are
 expert-parallel: MoELayer's dispatch is collective, so every rank steps together, and a rank with no live
@@ -29,6 +30,7 @@ from pypto_rt.kernels.layers import rope_cache
 from pypto_rt.kernels.layers.attention_input import embed_norm_qkv_rope, norm_qkv_rope
 from pypto_rt.kernels.layers.lm_head import norm_head_greedy
 from pypto_rt.kernels.layers.out_norm import out_proj_add_norm
+from pypto_rt.kernels.layers.qkv_cache import embed_norm_qkv_rope_cache, norm_qkv_rope_cache
 from pypto_rt.kernels.moe import MoEBuffer, MoELayer
 from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
@@ -91,22 +93,28 @@ class MoEDecoder:
         heads, eps = (cfg.num_q_heads, cfg.num_kv_heads), cfg.rms_eps
         tokens, requests = batch.num_tokens, batch.num_requests
         live = _live_tokens(batch)
+        fused = self._fused_write(batch, live[0])
         hidden = residual = None
         for layer, lw in enumerate(w.layers):
+            caches = () if fused is None else (*self.kv_cache(layer), batch.slot_mapping, fused)
             if residual is None:     # the embedding rows start the residual stream
-                q, k, v, residual = embed_norm_qkv_rope(batch.input_ids, w.embed, lw.input_norm, lw.w_qkv,
-                                                        batch.positions, self.cos_sin, heads, eps)
+                embed = embed_norm_qkv_rope if fused is None else embed_norm_qkv_rope_cache
+                q, k, v, residual = embed(batch.input_ids, w.embed, lw.input_norm, lw.w_qkv, batch.positions,
+                                          self.cos_sin, heads, eps, *caches)
             else:
-                q, k, v = norm_qkv_rope(hidden, residual, lw.input_norm, lw.w_qkv, batch.positions, self.cos_sin,
-                                        heads, eps)
-            normed = out_proj_add_norm(self._attend(layer, q, k, v, batch, longest), lw.w_o, residual, lw.post_norm,
-                                       eps)
+                project = norm_qkv_rope if fused is None else norm_qkv_rope_cache
+                q, k, v = project(hidden, residual, lw.input_norm, lw.w_qkv, batch.positions, self.cos_sin, heads,
+                                  eps, *caches)
+            normed = out_proj_add_norm(self._attend(layer, q, k, v, batch, longest, fused is not None), lw.w_o,
+                                       residual, lw.post_norm, eps)
             hidden = self._moe(layer, normed, live)
             if self.on_expert_counts is not None:
                 self.on_expert_counts(self.moe[layer].recv_counts, layer=layer)
         if tokens == 0 or requests == 0:
             return torch.zeros(requests, dtype=torch.int64), torch.zeros(requests, cfg.vocab_size)
-        last = (batch.query_start_loc[1:].to(torch.int64) - 1).clamp_min(0)
+        # a decode step's rows are each its request's last (none needs the row gather)
+        last = None if batch.is_decode and tokens == requests else \
+            (batch.query_start_loc[1:].to(torch.int64) - 1).clamp_min(0)
         return norm_head_greedy(hidden, residual, last, w.final_norm, w.lm_head, eps)
 
     def _moe(self, layer: int, x: torch.Tensor, live: tuple[int, torch.Tensor | None]) -> torch.Tensor:
@@ -122,10 +130,25 @@ class MoEDecoder:
             out[rows] = self.moe[layer](x[rows])
         return out
 
+    def _fused_write(self, batch: ForwardBatch, live: int) -> bool | None:
+        """Whether the step's K/V cache write runs inside the attention-input kernels, as `padded` (some slot is
+        -1): None when it does not (another attention module, no live slot, an int32 slot mapping) and
+        write_kv_cache does it. The fused kernels trust their slots: they are checked here (one numpy max)."""
+        if self.attention is not attention_kernels or live == 0 or batch.slot_mapping.dtype != torch.int64:
+            return None
+        pool = self.num_blocks * self.block_size
+        high = int(batch.slot_mapping.numpy().max())
+        if high >= pool:
+            raise DecoderError.at_caller(f"MoEDecoder.forward: slot_mapping holds slot {high}, outside the pool's "
+                                         f"{pool} slots ({self.num_blocks} blocks of {self.block_size})",
+                                         "a slot must be block * block_size + offset, or -1 for padding")
+        return live < batch.num_tokens      # (live counts the slots >= 0)
+
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
-                longest: int) -> torch.Tensor:
+                longest: int, written: bool) -> torch.Tensor:
         """q [T, QH * D], k, v [T, KVH * D] (rotated) -> the attention output [T, QH * D]; writes the step's K/V
-        into the cache. longest: the batch's longest context (it sizes the decode's KV tile)."""
+        into the cache unless `written` (the attention-input kernel did). longest: the batch's longest context (it
+        sizes the decode's KV tile)."""
         cfg, tokens = self.cfg, batch.num_tokens
         qh, kvh, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
         if tokens == 0:
@@ -133,7 +156,8 @@ class MoEDecoder:
         query, key, value = q.view(tokens, qh, d), k.view(tokens, kvh, d), v.view(tokens, kvh, d)
         key_cache, value_cache = self.kv_cache(layer)
         ops = self.attention
-        ops.write_kv_cache(key, value, key_cache, value_cache, batch.slot_mapping)
+        if not written:
+            ops.write_kv_cache(key, value, key_cache, value_cache, batch.slot_mapping)
         if batch.is_decode:
             out = ops.paged_decode_attention(query, key_cache, value_cache, batch.block_tables, batch.seq_lens,
                                              max_seq_len=longest)

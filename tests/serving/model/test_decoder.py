@@ -95,6 +95,19 @@ def test_a_request_longer_than_the_rotary_table_is_refused_before_any_kernel_run
     assert caught.value.span.file == __file__
 
 
+def test_a_slot_past_the_kv_pool_is_refused_at_the_callers_line():
+    """The cache write inside the attention-input kernel trusts its slots: the decoder checks them first."""
+    import dataclasses
+    cfg = DecoderConfig(**SMALL)
+    model = MoEDecoder(cfg, random_state_dict(cfg, seed=2))
+    model.allocate_kv_cache(4)
+    batch = HandBatches([[1, 2]], BLOCK, 2).batch([(0, 2)])
+    batch = dataclasses.replace(batch, slot_mapping=torch.tensor([0, 4 * BLOCK], dtype=torch.int64))
+    with pytest.raises(DecoderError, match=f"slot {4 * BLOCK}, outside the pool's {4 * BLOCK} slots") as caught:
+        model.forward(batch)
+    assert caught.value.span.file == __file__
+
+
 def test_a_config_that_cannot_be_built_names_the_field():
     with pytest.raises(DecoderConfigError, match="num_kv_heads=3 does not divide num_q_heads=4") as caught:
         DecoderConfig(**{**SMALL, "num_kv_heads": 3})

@@ -58,10 +58,10 @@ def test_decode_steps_with_new_routing_replay_the_moe_kernels(monkeypatch):
         assert seen[-3:] == [REPLAYED] * 3, (name, seen)  # ... and still replay
 
 
-def test_a_decode_step_on_one_rank_calls_six_kernels_per_layer_and_one_more(monkeypatch):
-    """Stages that run back to back on the same rows are fused: [embedding / residual add, norm, QKV, RoPE], the
-    cache write, the attention, [O proj, residual add, norm], the whole MoE layer, then [final norm, LM head,
-    greedy] once."""
+def test_a_decode_step_on_one_rank_calls_four_kernels_per_layer_and_one_more(monkeypatch):
+    """Stages that run back to back on the same rows are fused: [embedding / residual add, norm, QKV, RoPE, the
+    cache write], the attention, [O proj, residual add, norm], the whole MoE layer, then [final norm, LM head,
+    greedy] once (every row of a decode step is its request's last: no row gather)."""
     entries = []
     original = KernelFunction.__call__
 
@@ -77,5 +77,6 @@ def test_a_decode_step_on_one_rank_calls_six_kernels_per_layer_and_one_more(monk
     model.allocate_kv_cache(BATCH * ((CONTEXT + BLOCK) // BLOCK))
     monkeypatch.setattr(KernelFunction, "__call__", counted)
     model.forward(_decode_step(cfg, torch.Generator().manual_seed(3)))
-    layer = ["kv_cache_write", "paged_decode_attention", "out_proj_add_norm", "moe_local_decode"]
-    assert entries == ["embed_qkv_rope"] + layer + ["norm_qkv_rope"] + layer + ["norm_head_greedy"], entries
+    layer = ["paged_decode_attention", "out_proj_add_norm", "moe_local_decode"]
+    assert entries == ["embed_qkv_rope_cache"] + layer + ["norm_qkv_rope_cache"] + layer + \
+        ["norm_head_greedy_rows"], entries
