@@ -3,6 +3,7 @@ signal, each wait's start and return, and each call's start and end, in CLOCK_MO
 process of the host) with the rank's CPU time beside each, written per rank and merged by rank 0.
 
     .venv/bin/pypto-launch --nproc 4 bench/moe_trace.py [--form compiled|replayed] [--calls 50] [--skewed]
+        [--shape decode|prefill]
 
 Each rank builds the buffer and compiles its tiers as bench/moe_call_cpu.py does, then traces `--calls` calls with
 no barrier between them. Rank 0 prints, per rank and per call on average: wall, own CPU; of the wall outside the
@@ -91,12 +92,13 @@ def main(argv=None) -> int:
     parser.add_argument("--form", choices=["compiled", "replayed"], default="compiled")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--skewed", action="store_true")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="decode")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        shape = MoEShape(*SHAPES["decode"], args.skewed)
+        shape = MoEShape(*SHAPES[args.shape], args.skewed)
         x, topk_idx, topk_weights = make_inputs(shape, world, rank)
         buf, call, _ = make_buffer(load_ours(), shape, x, topk_idx.int(), topk_weights)
         compile_tiers(call, buf)

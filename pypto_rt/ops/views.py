@@ -199,10 +199,8 @@ def reshape(x, shape):
     shape = _ints(shape, "shape", "reshape")
     if math.prod(shape) != x.data.numel() and -1 not in shape:
         raise OpError(f"pl.reshape: cannot reshape {list(x.shape)} ({x.data.numel()} elements) to {shape}")
-    try:
-        data = x.data.view(shape)
-    except RuntimeError:
-        data = x.data.reshape(shape)  # non-viewable window: a copy (writes through it stay local)
+    data = x.data.reshape(shape)   # a view where one exists; a non-viewable window: a copy (writes through it stay
+                                   # local). Not view() then reshape(): a failed view raises (~20 us per call)
     return TensorValue(data, x.dtype, _remap_valid(x, tuple(data.shape)), x.is_tile, x.pad)
 
 

@@ -253,6 +253,22 @@ def test_tile_cmp_gives_mask_for_sel_and_sels():
 
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask_shape, offset", [((6, 1), 0), ((6, 1), 1), ((6, 8), 0), ((1,), 0), ((8,), 0)])
+def test_sels_of_a_half_value_selects_in_its_storage_as_the_fp32_path_would(dtype, mask_shape, offset):
+    """A 2-byte float `sels` with a number selects in storage (on 4-byte words where the mask is one per row)
+    with the result of the FP32 compute path: the number rounds to FP32, then to the dtype; inf stays inf; the
+    box is kept. An odd storage offset (a row slice) takes the element path."""
+    data = rand(7, 8, seed=30, dtype=torch.float32).to(dtype)[offset : offset + 6]
+    data[0, 0], data[1, 1] = float("inf"), float("-inf")
+    mask = torch.rand(mask_shape, generator=torch.Generator().manual_seed(31)) > 0.5
+    for scalar in (0.0, -1.5, 3.14159, 7, 1e30, float("-inf")):
+        got = CS.sels(tv(mask, tile=True), tv(data, valid=[6, 4], tile=True), None, scalar)
+        want = torch.where(mask, data.float(), torch.tensor(scalar, dtype=torch.float32)).to(dtype)
+        assert got.data.dtype == dtype and got.valid == (6, 4) and got.is_tile
+        torch.testing.assert_close(got.data, want, rtol=0, atol=0)
+
+
 def test_sel_of_one_dtype_moves_values_bit_for_bit():
     """A select moves values: a bf16 NaN's sign and payload survive (a round trip through FP32 canonicalises them),
     and the lhs keeps its valid box unless the mask or rhs broadcasts it."""
