@@ -44,6 +44,7 @@ class Options:
     start_timeout_s: float | None = None
     comm_check: bool | None = None
     shm_block: bool | None = None
+    shm_poll_us: int | None = None
     frontend_debug: bool | None = None
 
     def __post_init__(self):

@@ -1,6 +1,7 @@
 """The settings communicators read, and how they read them; every knob is declared in `pypto_rt.knobs`.
 
-Its own settings (PYPTO_TIMEOUT_S, PYPTO_START_TIMEOUT_S, PYPTO_COMM_CHECK, PYPTO_SHM_PREFIX, PYPTO_SHM_BLOCK) and the launcher's
+Its own settings (PYPTO_TIMEOUT_S, PYPTO_START_TIMEOUT_S, PYPTO_COMM_CHECK, PYPTO_SHM_PREFIX, PYPTO_SHM_BLOCK,
+PYPTO_SHM_POLL_US) and the launcher's
 rank contract (torchrun's names: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 """
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from pypto_rt import knobs
 from pypto_rt.errors import PyptoError
 from pypto_rt.knobs import (COMM_CHECK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, RANK, SHM_BLOCK,  # noqa: F401
-                            SHM_PREFIX, START_TIMEOUT_S, WORLD_SIZE, Knob)
+                            SHM_POLL_US, SHM_PREFIX, START_TIMEOUT_S, WORLD_SIZE, Knob)
 
 
 def timeout_s() -> float:
@@ -27,6 +28,11 @@ def comm_check() -> bool:
 def shm_block() -> bool:
     """PYPTO_SHM_BLOCK: shm waits block on a futex of their cell (where the platform has one)."""
     return SHM_BLOCK.on()
+
+
+def shm_poll_s() -> float:
+    """PYPTO_SHM_POLL_US in seconds: how long a futex-backed shm wait polls (yielding) before it blocks."""
+    return (knobs.get_int(SHM_POLL_US, minimum=0) or 0) * 1e-6
 
 
 def launched_int(knob: Knob, given: int | None, what: str) -> int:

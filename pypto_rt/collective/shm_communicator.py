@@ -10,7 +10,8 @@ The per-rank control cells (barrier epochs, state, staging generations) are laid
 Store order (data before signal): a rank writes data, then its cells; x86-64 (TSO) keeps that order, and other
 hosts route signal and epoch writes through the segment lock (the flock syscalls order them).
 Waking (futex.py, PYPTO_SHM_BLOCK): every signal or epoch write is followed by a futex wake on its cell, and a
-wait that the spin did not satisfy blocks on the cell it awaits, so it gives its core away and wakes on the write.
+wait that the spin did not satisfy blocks on the cell it awaits, so it gives its core away and wakes on the write
+(after PYPTO_SHM_POLL_US of yielding polls: a blocked waiter may wake long after the write).
 """
 from __future__ import annotations
 
@@ -117,6 +118,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
         # futex waits where every rank has a core; oversubscribed, yields and sleeps measured faster (bench/shm_wake.py)
         self._futex = futex.AVAILABLE and comm_settings.shm_block() and world_size <= (os.cpu_count() or 1)
+        self._poll_s = comm_settings.shm_poll_s() if self._futex else 0.0
         self._init_staging()
         self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
@@ -230,7 +232,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         start = time.monotonic()
         watch = self._watcher(pending, op, label, lambda: record(time.monotonic() - start))
         if backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
-                        block=block if self._futex else None) is None:
+                        block=block if self._futex else None, poll_s=self._poll_s) is None:
             raise timeout_error(record(time.monotonic() - start), hint=(
                 f"the listed ranks never reached this rank's barrier #{e} (in {op}): they are stuck elsewhere "
                 "(see their own reports) or skipped a collective; PYPTO_TIMEOUT_S bounds the wait"))
@@ -318,7 +320,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         start = time.monotonic()
         watch = self._watcher(peers, "wait", label, lambda: record(time.monotonic() - start))
         if backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
-                        block=self._blocker(segment, cells, index)) is None:
+                        block=self._blocker(segment, cells, index), poll_s=self._poll_s) is None:
             raise timeout_error(record(time.monotonic() - start))
         return cells[index]
 

@@ -130,3 +130,32 @@ def test_a_shm_wait_blocks_on_its_cell_until_the_peers_notify_wakes_it(monkeypat
 @pytest.mark.timeout(90)
 def test_a_shm_barrier_blocks_on_the_late_peers_epoch_until_it_arrives(monkeypatch):
     _ranks_as_threads(monkeypatch, _late(lambda comm, sig: comm.barrier()), lambda comm, sig: comm.barrier())
+
+
+def test_backoff_wait_with_poll_s_keeps_yielding_before_it_blocks(monkeypatch):
+    """PYPTO_SHM_POLL_US's polls: past its counted yields a wait with a block yields until poll_s has passed from its
+    start, and blocks only after (a blocked waiter may wake long after the signal); without a block, no polls."""
+    yields, blocks = [], []
+    monkeypatch.setattr(waits, "os", types.SimpleNamespace(sched_yield=lambda: yields.append(1)))
+    assert waits.backoff_wait(lambda: len(yields) >= 50, 5.0, spin=0, yields=4, block=blocks.append,
+                              poll_s=5.0) is not None
+    assert len(yields) == 50 and blocks == []
+    yields.clear()
+    assert waits.backoff_wait(lambda: len(blocks) >= 1, 5.0, spin=0, yields=4, block=blocks.append) is not None
+    assert len(yields) == 4 and len(blocks) == 1                      # poll_s 0 (the default): blocks at once
+    yields.clear()
+    start = time.monotonic()
+    assert waits.backoff_wait(lambda: len(blocks) >= 2, 5.0, spin=0, yields=0, block=blocks.append,
+                              poll_s=0.02) is not None
+    assert time.monotonic() - start >= 0.02 and len(yields) > 0       # polled its 20 ms, then blocked
+
+
+def test_shm_poll_us_knob_reads_microseconds_and_rejects_a_negative(monkeypatch):
+    from pypto_rt.collective import comm_settings
+    from pypto_rt.errors import PyptoError
+    assert comm_settings.shm_poll_s() == 0.0
+    monkeypatch.setenv("PYPTO_SHM_POLL_US", "2500")
+    assert comm_settings.shm_poll_s() == pytest.approx(2.5e-3)
+    monkeypatch.setenv("PYPTO_SHM_POLL_US", "-1")
+    with pytest.raises(PyptoError, match="PYPTO_SHM_POLL_US"):
+        comm_settings.shm_poll_s()
