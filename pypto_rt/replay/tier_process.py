@@ -145,12 +145,16 @@ class _Starter:
                 self.thread = threading.Thread(target=self._run, name="pypto-rt-tier-starter", daemon=True)
                 self.thread.start()
         done: queue.SimpleQueue = queue.SimpleQueue()
-        abandoned = threading.Event()
-        self.jobs.put((nice, done, abandoned))
+        abandoned, handoff = threading.Event(), threading.Lock()
+        self.jobs.put((nice, done, abandoned, handoff))
         try:
             kind, value = done.get(timeout=START_WAIT_S)
         except queue.Empty:
-            abandoned.set()
+            with handoff:   # (a child handed over before the flag was set is this side's to kill)
+                abandoned.set()
+                late = None if done.empty() else done.get_nowait()
+            if late is not None and late[0] == "child":
+                _discard(late[1])
             raise CompileFailed(f"the compile process was not started within {START_WAIT_S:g} s") from None
         if kind == "error":
             raise value
@@ -158,16 +162,23 @@ class _Starter:
 
     def _run(self) -> None:
         while True:
-            nice, done, abandoned = self.jobs.get()
+            nice, done, abandoned, handoff = self.jobs.get()
             try:
                 child = _Child(nice)
             except BaseException as e:   # noqa: BLE001 - goes to the caller
                 done.put(("error", e))
                 continue
-            done.put(("child", child))
-            if abandoned.is_set():   # (nobody holds it: never left running)
-                child.kill()
-                child.forget()
+            with handoff:   # (exactly one side owns the child: the caller, or nobody and it is killed here)
+                if not abandoned.is_set():
+                    done.put(("child", child))
+                    continue
+            _discard(child)
+
+
+def _discard(child: _Child) -> None:
+    """A started child whose caller gave up waiting: never left running."""
+    child.kill()
+    child.forget()
 
 
 _starter = _Starter()

@@ -210,3 +210,35 @@ def test_a_graph_of_dynamic_sizes_assumes_its_inputs_sharing_memory_do_not_overl
     direct([apart[0:8], apart[10:18]])
     assert torch.equal(apart, want)
     assert not assumed([pool[0:12], pool[10:22]])   # (rows 10 and 11 are in both)
+
+
+def test_a_compile_process_whose_start_the_caller_gave_up_on_is_killed(monkeypatch):
+    """A start slower than START_WAIT_S fails the compile (the replay stays) and leaves no child behind, whether
+    it arrives just before the caller gives up or after."""
+    import threading
+
+    from pypto_rt.replay import tier_process
+
+    killed, started = [], threading.Event()
+
+    class SlowChild:
+        def __init__(self, nice):
+            started.set()
+            time.sleep(0.3)
+
+        def kill(self):
+            killed.append(self)
+
+        def forget(self):
+            pass
+
+    monkeypatch.setattr(tier_process, "_Child", SlowChild)
+    monkeypatch.setattr(tier_process, "START_WAIT_S", 0.05)
+    starter = tier_process._Starter()
+    with pytest.raises(tier_process.CompileFailed, match="not started within"):
+        starter.start(0)
+    assert started.is_set()
+    deadline = time.monotonic() + 10
+    while not killed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(killed) == 1, "the child started for a caller that gave up was left running"
