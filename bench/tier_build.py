@@ -18,6 +18,7 @@ import torch
 
 import pypto.language as pl
 from bench import conformance
+from bench.tiering import _force
 from bench.timing import interleaved, load_average, table
 
 ROWS, H = 8, 256
@@ -102,10 +103,13 @@ def measure(make, max_calls: int, folder: str, repeats: int) -> dict:
     tier = found[0]
     hits = f"{tier_process.cache[0] - cache[0]} / {tier_process.cache[1] - cache[1]}"
     row = dict(wall=tier.compile_s, cpu=cpu, text=tier.text, calls=None, hits=hits)
-    if tier.tiered is not None:
-        spec = next(iter(getattr(entry, "kernel", entry).state.replay.values()))
-        t = interleaved({"compiled": lambda: tier.tiered(*args), "replayed": lambda: spec.replay(*args)}, repeats,
-                        statistic=min)
+    if all(t.tiered is not None for t in found):
+        def mode(compiled: bool):
+            def call():
+                _force(entry, compiled)
+                entry(*args)
+            return call
+        t = interleaved({"compiled": mode(True), "replayed": mode(False)}, repeats, statistic=min)
         row.update(calls=(t["compiled"], t["replayed"]))
     return row
 
