@@ -23,8 +23,8 @@ part of it meanwhile. A segment calls inductor's code without compile_fx's wrapp
 replay.tier's trial then times whole calls (waits for peers included; the minimum over its calls counts) and keeps
 the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in the same order.
 
-A long replay (issue 17: inductor's fusion search makes a cold build grow about quadratically with a graph's
-length) is split the same way by length: a run of more than `policy.tier_max_segment_calls` torch lines is cut into
+A long replay that does not communicate (issue 17: inductor's fusion search makes a cold build grow about
+quadratically with a graph's length) is split the same way by length: a run of more than `policy.tier_max_segment_calls` torch lines is cut into
 chunks of at most that many, each cut where the fewest temporaries cross (between unrolled tiles: none). Those
 segments take the rows of their inputs that they touch (replay.tier_rows; tiles on other rows are then the same
 graph, found in inductor's FX-graph cache), K steps and tiles of a matmul are joined in each (replay.tier_passes),
@@ -56,14 +56,15 @@ def segmented(source: str, constants: dict, why_not: str | None, min_calls: int,
               max_calls: int = 0) -> Segmented | None:
     """The segments of a replay entry found not compilable as a whole (`why_not`) because it communicates, or of
     one compilable as a whole whose torch lines are more than `max_calls` (0: no limit; a long replay's cold build
-    grows about quadratically with its length: inductor's fusion search); None for any other replay (a short one
-    compiled whole, no communication line where `why_not` is given, or a kernel block called as it is)."""
+    grows about quadratically with its length: inductor's fusion search), cut by length; None for any other replay
+    (a short one compiled whole, no communication line where `why_not` is given, or a kernel block called as it
+    is)."""
     statements = ast.parse(source).body[0].body
     if any(_calls(s, _OPAQUE) for s in statements):
         return None
     if why_not:
-        return Segmented(source, constants, min_calls, max_calls) if any(_calls(s, _EFFECT) for s in statements) \
-            else None
+        # (its runs are not cut by length: a segment given a window's rows would not be seen to write a window)
+        return Segmented(source, constants, min_calls) if any(_calls(s, _EFFECT) for s in statements) else None
     if max_calls <= 0 or _lines(statements) <= max_calls:
         return None
     split = Segmented(source, constants, min_calls, max_calls, communicates=False)
