@@ -49,6 +49,9 @@ class ReplayPolicy:
     tier_max_copy_bytes: int = 256 << 20   # the check copies the arguments' memory: larger ones stay replayed
     tier_min_segment_calls: int = 8    # a replay that communicates is compiled per run of torch calls between its
                                        # communication lines (replay.tier_segments); shorter runs stay replayed
+    tier_max_segment_calls: int = 96   # a longer replay (not one that communicates) is compiled in segments of
+                                       # at most this many torch lines, called in a row (a cold build ~linear in
+                                       # the length, not ~quadratic: inductor's fusion search); 0: whole
     # -- kernel blocks (replay.kernel), per specialisation ---------------------------------------------------
     kernel_normal_runs: int = 32       # blocks (over all calls) run by the kernel before one is recorded: a
                                        # recording costs 10-70 blocks' time, so a one-off run does not pay it

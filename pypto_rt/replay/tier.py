@@ -21,7 +21,9 @@ batch buckets) form a family (replay.tier_family): the second one compiled gets 
 the later ones share it without a compile (each checked against its own replay, then timed); the first keeps its own.
 Replays calling kernel blocks as they are (replay.opaque) are not compiled; a value carried that is not an integer
 (a float operand) keeps the replay. A replay that communicates (recorded `pld` effects, replay.comm_block) is
-compiled segment by segment between its communication lines, which stay Python (replay.tier_segments).
+compiled segment by segment between its communication lines, which stay Python (replay.tier_segments); so is a
+replay of more than `tier_max_segment_calls` torch lines (its segments cut where no temporary crosses, between
+unrolled tiles): inductor's fusion search grows about quadratically with a graph's length, segments linearly.
 
 Per specialisation a `Tier` goes: replay -> compiling -> trial -> compiled, or failed / replay, with the reason
 (PYPTO_STATS shows it with the replay's line). Every build runs in a compile process (replay.tier_process: the
@@ -81,8 +83,10 @@ class Tier:
         self.entry, self.source, self.constants = entry, source, constants
         self.families = families    # the entry's replay.tier_family.Families (None: every size compiles its own)
         self.sizes = ""             # how its sizes were compiled: shared with other sizes, or why not
-        # a replay that communicates is compiled segment by segment (replay.tier_segments), or says why not
-        self.segments = tier_segments.segmented(source, constants, why_not, current_policy().tier_min_segment_calls)
+        # a replay that communicates, or a long one, is compiled segment by segment (replay.tier_segments)
+        policy = current_policy()
+        self.segments = tier_segments.segmented(source, constants, why_not, policy.tier_min_segment_calls,
+                                                policy.tier_max_segment_calls)
         if self.segments is not None:
             why_not = self.segments.why_not
         self.state, self.why = REPLAY, why_not or ""

@@ -22,6 +22,13 @@ part of it meanwhile. A segment calls inductor's code without compile_fx's wrapp
 (replay.tier_graph's direct call), else, or where the direct call disagrees in the check, through them.
 replay.tier's trial then times whole calls (waits for peers included; the minimum over its calls counts) and keeps
 the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in the same order.
+
+A long replay that does not communicate (issue 17: inductor's fusion search makes a cold build grow about
+quadratically with a graph's length) is split the same way by length: a run of more than `policy.tier_max_segment_calls` torch lines is cut into
+chunks of at most that many, each cut where the fewest temporaries cross (between unrolled tiles: none). Those
+segments take the rows of their inputs that they touch (replay.tier_rows; tiles on other rows are then the same
+graph, found in inductor's FX-graph cache), K steps and tiles of a matmul are joined in each (replay.tier_passes),
+and the tiered replay is also checked as a whole against the replay on a copy of the capture call's inputs.
 """
 from __future__ import annotations
 
@@ -35,8 +42,9 @@ from pypto_rt import config
 from pypto_rt.collective import process
 from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
-from pypto_rt.replay import tier_process
+from pypto_rt.replay import tier_process, tier_rows
 from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
 _EFFECT = re.compile(rf"{comm_block.EFFECT_PREFIX}\d+")
@@ -44,23 +52,33 @@ _OPAQUE = re.compile(rf"{opaque.CALL_PREFIX}\d+")
 _PYTHON, _TORCH = "python", "torch"
 
 
-def segmented(source: str, constants: dict, why_not: str | None, min_calls: int) -> Segmented | None:
-    """The segments of a replay entry found not compilable as a whole (`why_not`) because it communicates; None
-    for any other replay (no communication line, or a kernel block called as it is: `why_not` stands)."""
-    if not why_not:
-        return None
+def segmented(source: str, constants: dict, why_not: str | None, min_calls: int,
+              max_calls: int = 0) -> Segmented | None:
+    """The segments of a replay entry found not compilable as a whole (`why_not`) because it communicates, or of
+    one compilable as a whole whose torch lines are more than `max_calls` (0: no limit; a long replay's cold build
+    grows about quadratically with its length: inductor's fusion search), cut by length; None for any other replay
+    (a short one compiled whole, no communication line where `why_not` is given, or a kernel block called as it
+    is)."""
     statements = ast.parse(source).body[0].body
-    if not any(_calls(s, _EFFECT) for s in statements) or any(_calls(s, _OPAQUE) for s in statements):
+    if any(_calls(s, _OPAQUE) for s in statements):
         return None
-    return Segmented(source, constants, min_calls)
+    if why_not:
+        # (its runs are not cut by length: a segment given a window's rows would not be seen to write a window)
+        return Segmented(source, constants, min_calls) if any(_calls(s, _EFFECT) for s in statements) else None
+    if max_calls <= 0 or _lines(statements) <= max_calls:
+        return None
+    split = Segmented(source, constants, min_calls, max_calls, communicates=False)
+    return split if split.why_not is None and len(split.segments) > 1 else None
 
 
 class TorchRun:
     """A run of torch lines between communication lines: `_seg<index>(*inputs) -> outputs`."""
-    __slots__ = ("index", "statements", "inputs", "outputs", "dropped", "replayed", "kept", "constants")
+    __slots__ = ("index", "statements", "inputs", "outputs", "dropped", "replayed", "kept", "constants", "rows")
 
-    def __init__(self, index: int, statements: list, inputs: list, outputs: list, dropped: list, constants: dict):
+    def __init__(self, index: int, statements: list, inputs: list, outputs: list, dropped: list, constants: dict,
+                 rows: dict | None = None):
         self.index, self.statements, self.inputs, self.outputs = index, statements, inputs, outputs
+        self.rows = rows or {}   # input -> (first row, end row): it is given that view (replay.tier_rows)
         self.dropped = dropped   # inputs it deletes: the tiered replay deletes them after the call
         self.constants = constants
         self.replayed = compile_trace(self.source(inputs), constants, f"<pypto-rt tier segment {index}>")
@@ -80,8 +98,9 @@ class Segmented:
     """A communicating replay split into parts: Python lines (communication, numbers, short runs of torch lines)
     and segments, in program order (see the module text)."""
 
-    def __init__(self, source: str, constants: dict, min_calls: int):
+    def __init__(self, source: str, constants: dict, min_calls: int, max_calls: int = 0, communicates: bool = True):
         fn = ast.parse(source).body[0]
+        self.communicates = communicates   # (else a long replay split by length: the whole call is checked too)
         self.name, self.params = fn.name, [a.arg for a in fn.args.args]
         self.constants = constants
         self.traced = {k: _tensor_of if v is torch.tensor else v for k, v in constants.items()}   # (symbolic ints)
@@ -93,17 +112,19 @@ class Segmented:
         self.lines = sum(1 for s in fn.body[end:] if not isinstance(s, ast.Delete))
         self.why_not = None
         try:
-            self._split(fn.body[end:], min_calls)
+            self._split(fn.body[end:], min_calls, max_calls)
         except Untierable as e:
             self.why_not = str(e)
         if self.why_not is None and not self.segments:
             self.why_not = (f"it communicates, and no run of torch calls between its communication lines is "
                             f"{min_calls} lines long (policy.tier_min_segment_calls)")
 
-    def _split(self, statements: list, min_calls: int) -> None:
+    def _split(self, statements: list, min_calls: int, max_calls: int) -> None:
         read = {n for s in self.prologue for n in _names(s, ast.Store)}
         parts = _merge([[_PYTHON if kind == _TORCH and _lines(run) < min_calls else kind, run]
                         for kind, run in _runs(statements, set(read))])
+        parts = [[kind, chunk] for kind, run in parts
+                 for chunk in (_chunks(run, max_calls) if kind == _TORCH else [run])]
         outer = set(self.params) | read   # names the tiered replay's own lines define
         later = [set() for _ in parts] + [set()]
         for i in range(len(parts) - 1, -1, -1):
@@ -135,7 +156,8 @@ class Segmented:
                 dropped += [n for n in _names(stmt, ast.Del) if n in outer]
             made += [n for n in _names(stmt, ast.Store) if n not in made]
         outputs = [n for n in made if n in read_later]
-        return TorchRun(index, run, list(inputs), outputs, dropped, self.traced)
+        run, rows = (run, {}) if self.communicates else tier_rows.rebased(run, list(inputs))
+        return TorchRun(index, run, list(inputs), outputs, dropped, self.traced, rows)
 
     def function(self, segments: dict):
         """The replay with segment k's lines replaced by a call of `segments[k]`."""
@@ -144,7 +166,8 @@ class Segmented:
             if type(part) is not TorchRun:
                 body += part
                 continue
-            call = f"_seg{part.index}({', '.join(part.inputs)})"
+            given = [f"{n}[{part.rows[n][0]}:{part.rows[n][1]}]" if n in part.rows else n for n in part.inputs]
+            call = f"_seg{part.index}({', '.join(given)})"
             body += ast.parse(f"{''.join(o + ', ' for o in part.outputs)}= {call}" if part.outputs else call).body
             if part.dropped:
                 body += ast.parse(f"del {', '.join(part.dropped)}").body
@@ -155,8 +178,8 @@ class Segmented:
     def describe(self) -> str:
         """The split as PYPTO_STATS shows it with the tier."""
         lines = sum(_lines(s.statements) for s in self.segments)
-        text = (f"segmented: {len(self.segments)} runs of torch lines between communication lines ({lines} of "
-                f"{self.lines} lines)")
+        runs = "between communication lines" if self.communicates else "(a long replay, cut by length)"
+        text = f"segmented: {len(self.segments)} runs of torch lines {runs} ({lines} of {self.lines} lines)"
         if any(s.kept is None for s in self.segments):
             return text
         kept = "".join(f"; {s.name} kept replayed: {s.kept}" for s in self.segments if s.kept)
@@ -182,6 +205,34 @@ def _runs(statements: list, numbers: set) -> list:
         else:
             runs.append([kind, [stmt]])
     return runs
+
+
+def _chunks(run: list, max_calls: int) -> list[list]:
+    """`run` (torch lines) cut into chunks of at most `max_calls` lines (0: whole), each cut where the fewest names
+    the run made are live across it (the replay deletes a name after its last use: between unrolled tiles, none),
+    the latest such place in the chunk's second half."""
+    if max_calls <= 0 or _lines(run) <= max_calls:
+        return [run]
+    live, after = set(), []   # after[i]: how many names made in the run are live after statement i
+    for stmt in run:
+        if isinstance(stmt, ast.Delete):
+            live -= set(_names(stmt, ast.Del))
+        else:
+            live |= set(_names(stmt, ast.Store))
+        after.append(len(live))
+    chunks, start = [], 0
+    while _lines(run[start:]) > max_calls:
+        ends, lines = [], 0   # (candidate cuts: after a statement, its dels included)
+        for i in range(start, len(run)):
+            lines += not isinstance(run[i], ast.Delete)
+            if lines > max_calls:
+                break
+            if lines * 2 >= max_calls and (i + 1 == len(run) or not isinstance(run[i + 1], ast.Delete)):
+                ends.append(i + 1)
+        end = min(reversed(ends), key=lambda e: after[e - 1]) if ends else start + max_calls
+        chunks.append(run[start:end])
+        start = end
+    return chunks + [run[start:]]
 
 
 def _lines(run: list) -> int:
@@ -231,6 +282,7 @@ def capturing(tier, replay, policy, background: bool):
     timeout_s = policy.tier_timeout_s
     snapshots: dict = {}
     run = segmented.function({s.index: _capture(s, snapshots, max_bytes) for s in segmented.segments})
+    whole: list = []   # a long replay split by length (no communication): its call's inputs, checked as a whole
 
     def again():   # (the call did not get through: a later call captures)
         with tier.lock:
@@ -239,6 +291,11 @@ def capturing(tier, replay, policy, background: bool):
                 tier._describe()
 
     def call(*args):
+        if not segmented.communicates:
+            try:
+                whole[:] = [base._snapshot(list(args), max_bytes)]
+            except Untierable as e:
+                whole[:] = [str(e)]
         try:
             outputs = run(*args)
         except BaseException:
@@ -247,7 +304,7 @@ def capturing(tier, replay, policy, background: bool):
         if outputs is GUARD_MISS or len(snapshots) < len(segmented.segments):
             again()
             return outputs
-        job = lambda: _build(tier, replay, snapshots, threads, timeout_s, background)   # noqa: E731
+        job = lambda: _build(tier, replay, snapshots, threads, timeout_s, background, whole)   # noqa: E731
         if not background:
             job()
         elif not base._submit(job):
@@ -283,10 +340,11 @@ def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int):
     return [v if c is None else c for v, c in zip(inputs, copies)], windows
 
 
-def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: bool) -> None:
+def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: bool, whole: list = ()) -> None:
     """Compile (in the compile process of `idle` priority, stopped `timeout_s` after the compile was asked for)
-    and check every segment that can be (see the module text), then hand the tiered replay (or why not) to `tier`.
-    Never raises."""
+    and check every segment that can be (see the module text), then hand the tiered replay (or why not) to `tier`;
+    `whole`: [the capture call's inputs (or why they were not copied)] of a long replay that does not communicate:
+    the tiered replay is checked against the replay on them as replay.tier checks a whole body. Never raises."""
     from pypto_rt.replay import tier as base
 
     if tier.state != base.COMPILING:   # (timed out while queued)
@@ -301,8 +359,12 @@ def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: 
             segment.kept, compiled[segment.index] = snapshot, segment.replayed
             continue
         try:
-            compiled[segment.index], problem = _checked(segment, _compile(segment, *snapshot, threads, deadline, idle),
-                                                        snapshot[0])
+            join = not segmented.communicates
+            compiled[segment.index], problem = _checked(
+                segment, _compile(segment, *snapshot, threads, deadline, idle, join), snapshot[0])
+            if problem is not None and join and compiled[segment.index].joined:   # (joined K steps summed apart)
+                compiled[segment.index], problem = _checked(
+                    segment, _compile(segment, *snapshot, threads, deadline, idle, False), snapshot[0])
         except Untierable as e:   # (_Kept, raised where the segment was traced)
             segment.kept, compiled[segment.index] = str(e), segment.replayed
             continue
@@ -315,22 +377,28 @@ def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: 
     if problem is None:
         tiered = segmented.function(compiled)
         tiered.outside = 0   # (per segment: see each compiled segment's `outside`)
+        if whole and isinstance(whole[0], list):
+            problem = base._mismatch(replay, tiered, whole[0])
+            problem = f"the segments called in a row: {problem}" if problem else None
+        tiered = None if problem else tiered
     tier._built(replay, tiered, problem, t0)
 
 
-def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int, deadline: float, idle: bool):
+def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int, deadline: float, idle: bool,
+             join: bool = False):
     """`(*inputs) -> outputs`: the segment compiled (in the compile process, before `deadline`) for its snapshot's
     integers as symbols (tensors first in the graph), replayed for integers outside what the graph assumed;
-    Untierable when its graph writes one of `windows`."""
+    Untierable when its graph writes one of `windows`. `join`: K steps and tiles of a matmul joined first
+    (replay.tier_passes, as replay.tier does; `joined` says how many were)."""
     from pypto_rt.replay import tier as base
 
     tensors = [i for i, v in enumerate(snapshot) if isinstance(v, torch.Tensor)]
     order = tensors + [i for i, v in enumerate(snapshot) if i not in tensors]
     names = [segment.inputs[i] for i in order]
     traced = compile_trace(segment.source(names), segment.constants, f"<pypto-rt tier segment {segment.index}, traced>")
-    graph, direct, assumed, _ = tier_process.compile_apart(
+    graph, direct, assumed, joined = tier_process.compile_apart(
         traced, None, base._copy([snapshot[i] for i in tensors]), tuple(snapshot[i] for i in order[len(tensors):]),
-        threads, ("pypto_rt.replay.tier_segments:refuse_window_writes", (names, windows)), deadline, idle)
+        threads, ("pypto_rt.replay.tier_segments:prepare", (names, windows, join)), deadline, idle)
     replayed = segment.replayed
 
     def calling(call):
@@ -343,19 +411,22 @@ def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int, dead
         run.outside, run.wrapped = 0, None
         return run
     wrapped = calling(lambda graph_inputs: graph(*graph_inputs))
+    wrapped.joined = joined or 0
     if direct is None:
         return wrapped
     run = calling(direct)
-    run.wrapped = wrapped
+    run.wrapped, run.joined = wrapped, wrapped.joined
     return run
 
 
-def refuse_window_writes(names: list, windows: set, graph) -> None:
-    """_Kept when the traced `graph` (inputs named `names`) writes one of `windows` (run in the compile process)."""
+def prepare(names: list, windows: set, join: bool, graph) -> int:
+    """_Kept when the traced `graph` (inputs named `names`) writes one of `windows`; else, with `join`, the K
+    steps and tiles joined (replay.tier's passes). Run in the compile process."""
     written = [names[p] for p in sorted(_written_inputs(graph)) if names[p] in windows]
     if written:
         raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
                     "write an input back whole)")
+    return join_k_steps(graph) + join_tiles(graph) if join else 0
 
 
 def _checked(segment: TorchRun, compiled, snapshot: list) -> tuple:

@@ -214,6 +214,8 @@ def test_the_split_keeps_communication_numbers_and_short_runs_as_python_lines_in
     assert all(torch.equal(w, g) for w, g in zip(want, got)) and torch.equal(want_a1, got_a1)
     assert got_effects == want_effects == [("notify", float(want_a1[0, 0])), ("wait", 6)]
     assert len(tier_segments.segmented(SOURCE, constants, "it communicates", min_calls=4).segments) == 1
+    # a communicating replay's runs are not cut by length (a segment given a window's rows: see replay.tier_rows)
+    assert len(tier_segments.segmented(SOURCE, constants, "it communicates", 3, max_calls=2).segments) == 2
     assert tier_segments.segmented(SOURCE, constants, None, min_calls=3) is None   # nothing to overrule
     opaque = SOURCE.replace("comm4(a1", "o5(0, a1")   # a block called as it is: the entry's reason stands
     assert tier_segments.segmented(opaque, {**constants, "o5": print}, "it calls blocks", min_calls=3) is None
