@@ -2,7 +2,7 @@
 cProfile's top functions, inside a launched job with the bench's shape and MoEBuffer, no barriers between calls.
 
     .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
-        [--sort tottime|cumulative] [--shape decode|prefill] [--skewed]
+        [--sort tottime|cumulative] [--shape decode|prefill] [--skewed] [--poll-ab 0,auto,3000 [--rounds 8]]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
@@ -10,7 +10,9 @@ PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls`
 (CPU of the calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile (in
 thread CPU time) of as many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8;
 its live form is not compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank
-0's experts).
+0's experts). `--poll-ab` alternates the shm waits' poll settings (microseconds as PYPTO_SHM_POLL_US, `auto`: the
+adaptive policy) in blocks of `--calls // --rounds` calls inside the one job, every rank switching at the same call,
+and prints each setting's wall and CPU per call summed over its blocks (an A/B under the same load).
 """
 from __future__ import annotations
 
@@ -68,6 +70,25 @@ def profile(run, calls: int, top: int = 40, sort: str = "tottime") -> str:
     return text.getvalue()
 
 
+def poll_ab(run, settings: list[str], calls: int, rounds: int, rank: int) -> None:
+    """Alternate the shm communicator's poll settings in blocks of calls; print each one's sums (see --poll-ab)."""
+    from pypto_rt.collective import process
+    comm = process.communicator("bench/moe_call_cpu.py --poll-ab")
+    block = max(calls // rounds, 1)
+    sums = {s: [0.0, 0.0, 0.0] for s in settings}
+    for _ in range(rounds):
+        for setting in settings:
+            comm.set_poll_us(None if setting == "auto" else int(setting))
+            per_call(run, 2)   # the switch's own calls are not counted
+            wall, cpu, waits, _ = per_call(run, block)
+            total = sums[setting]
+            total[0], total[1], total[2] = total[0] + wall / rounds, total[1] + cpu / rounds, total[2] + waits / rounds
+    comm.set_poll_us(None)
+    for setting, (wall, cpu, waits) in sums.items():
+        print(f"rank {rank} poll {setting}: wall {wall:.3f} ms, CPU {cpu:.3f} ms per call ({cpu - waits:.3f} ms "
+              f"outside the waits' polls), {rounds} blocks of {block} calls", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench/moe_call_cpu.py", description=__doc__.splitlines()[0])
     parser.add_argument("--form", choices=["compiled", "replayed"], default="compiled")
@@ -76,6 +97,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sort", default="tottime", help="the profile's order (pstats: tottime, cumulative, ...)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="decode", help="the bench's decode or prefill row")
     parser.add_argument("--skewed", action="store_true", help="every token routes to rank 0's experts")
+    parser.add_argument("--poll-ab", default="", help="poll settings to alternate, e.g. 0,auto,3000")
+    parser.add_argument("--rounds", type=int, default=8, help="blocks per setting with --poll-ab")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     _count_waits()
@@ -92,6 +115,9 @@ def main(argv=None) -> int:
         print(f"rank {rank} {args.form} ({', '.join(t['state'] for t in tiers)}): wall {wall:.3f} ms, "
               f"CPU {cpu:.3f} ms per call ({cpu - waits:.3f} ms outside the waits' polls; all threads "
               f"{process:.3f} ms), torch threads {torch.get_num_threads()}", flush=True)
+        dist.barrier()
+        if args.poll_ab:
+            poll_ab(run, args.poll_ab.split(","), args.calls, args.rounds, rank)
         dist.barrier()
         if args.profile:
             text = profile(run, args.calls, sort=args.sort)

@@ -146,10 +146,11 @@ COMM_CHECK = Knob("PYPTO_COMM_CHECK", "0", "bool", "before each collective, rank
 SHM_BLOCK = Knob("PYPTO_SHM_BLOCK", "1", "bool", "with no more ranks than cores, a shm wait past its spin and "
                  "yields blocks on a futex of its cell (Linux) until the peer's signal wakes it; 0: it sleeps "
                  "doubling instead")
-SHM_POLL_US = Knob("PYPTO_SHM_POLL_US", "0", "int", "with futex waits on (PYPTO_SHM_BLOCK), a shm wait keeps "
-                   "polling with yields for this many microseconds before it blocks: a blocked waiter wakes 0.4-1 ms "
-                   "after the signal on a virtual machine whose idle core halts; pays only where ranks have cores to "
-                   "themselves (under other jobs' load the polls slow the peer)", minimum=0)
+SHM_POLL_US = Knob("PYPTO_SHM_POLL_US", "", "int", "with futex waits on (PYPTO_SHM_BLOCK), a shm wait keeps "
+                   "polling with yields for this many microseconds before it blocks (0: never polls): a blocked "
+                   "waiter wakes 0.4-1 ms after the signal on a virtual machine whose idle core halts; polls pay only "
+                   "where ranks have cores to themselves (under other jobs' load they slow the peer)", minimum=0,
+                   unset="adaptive")   # unset: collective/poll_policy.py decides per wait
 FRONTEND_DEBUG = Knob("PYPTO_FRONTEND_DEBUG", "0", "bool", "keep pypto-rt's own frames in tracebacks (for pypto-rt "
                       "developers)")
 

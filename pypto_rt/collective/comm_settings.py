@@ -30,9 +30,11 @@ def shm_block() -> bool:
     return SHM_BLOCK.on()
 
 
-def shm_poll_s() -> float:
-    """PYPTO_SHM_POLL_US in seconds: how long a futex-backed shm wait polls (yielding) before it blocks."""
-    return (knobs.get_int(SHM_POLL_US, minimum=0) or 0) * 1e-6
+def shm_poll_s() -> float | None:
+    """PYPTO_SHM_POLL_US in seconds: how long a futex-backed shm wait polls (yielding) before it blocks; None when
+    unset (the default): each wait's budget is then poll_policy.PollPolicy's."""
+    us = knobs.get_int(SHM_POLL_US, minimum=0)
+    return None if us is None else us * 1e-6
 
 
 def launched_int(knob: Knob, given: int | None, what: str) -> int:

@@ -11,7 +11,8 @@ Store order (data before signal): a rank writes data, then its cells; x86-64 (TS
 hosts route signal and epoch writes through the segment lock (the flock syscalls order them).
 Waking (futex.py, PYPTO_SHM_BLOCK): every signal or epoch write is followed by a futex wake on its cell, and a
 wait that the spin did not satisfy blocks on the cell it awaits, so it gives its core away and wakes on the write
-(after PYPTO_SHM_POLL_US of yielding polls: a blocked waiter may wake long after the write).
+(after yielding polls: a blocked waiter may wake long after the write; PYPTO_SHM_POLL_US fixes how long, unset
+poll_policy.py decides per wait from the host's load and the wait site's recent waits).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .check import CollectiveCheck
 from .control import (ABORTED, CALLS, CLOSED, EPOCH, OP_CODES, OPS, PID, RUNNING, SIZES, STATE, alive, call_text,
                       post_call, reason, set_reason)
 from .control import SIZE as CONTROL_SIZE
+from .poll_policy import PollPolicy
 from .segments import Segment, SegmentMissing, check_prefix, removed_error, segment_name
 from .shm_collectives import StagedCollectives
 from .waits import SPIN_POLLS, backoff_wait, describe, timeout_error, wait_record
@@ -118,7 +120,9 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
         # futex waits where every rank has a core; oversubscribed, yields and sleeps measured faster (bench/shm_wake.py)
         self._futex = futex.AVAILABLE and comm_settings.shm_block() and world_size <= (os.cpu_count() or 1)
-        self._poll_s = comm_settings.shm_poll_s() if self._futex else 0.0
+        poll_s = comm_settings.shm_poll_s() if self._futex else 0.0
+        self._poll_s = 0.0 if poll_s is None else poll_s
+        self._poll = PollPolicy(world_size) if poll_s is None else None   # None: a fixed poll (or none)
         self._init_staging()
         self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
@@ -163,6 +167,26 @@ class ShmCommunicator(StagedCollectives, Communicator):
             return None
         addr = segment.address + index * cells.itemsize
         return lambda seconds: futex.wait(addr, cells[index], seconds)
+
+    def set_poll_us(self, us: int | None) -> None:
+        """How long this communicator's futex-backed waits poll before they block, as PYPTO_SHM_POLL_US sets it at
+        construction (None: the adaptive policy, a fresh one); for A/B benchmarks inside one job."""
+        if self._poll is not None:
+            self._poll.close()
+        self._poll = PollPolicy(self.world_size) if us is None and self._futex else None
+        self._poll_s = 0.0 if us is None or not self._futex else int(us) * 1e-6
+
+    def _poll_budget(self, site):
+        """A backoff_wait `poll_s` for a wait at `site`: the fixed PYPTO_SHM_POLL_US, or the policy's, asked lazily."""
+        if self._poll is None:
+            return self._poll_s
+        return lambda: self._poll.budget(site)
+
+    def _waited(self, site, waited: float | None) -> float | None:
+        """Tell the poll policy how long a wait at `site` took; returns `waited` (None: it timed out)."""
+        if self._poll is not None and waited is not None:
+            self._poll.record(site, waited)
+        return waited
 
     def _peer_trouble(self, r: int, barrier: bool) -> str | None:
         """Why rank r can no longer satisfy a wait of this rank, or None."""
@@ -231,8 +255,9 @@ class ShmCommunicator(StagedCollectives, Communicator):
             futex.wait(self._peer_ctl[r].address + EPOCH * 8, peer_cells[r][EPOCH], seconds)
         start = time.monotonic()
         watch = self._watcher(pending, op, label, lambda: record(time.monotonic() - start))
-        if backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
-                        block=block if self._futex else None, poll_s=self._poll_s) is None:
+        if self._waited("barrier", backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
+                                                block=block if self._futex else None,
+                                                poll_s=self._poll_budget("barrier"))) is None:
             raise timeout_error(record(time.monotonic() - start), hint=(
                 f"the listed ranks never reached this rank's barrier #{e} (in {op}): they are stuck elsewhere "
                 "(see their own reports) or skipped a collective; PYPTO_TIMEOUT_S bounds the wait"))
@@ -319,8 +344,10 @@ class ShmCommunicator(StagedCollectives, Communicator):
                                cells[index], expected, cmp, peers, waited)
         start = time.monotonic()
         watch = self._watcher(peers, "wait", label, lambda: record(time.monotonic() - start))
-        if backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
-                        block=self._blocker(segment, cells, index), poll_s=self._poll_s) is None:
+        site = (window.index, index)
+        if self._waited(site, backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
+                                           block=self._blocker(segment, cells, index),
+                                           poll_s=self._poll_budget(site))) is None:
             raise timeout_error(record(time.monotonic() - start))
         return cells[index]
 
@@ -377,6 +404,8 @@ class ShmCommunicator(StagedCollectives, Communicator):
 
     def _release(self) -> None:
         self._closed = True
+        if self._poll is not None:
+            self._poll.close()
         own = [self._ctl] + [w.segments[self.rank] for w in self._windows] + self._own_stages()
         others = [s for w in self._windows for s in w.segments if not s.owned]
         for s in own:

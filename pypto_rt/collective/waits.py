@@ -29,13 +29,14 @@ _clock = time.monotonic
 
 
 def backoff_wait(ready, timeout_s: float, watch=None, spin: int = SPIN_POLLS, yields: int = YIELD_POLLS,
-                 max_sleep: float = MAX_SLEEP_S, block=None, poll_s: float = 0.0) -> float | None:
+                 max_sleep: float = MAX_SLEEP_S, block=None, poll_s=0.0) -> float | None:
     """Poll `ready()` until true; returns the seconds waited, or None when `timeout_s` passed first.
     `watch()` runs every WATCH_EVERY_S once the wait sleeps; it raises to end the wait early. Costly polls (a
     store round trip) pass fewer spins and a longer max_sleep. `block(seconds)` (optional) returns when what
     `ready` reads may have changed or the seconds passed; it replaces the sleeps (the yields stay: a peer that
-    answers within them costs no system call, and this rank stays runnable); `poll_s` keeps yielding that many
-    seconds from the wait's start before the block (a blocked waiter may wake long after the signal)."""
+    answers within them costs no system call, and this rank stays runnable); `poll_s` (seconds, or a callable
+    returning them, asked only when the yields did not do) keeps yielding that long from the wait's start before
+    the block (a blocked waiter may wake long after the signal)."""
     for _ in range(spin):
         if ready():
             return 0.0
@@ -47,7 +48,7 @@ def backoff_wait(ready, timeout_s: float, watch=None, spin: int = SPIN_POLLS, yi
         if ready():
             return _clock() - start
     if block is not None:
-        poll_until = start + min(poll_s, timeout_s)
+        poll_until = start + min(poll_s() if callable(poll_s) else poll_s, timeout_s)
         while _clock() < poll_until:
             os.sched_yield()
             if ready():

@@ -153,9 +153,24 @@ def test_backoff_wait_with_poll_s_keeps_yielding_before_it_blocks(monkeypatch):
 def test_shm_poll_us_knob_reads_microseconds_and_rejects_a_negative(monkeypatch):
     from pypto_rt.collective import comm_settings
     from pypto_rt.errors import PyptoError
+    monkeypatch.delenv("PYPTO_SHM_POLL_US", raising=False)
+    assert comm_settings.shm_poll_s() is None                          # unset: the adaptive policy decides
+    monkeypatch.setenv("PYPTO_SHM_POLL_US", "0")
     assert comm_settings.shm_poll_s() == 0.0
     monkeypatch.setenv("PYPTO_SHM_POLL_US", "2500")
     assert comm_settings.shm_poll_s() == pytest.approx(2.5e-3)
     monkeypatch.setenv("PYPTO_SHM_POLL_US", "-1")
     with pytest.raises(PyptoError, match="PYPTO_SHM_POLL_US"):
         comm_settings.shm_poll_s()
+
+
+def test_backoff_wait_asks_a_callable_poll_s_only_when_its_yields_did_not_do(monkeypatch):
+    asked, yields, blocks = [], [], []
+    monkeypatch.setattr(waits, "os", types.SimpleNamespace(sched_yield=lambda: yields.append(1)))
+    budget = lambda: asked.append(1) or 5.0                                  # noqa: E731
+    assert waits.backoff_wait(lambda: len(yields) >= 3, 5.0, spin=0, yields=4, block=blocks.append,
+                              poll_s=budget) is not None
+    assert asked == []                                                        # the yields did: no policy asked
+    assert waits.backoff_wait(lambda: len(yields) >= 60, 5.0, spin=0, yields=4, block=blocks.append,
+                              poll_s=budget) is not None
+    assert asked == [1] and blocks == []                                      # asked once, polled its budget
