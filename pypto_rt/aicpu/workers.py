@@ -62,6 +62,10 @@ class WorkerPool:
                     _raise_in_thread(ident, RunAbandoned)
 
     def _serve(self, lane: int, torch_threads: int) -> None:
+        # torch gives a thread its count lazily, at its first op that asks, from the last count any thread set
+        # (lazy_init_num_threads, torch 2.13): ask once first, or a count the host sets before this thread's first
+        # op would replace this one (measured: a worker's matmul ran on 2 threads, other bits than on the host)
+        torch.get_num_threads()
         torch.set_num_threads(torch_threads)
         get, busy, busy_lock, me = self.queue.get, self._busy, self._busy_lock, threading.get_ident()
         try:

@@ -202,3 +202,32 @@ def test_the_heap_padding_knob_is_applied_once_and_a_bad_value_says_which_knob()
     bad, good, again = done.stdout.splitlines()
     assert bad.startswith("lots error") and "PYPTO_HEAP_PAD_MB='lots' must be an integer" in bad
     assert (good, again) == ("64 ok", "lots ok")
+
+
+def test_a_worker_keeps_its_thread_count_when_the_host_sets_another_before_the_workers_first_op():
+    """torch sets a thread's count lazily from the last count any thread set: a worker must not take the host's
+    (a block's results would then depend on which thread ran it)."""
+    from pypto_rt.aicpu.workers import WorkerPool
+
+    class Item:
+        def __init__(self, body):
+            self.body, self.done = body, threading.Event()
+
+        def run_queued(self, lane):
+            self.result = self.body()
+            self.done.set()
+
+    host = torch.get_num_threads()
+    pool = WorkerPool(1, 1)
+    try:
+        started = Item(lambda: None)   # (no torch call: the worker has set its count and asked nothing yet)
+        pool.queue.put(started)
+        assert started.done.wait(10)
+        torch.set_num_threads(2)
+        asked = Item(torch.get_num_threads)
+        pool.queue.put(asked)
+        assert asked.done.wait(10)
+        assert asked.result == 1
+    finally:
+        torch.set_num_threads(host)
+        pool.stop()
