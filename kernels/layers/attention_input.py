@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.layers.common import (K_TILE_MAX, PL_DTYPES, ROW_TILE, cast_to, check, check_float, describe,
-                                            divisor_tile)
+from pypto_rt.kernels.layers.common import (PL_DTYPES, ROW_TILE, cast_to, check, check_float, describe,
+                                            matmul_bt_walked)
 from pypto_rt.kernels.layers.norm import rms_normalizer
 from pypto_rt.kernels.layers.rope import rotate
 
@@ -48,17 +48,14 @@ def _project_rotate(shape: QkvShape):
     (K walked in steps, FP32 accumulation, one rounding), then q and k heads rotated together."""
     dt, hidden = PL_DTYPES[shape.dtype], shape.hidden
     qk, width = shape.q_width + shape.kv_width, shape.q_width + 2 * shape.kv_width
-    k_step = divisor_tile(hidden, K_TILE_MAX)
+    matmul_bt = matmul_bt_walked(hidden)
     widen, narrow = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt)
     rotated_rows = rotate(shape.q_heads + shape.kv_heads, shape.head_dim)
     q_width = shape.q_width
 
     @pl.jit.inline
     def project_rotate(normed, w_qkv, angles, valid):
-        acc = pl.matmul(normed[:, 0:k_step], w_qkv[:, 0:k_step], b_trans=True, out_dtype=pl.FP32)
-        for k0 in pl.pipeline(k_step, hidden, k_step, stage=2):
-            acc = pl.matmul_acc(acc, normed[:, k0 : k0 + k_step], w_qkv[:, k0 : k0 + k_step], b_trans=True)
-        qkv = narrow(acc)
+        qkv = narrow(matmul_bt(normed, w_qkv))
         rotated = narrow(rotated_rows(widen(qkv[:, 0:qk]), angles, valid))
         return rotated[:, 0:q_width], rotated[:, q_width:qk], qkv[:, qk:width]
 

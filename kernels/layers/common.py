@@ -35,3 +35,16 @@ def divisor_tile(extent: int, most: int) -> int:
     return next((k for k in range(min(most, extent) // 16 * 16, 0, -16) if extent % k == 0), extent)
 
 
+def matmul_bt_walked(k_in: int):
+    """The inline `(a [R, K], b [N, K]) -> a @ b^T [R, N] FP32` with K = k_in walked in steps of divisor_tile(K,
+    K_TILE_MAX) into one FP32 accumulator (the layers' GEMMs: one rounding, by the caller)."""
+    k_step = divisor_tile(k_in, K_TILE_MAX)
+
+    @pl.jit.inline
+    def matmul_bt(a, b):
+        acc = pl.matmul(a[:, 0:k_step], b[:, 0:k_step], b_trans=True, out_dtype=pl.FP32)
+        for k0 in pl.pipeline(k_step, k_in, k_step, stage=2):
+            acc = pl.matmul_acc(acc, a[:, k0 : k0 + k_step], b[:, k0 : k0 + k_step], b_trans=True)
+        return acc
+
+    return matmul_bt

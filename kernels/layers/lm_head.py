@@ -13,8 +13,8 @@ import functools
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.layers.common import (K_TILE_MAX, PL_DTYPES, ROW_TILE, cast_to, check, check_float, describe,
-                                            divisor_tile)
+from pypto_rt.kernels.layers.common import (PL_DTYPES, ROW_TILE, cast_to, check, check_float, describe,
+                                            matmul_bt_walked)
 from pypto_rt.kernels.layers.norm import rms_normalizer
 
 B_DYN = pl.dynamic("B_DYN")
@@ -23,7 +23,7 @@ T_DYN = pl.dynamic("T_DYN")
 
 @functools.lru_cache(maxsize=None)
 def head_kernel(vocab: int, hidden: int, dtype: torch.dtype, eps: float):
-    dt, k_step = PL_DTYPES[dtype], divisor_tile(hidden, K_TILE_MAX)
+    dt, matmul_bt = PL_DTYPES[dtype], matmul_bt_walked(hidden)
     widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, eps)
 
     @pl.jit
@@ -49,9 +49,7 @@ def head_kernel(vocab: int, hidden: int, dtype: torch.dtype, eps: float):
             summed = narrow(pl.add(widen(pl.mgather(x, rows, coalesce="row")),
                                    widen(pl.mgather(residual, rows, coalesce="row"))))
             normed = narrow(normalize(widen(summed), widen(weight)))
-            acc = pl.matmul(normed[:, 0:k_step], lm_head[:, 0:k_step], b_trans=True, out_dtype=pl.FP32)
-            for k0 in pl.pipeline(k_step, hidden, k_step, stage=2):
-                acc = pl.matmul_acc(acc, normed[:, k0 : k0 + k_step], lm_head[:, k0 : k0 + k_step], b_trans=True)
+            acc = matmul_bt(normed, lm_head)
             logits[b0 : b0 + valid, :] = acc
             tokens[b0 : b0 + valid, :] = pl.cast(pl.row_argmax(acc), target_type=pl.INT64)
         return tokens, logits
@@ -62,7 +60,7 @@ def head_kernel(vocab: int, hidden: int, dtype: torch.dtype, eps: float):
 @functools.lru_cache(maxsize=None)
 def head_rows_kernel(vocab: int, hidden: int, dtype: torch.dtype, eps: float):
     """head_kernel where every row is a request's last (a decode step: B = T): no row gather."""
-    dt, k_step = PL_DTYPES[dtype], divisor_tile(hidden, K_TILE_MAX)
+    dt, matmul_bt = PL_DTYPES[dtype], matmul_bt_walked(hidden)
     widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, eps)
 
     @pl.jit
@@ -82,9 +80,7 @@ def head_rows_kernel(vocab: int, hidden: int, dtype: torch.dtype, eps: float):
             valid = pl.min(ROW_TILE, b_dim - b0)
             summed = narrow(pl.add(widen(x[b0 : b0 + valid, :]), widen(residual[b0 : b0 + valid, :])))
             normed = narrow(normalize(widen(summed), widen(weight)))
-            acc = pl.matmul(normed[:, 0:k_step], lm_head[:, 0:k_step], b_trans=True, out_dtype=pl.FP32)
-            for k0 in pl.pipeline(k_step, hidden, k_step, stage=2):
-                acc = pl.matmul_acc(acc, normed[:, k0 : k0 + k_step], lm_head[:, k0 : k0 + k_step], b_trans=True)
+            acc = matmul_bt(normed, lm_head)
             logits[b0 : b0 + valid, :] = acc
             tokens[b0 : b0 + valid, :] = pl.cast(pl.row_argmax(acc), target_type=pl.INT64)
         return tokens, logits

@@ -9,8 +9,8 @@ import functools
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.layers.common import (K_TILE_MAX, PL_DTYPES, ROW_TILE, cast_to, check, check_float, describe,
-                                            divisor_tile)
+from pypto_rt.kernels.layers.common import (PL_DTYPES, ROW_TILE, cast_to, check, check_float, describe,
+                                            matmul_bt_walked)
 from pypto_rt.kernels.layers.norm import rms_normalizer
 
 T_DYN = pl.dynamic("T_DYN")
@@ -18,7 +18,7 @@ T_DYN = pl.dynamic("T_DYN")
 
 @functools.lru_cache(maxsize=None)
 def out_proj_norm_kernel(hidden: int, k_in: int, dtype: torch.dtype, eps: float):
-    dt, k_step = PL_DTYPES[dtype], divisor_tile(k_in, K_TILE_MAX)
+    dt, matmul_bt = PL_DTYPES[dtype], matmul_bt_walked(k_in)
     widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, eps)
 
     @pl.jit
@@ -37,9 +37,7 @@ def out_proj_norm_kernel(hidden: int, k_in: int, dtype: torch.dtype, eps: float)
             t0 = tb * ROW_TILE
             valid = pl.min(ROW_TILE, t_dim - t0)
             rows = attn[t0 : t0 + valid, :]
-            acc = pl.matmul(rows[:, 0:k_step], w_o[:, 0:k_step], b_trans=True, out_dtype=pl.FP32)
-            for k0 in pl.pipeline(k_step, k_in, k_step, stage=2):
-                acc = pl.matmul_acc(acc, rows[:, k0 : k0 + k_step], w_o[:, k0 : k0 + k_step], b_trans=True)
+            acc = matmul_bt(rows, w_o)
             summed = narrow(pl.add(widen(narrow(acc)), widen(residual[t0 : t0 + valid, :])))
             residual[t0 : t0 + valid, :] = summed
             out[t0 : t0 + valid, :] = narrow(normalize(widen(summed), widen(weight)))
