@@ -45,6 +45,7 @@ class WorkerPool:
         self._busy_lock = threading.Lock()
         # torch.set_num_threads is per calling thread on torch's CPU builds (checked on 2.13: a worker that sets
         # 1 runs at one thread while the host keeps its own count), so each worker sets its own count.
+        torch.get_num_threads()   # (the creating thread's own count is fixed now, not taken from a worker's: see _serve)
         self.threads = [threading.Thread(target=self._serve, args=(lane, torch_threads),
                                          name=f"pypto-rt worker {lane}", daemon=True) for lane in range(size)]
         for thread in self.threads:

@@ -231,3 +231,18 @@ def test_a_worker_keeps_its_thread_count_when_the_host_sets_another_before_the_w
     finally:
         torch.set_num_threads(host)
         pool.stop()
+
+
+def test_starting_the_workers_leaves_the_host_threads_count_as_torch_chose_it():
+    """A fresh process whose first torch work comes after the workers started keeps torch's own count on its main
+    thread (a worker's count must not become the host's: the user's own torch code would run on one thread)."""
+    import subprocess
+    import sys
+
+    code = ("import time, torch\nfrom pypto_rt.aicpu.workers import WorkerPool\npool = WorkerPool(1, 1)\n"
+            "time.sleep(0.3)\nprint(torch.get_num_threads())\n")
+    default = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, timeout=120)
+    after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.split() == default.stdout.split()
