@@ -147,18 +147,21 @@ def _best(fn, rounds: int = ROUNDS) -> float:
 
 
 def cold_reads(rounds: int = 7, calls: int = 40) -> str:
-    """The one-token MoE layer's six gate / up GEMVs (two hit experts and the shared one, benchmark 12's sizes) with
-    the caches flushed before each set (a 32 MiB write): over column blocks of the fused K-major gate_up [H, 2 N]
-    (local_decode.py's layout: 1 KiB runs at a 2 N * 4-byte stride), against the same blocks stored contiguous
-    [H, I] each. CPU time, best of `rounds` means over `calls` sets."""
+    """The one-token MoE layer's gate / up GEMVs (two hit experts and the shared one, benchmark 12's sizes) with
+    the caches flushed before each set (a 32 MiB write): six over gate and up column blocks apart in a K-major
+    [H, 2 N] (the fused layout before 2026-12-03 08:20 UTC: 1 KiB runs at a 2 N * 4-byte stride), three over each
+    expert's gate | up side by side (local_decode.py's layout: 2 KiB runs at that stride), against three over the
+    same blocks stored contiguous [H, 2 I] each. CPU time, best of `rounds` means over `calls` sets."""
     cfg = _config()
     hidden, inter, experts = cfg.hidden, cfg.moe_intermediate, cfg.num_experts
     width = (experts + 1) * inter
-    gate_up, blocks = torch.randn(hidden, 2 * width), torch.randn(experts + 1, 2, hidden, inter)
+    gate_up, blocks = torch.randn(hidden, 2 * width), torch.randn(experts + 1, hidden, 2 * inter)
     x, flush = torch.randn(1, hidden), torch.randn(8 << 20)
-    columns = [c + up * width for c in (inter, 4 * inter, experts * inter) for up in (0, 1)]
-    sets = {"fused column blocks": lambda: [torch.mm(x, gate_up[:, c:c + inter]) for c in columns],
-            "contiguous blocks": lambda: [torch.mm(x, blocks[e, up]) for e in (1, 4, experts) for up in (0, 1)]}
+    hit = (1, 4, experts)
+    columns = [e * inter + up * width for e in hit for up in (0, 1)]
+    sets = {"gate and up apart": lambda: [torch.mm(x, gate_up[:, c:c + inter]) for c in columns],
+            "side by side": lambda: [torch.mm(x, gate_up[:, 2 * e * inter:2 * (e + 1) * inter]) for e in hit],
+            "contiguous blocks": lambda: [torch.mm(x, blocks[e]) for e in hit]}
     best = dict.fromkeys(sets, float("inf"))
     for _ in range(rounds):
         for name, fn in sets.items():
@@ -169,7 +172,7 @@ def cold_reads(rounds: int = 7, calls: int = 40) -> str:
                 fn()
                 spent += time.thread_time() - start
             best[name] = min(best[name], spent / calls)
-    return "cold gate / up GEMVs of one token (6 a layer): " + ", ".join(
+    return "cold gate / up GEMVs of one token (a layer): " + ", ".join(
         f"{name} {seconds * 1e6:.0f} us" for name, seconds in best.items())
 
 

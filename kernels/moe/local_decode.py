@@ -2,7 +2,7 @@
 engines run expert parallel 1 too), so nothing is dispatched or combined through a buffer:
 
     logits = x @ router.T (FP32) -> gate -> topk (idx, weights)            the gate's own inline (gate.route_tile)
-    [g | u] = x @ [W_gate of every expert | shared ; W_up of every expert | shared].T   one GEMM, FP32 accumulation
+    [g_0 u_0 | g_1 u_1 | ... | g_s u_s] = x @ gate_up                      one GEMM, FP32 accumulation
     h = swiglu(g, u) rounded to the dtype                                     [T, E * I + I_shared]
     h_e *= w[t, e] (0 off the token's top-k; the shared expert's columns by 1)
     out = h @ [W_down of every expert | shared].T, rounded once              one GEMM: the weighted sum over experts
@@ -48,8 +48,10 @@ class LocalDecodeShape:
 @dataclass(frozen=True)
 class LocalDecodeWeights:
     """The fused layout, K-major so the GEMMs read their weights row by row (x @ W, no transpose: faster at decode
-    sizes): gate_up [H, 2 N] (every routed expert's gate columns, the shared expert's, then the same for up;
-    N = E * I + I_shared), down [N, H] (every routed expert's down rows, then the shared expert's)."""
+    sizes): gate_up [H, 2 N] holds one block of columns per expert, its gate then its up columns side by side
+    (routed expert e at columns 2 e I .. 2 (e + 1) I, the shared expert's block last; N = E * I + I_shared), so
+    one expert's gate and up are one GEMM over one contiguous run per row; down [N, H] (every routed expert's
+    down rows, then the shared expert's: block b's down rows start at half its first gate_up column)."""
     gate_up: torch.Tensor
     down: torch.Tensor
 
@@ -59,14 +61,16 @@ class LocalDecodeWeights:
         it (the memory is not doubled)."""
         routed, shared = weights.experts, weights.shared
         n, inter, hidden = routed.w_gate.shape
-        parts = [("routed", routed, n * inter)] + ([("shared", shared, shared.inter)] if shared is not None else [])
-        gate_up = torch.cat([getattr(w, proj).reshape(cols, hidden) for proj in ("w_gate", "w_up")
-                             for _, w, cols in parts]).t().contiguous()
-        views, start = {}, 0
-        for proj in ("w_gate", "w_up"):
-            for name, w, cols in parts:      # [n, I, H] views of the [H, cols] block: strided, not copied
-                views[(name, proj)] = gate_up[:, start:start + cols].t().unflatten(0, w.w_gate.shape[:2])
-                start += cols
+        blocks = [torch.cat([routed.w_gate, routed.w_up], dim=1).reshape(n * 2 * inter, hidden)]
+        if shared is not None:
+            blocks.append(torch.cat([shared.w_gate[0], shared.w_up[0]]))
+        gate_up = torch.cat(blocks).t().contiguous()
+        # [n, I, H] views of the [H, 2 N] blocks: strided, not copied
+        per_expert = gate_up[:, :2 * n * inter].unflatten(1, (n, 2 * inter)).permute(1, 2, 0)
+        views = {("routed", "w_gate"): per_expert[:, :inter], ("routed", "w_up"): per_expert[:, inter:]}
+        if shared is not None:
+            block = gate_up[:, 2 * n * inter:].t().unsqueeze(0)
+            views[("shared", "w_gate")], views[("shared", "w_up")] = block[:, :shared.inter], block[:, shared.inter:]
         down = torch.cat([routed.w_down.permute(0, 2, 1).reshape(n * inter, hidden)] +
                          ([shared.w_down[0].t()] if shared is not None else [])).contiguous()
         routed_down = down[:n * inter].view(n, inter, hidden).transpose(1, 2)
@@ -74,6 +78,31 @@ class LocalDecodeWeights:
         shared_views = None if shared is None else ExpertWeights(
             views[("shared", "w_gate")], views[("shared", "w_up")], down[n * inter:].t().unsqueeze(0))
         return cls(gate_up, down), dataclasses.replace(weights, experts=routed_views, shared=shared_views)
+
+
+def swiglu_blocks(blocks: int, inter: int, shared_inter: int, swiglu, narrow):
+    """An inline `(gu [R, 2 W] FP32, rows R) -> h [R, W]` rounded by `narrow`, W = blocks * I + I_shared: gu holds
+    `blocks` [g | u] pairs of I columns, then the shared expert's pair (the fused layout's order). One swiglu over
+    every block when the shared expert's width is I (or 0), the rows viewed as [R * blocks, 2 I]."""
+    n, routed = blocks + (1 if shared_inter else 0), 2 * blocks * inter
+
+    @pl.jit.inline
+    def pairs(gu, rows, count):
+        per_block = pl.reshape(gu, [rows * count, 2 * inter])
+        return pl.reshape(narrow(swiglu(per_block[:, 0:inter], per_block[:, inter : 2 * inter])), [rows, count * inter])
+
+    if shared_inter in (0, inter):
+        @pl.jit.inline
+        def swiglu_of_blocks(gu, rows):
+            return pairs(gu, rows, n)
+    else:
+        @pl.jit.inline
+        def swiglu_of_blocks(gu, rows):
+            shared = narrow(swiglu(gu[:, routed : routed + shared_inter],
+                                   gu[:, routed + shared_inter : routed + 2 * shared_inter]))
+            return pl.concat(pairs(gu[:, 0:routed], rows, blocks), shared)
+
+    return swiglu_of_blocks
 
 
 def _dense_routes(experts: int, top_k: int):
@@ -103,6 +132,7 @@ def local_decode_kernel(shape: LocalDecodeShape):
                         cast_to(dt, pl.FP32) if mixed else None, cast_to(rdt, pl.FP32) if mixed else None)
     route, dense_routes = route_tile(shape.gate), _dense_routes(experts, top_k)
     swiglu, narrow, widen = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt), cast_to(dt, pl.FP32)
+    gated = swiglu_blocks(experts, inter, shape.shared_inter, swiglu, narrow)
 
     if shape.shared_inter:
         @pl.jit.inline
@@ -133,7 +163,7 @@ def local_decode_kernel(shape: LocalDecodeShape):
             topk_idx[:, :] = chosen[0:t_dim, :]
             dense = dense_routes(chosen[0:t_dim, :], weights[0:t_dim, :], t_dim)
             gu = pl.matmul(x[0:t_dim, :], gate_up, out_dtype=pl.FP32)     # every expert's gate | up: one GEMM
-            h = narrow(swiglu(gu[:, 0:width], gu[:, width : 2 * width]))
+            h = gated(gu, t_dim)
             per_expert = pl.reshape(widen(h[:, 0:routed_cols]), [t_dim, experts, inter])
             weighted = pl.reshape(pl.mul(per_expert, dense), [t_dim, routed_cols])
             out[:, :] = narrow(pl.matmul(with_shared(narrow(weighted), h), down, out_dtype=pl.FP32))

@@ -1,9 +1,9 @@
 """The one-rank MoE decode layer for one token: only its K hit experts' weights are read.
 
     route: logits = x @ router.T -> gate -> (topk_idx, topk_weights)            kernel 1 (its outputs are data)
-    e_k = topk_idx[0, k] read with pl.read; each expert's gate and up columns and down rows are slices of the
-    fused layout (no copy):                                                      kernel 2, one block
-        [g | u] = x @ [W_gate[e_k] ... | shared], x @ [W_up[e_k] ... | shared]  one small GEMM per slice
+    e_k = topk_idx[0, k] read with pl.read; each expert's gate | up columns (side by side) and down rows are
+    slices of the fused layout (no copy):                                       kernel 2, one block
+        [g_k u_k] = x @ [W_gate[e_k] W_up[e_k]], the same for shared            one small GEMM per expert
         h = swiglu(g, u) rounded; h_k *= w_k, rounded
         out = round(sum_k h_k @ W_down[e_k] + h_shared @ W_down_shared)          FP32 accumulation
 
@@ -18,7 +18,7 @@ import pypto.language as pl
 from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, cast_to, k_tile, projection, swiglu_of
 from pypto_rt.kernels.moe.gate import route_tile
-from pypto_rt.kernels.moe.local_decode import LocalDecodeShape
+from pypto_rt.kernels.moe.local_decode import LocalDecodeShape, swiglu_blocks
 
 
 def uses_hit_experts(shape: LocalDecodeShape, tokens: int) -> bool:
@@ -61,9 +61,10 @@ def local_hit_kernel(shape: LocalDecodeShape):
     routed_cols = shape.gate.num_experts * inter
     width, dt = routed_cols + shared_inter, PL_DTYPES[shape.dtype]
     swiglu, narrow, widen = swiglu_of(shape.swiglu_limit), cast_to(pl.FP32, dt), cast_to(dt, pl.FP32)
-    # each expert block as (gate column, up column, width); its down rows start at its gate column. The shared
+    gated = swiglu_blocks(top_k, inter, shared_inter, swiglu, narrow)
+    # each expert block as (its first down row, width): its gate | up columns start at twice the row. The shared
     # expert's block is fixed
-    fixed = [(routed_cols, width + routed_cols, shared_inter)] if shared_inter else []
+    fixed = [(routed_cols, shared_inter)] if shared_inter else []
 
     @pl.jit
     def moe_local_hit(
@@ -76,16 +77,14 @@ def local_hit_kernel(shape: LocalDecodeShape):
     ):
         for _ in pl.spmd(1, name_hint="moe_local_hit"):
             blocks = []
-            for k in range(top_k):       # the expert's first column / row, read from data
-                c0 = pl.read(topk_idx, [0, k]) * inter
-                blocks.append((c0, width + c0, inter))
+            for k in range(top_k):       # the expert's first down row, read from data
+                blocks.append((pl.read(topk_idx, [0, k]) * inter, inter))
             blocks += fixed
-            g = u = None
-            for gate_col, up_col, cols in blocks:     # each block's gate | up on its own column slice
-                g_b = pl.matmul(x, gate_up[:, gate_col : gate_col + cols], out_dtype=pl.FP32)
-                u_b = pl.matmul(x, gate_up[:, up_col : up_col + cols], out_dtype=pl.FP32)
-                g, u = (g_b, u_b) if g is None else (pl.concat(g, g_b), pl.concat(u, u_b))
-            h = narrow(swiglu(g, u))                     # [1, K * I + I_shared]: one pass for every block
+            gu = None
+            for row, cols in blocks:     # each block's gate | up: one GEMM over its contiguous columns
+                gu_b = pl.matmul(x, gate_up[:, 2 * row : 2 * (row + cols)], out_dtype=pl.FP32)
+                gu = gu_b if gu is None else pl.concat(gu, gu_b)
+            h = gated(gu, 1)                             # [1, K * I + I_shared]: one pass for every block
             routes = pl.reshape(widen(h[:, 0 : top_k * inter]), [top_k, inter])
             weighted = narrow(pl.mul(routes, pl.reshape(topk_weights[0:1, :], [top_k, 1])))
             acc = pl.matmul(weighted[0:1, :], down[blocks[0][0] : blocks[0][0] + inter, :], out_dtype=pl.FP32)

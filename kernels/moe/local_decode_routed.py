@@ -52,12 +52,9 @@ class RoutedViews:
     @classmethod
     def of(cls, fused: LocalDecodeWeights, shape: LocalDecodeShape) -> "RoutedViews":
         experts, hidden, inter = shape.gate.num_experts, shape.hidden, shape.inter
-        width = experts * inter + shape.shared_inter
-
-        def blocks(first: int) -> torch.Tensor:
-            return fused.gate_up[:, first:first + experts * inter].view(hidden, experts, inter).transpose(0, 1)
-
-        return cls(blocks(0), blocks(width), fused.down[:experts * inter].view(experts, inter, hidden))
+        per_expert = fused.gate_up[:, :2 * experts * inter].view(hidden, experts, 2 * inter).transpose(0, 1)
+        return cls(per_expert[:, :, :inter], per_expert[:, :, inter:],
+                   fused.down[:experts * inter].view(experts, inter, hidden))
 
 
 def _slot_layout(tokens: int, experts: int, top_k: int, slots_per_expert: int):
@@ -109,9 +106,9 @@ def local_routed_kernel(shape: LocalDecodeShape, tokens: int, slots_per_expert: 
     if shared_inter:
         @pl.jit.inline
         def plus_shared(acc, x, gate_up, down):
-            g = pl.matmul(x, gate_up[:, routed_cols:width], out_dtype=pl.FP32)
-            u = pl.matmul(x, gate_up[:, width + routed_cols : 2 * width], out_dtype=pl.FP32)
-            return pl.matmul_acc(acc, narrow(swiglu(g, u)), down[routed_cols:width, :])
+            gu = pl.matmul(x, gate_up[:, 2 * routed_cols : 2 * width], out_dtype=pl.FP32)   # its gate | up
+            h = narrow(swiglu(gu[:, 0:shared_inter], gu[:, shared_inter : 2 * shared_inter]))
+            return pl.matmul_acc(acc, h, down[routed_cols:width, :])
     else:
         @pl.jit.inline
         def plus_shared(acc, x, gate_up, down):

@@ -15,20 +15,20 @@ from pypto_rt.run_stats import REPLAYED
 H, I, I_SHARED, E, K, T_MAX = 16, 24, 8, 4, 2, 6
 
 
-def _state_dict(gen, shared: bool) -> dict:
+def _state_dict(gen, shared: bool, shared_inter: int = I_SHARED) -> dict:
     sd = {"mlp.gate.weight": torch.randn(E, H, generator=gen) * 0.5,
           "mlp.gate.e_score_correction_bias": torch.randn(E, generator=gen) * 0.1}
-    experts = [(f"experts.{e}", I) for e in range(E)] + ([("shared_experts", I_SHARED)] if shared else [])
+    experts = [(f"experts.{e}", I) for e in range(E)] + ([("shared_experts", shared_inter)] if shared else [])
     for name, inter in experts:
         for proj, shape in (("gate_proj", (inter, H)), ("up_proj", (inter, H)), ("down_proj", (H, inter))):
             sd[f"mlp.{name}.{proj}.weight"] = torch.randn(*shape, generator=gen) / shape[1] ** 0.5
     return sd
 
 
-def _layer(dtype, shared: bool, score_func: str = "sigmoid", max_tokens: int = T_MAX):
+def _layer(dtype, shared: bool, score_func: str = "sigmoid", max_tokens: int = T_MAX, shared_inter: int = I_SHARED):
     cfg = MoEConfig(hidden=H, num_experts=E, top_k=K, max_tokens_per_rank=max_tokens, dtype=dtype,
                     score_func=score_func, intermediate_size=I)
-    sd = _state_dict(torch.Generator().manual_seed(11), shared)
+    sd = _state_dict(torch.Generator().manual_seed(11), shared, shared_inter)
     return cfg, MoELayer.from_state_dict(cfg, sd, prefix="mlp."), load_moe_weights(cfg, sd, rank=0, world=1,
                                                                                    prefix="mlp.")
 
@@ -49,9 +49,11 @@ def _entries(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("executor", ["reference", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("shared", [True, False], ids=["shared", "no_shared"])
-def test_one_kernel_layer_matches_the_golden_and_counts_routes(executor, dtype, shared):
-    cfg, layer, weights = _layer(dtype, shared)
+@pytest.mark.parametrize("shared_inter", [I_SHARED, I, 0], ids=["shared", "shared_of_width_i", "no_shared"])
+def test_one_kernel_layer_matches_the_golden_and_counts_routes(executor, dtype, shared_inter):
+    """A shared expert as wide as the routed ones joins their swiglu pass (local_decode.swiglu_blocks); another
+    width gets its own."""
+    cfg, layer, weights = _layer(dtype, shared_inter > 0, shared_inter=shared_inter)
     gen = torch.Generator().manual_seed(3)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     with config.scope(EXECUTOR=executor):
