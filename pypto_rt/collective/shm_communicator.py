@@ -120,9 +120,8 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
         # futex waits where every rank has a core; oversubscribed, yields and sleeps measured faster (bench/shm_wake.py)
         self._futex = futex.AVAILABLE and comm_settings.shm_block() and world_size <= (os.cpu_count() or 1)
-        poll_s = comm_settings.shm_poll_s() if self._futex else 0.0
-        self._poll_s = 0.0 if poll_s is None else poll_s
-        self._poll = PollPolicy(world_size) if poll_s is None else None   # None: a fixed poll (or none)
+        self._poll: PollPolicy | None = None   # None: a fixed poll `_poll_s` (or none)
+        self._set_poll(comm_settings.shm_poll_s() if self._futex else 0.0)
         self._init_staging()
         self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
@@ -171,10 +170,15 @@ class ShmCommunicator(StagedCollectives, Communicator):
     def set_poll_us(self, us: int | None) -> None:
         """How long this communicator's futex-backed waits poll before they block, as PYPTO_SHM_POLL_US sets it at
         construction (None: the adaptive policy, a fresh one); for A/B benchmarks inside one job."""
+        self._set_poll(None if us is None else int(us) * 1e-6)
+
+    def _set_poll(self, poll_s: float | None) -> None:
+        """A fixed poll of `poll_s` seconds before a futex block, or (None) the adaptive policy; no poll without
+        futex waits."""
         if self._poll is not None:
             self._poll.close()
-        self._poll = PollPolicy(self.world_size) if us is None and self._futex else None
-        self._poll_s = 0.0 if us is None or not self._futex else int(us) * 1e-6
+        self._poll = PollPolicy(self.world_size) if poll_s is None and self._futex else None
+        self._poll_s = 0.0 if poll_s is None or not self._futex else poll_s
 
     def _poll_budget(self, site):
         """A backoff_wait `poll_s` for a wait at `site`: the fixed PYPTO_SHM_POLL_US, or the policy's, asked lazily."""
