@@ -94,7 +94,7 @@ def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: in
     if rank_nodes is not None:
         env[RANK_NODES] = ",".join(map(str, rank_nodes))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    chosen = [name for name in env.get(THREADS_SET, "").split(",") if name]   # (an outer launch's, kept)
+    chosen = launcher_threads(env)   # (an outer launch's, kept)
     if not env.get(OMP_THREADS):
         env[OMP_THREADS] = str(intra_op_threads(local_world_size))
         chosen.append(OMP_THREADS)
@@ -104,6 +104,11 @@ def rank_env(base: dict[str, str], *, rank: int, local_rank: int, world_size: in
     if chosen:
         env[THREADS_SET] = ",".join(dict.fromkeys(chosen))
     return env
+
+
+def launcher_threads(env) -> list[str]:
+    """The thread-count variables a launcher chose in `env` (PYPTO_THREADS_SET names them), in order."""
+    return [name for name in env.get(THREADS_SET, "").split(",") if name]
 
 
 def intra_op_threads(local_world_size: int, cores: int | None = None) -> int:

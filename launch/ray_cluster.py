@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from pypto_rt import knobs
+from pypto_rt.launch import contract
 from pypto_rt.launch.config import RAY_INSTALL, LaunchConfig
 
 PLACE_S = 60.0   # longest wait for the placement group's bundles
@@ -142,5 +142,5 @@ def driver_env() -> dict[str, str]:
     counts a launcher chose for the driver (it is a launched rank: PYPTO_THREADS_SET names them) are its host's
     share, not the user's: they stay behind, and each rank gets its node's share (contract.rank_env)."""
     keep = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")
-    chosen = set(knobs.THREADS_SET.get().split(",")) | {knobs.THREADS_SET.env}
+    chosen = {contract.THREADS_SET, *contract.launcher_threads(os.environ)}
     return {k: v for k, v in os.environ.items() if (k.startswith("PYPTO_") or k in keep) and k not in chosen}

@@ -22,7 +22,6 @@ import tempfile
 import threading
 import time
 
-from pypto_rt import knobs
 from pypto_rt.launch import contract, files
 from pypto_rt.launch.job_segments import remove_segments
 from pypto_rt.launch.report import read_record
@@ -70,7 +69,7 @@ class RankHost:
         # (this actor's OMP_NUM_THREADS is Ray's default, its bundle's CPUs, and a job-owned Ray instance inherits
         # the driver's environment with the counts a launcher chose for it: the rank gets the user's, passed from
         # the driver, or its node's share, contract.rank_env)
-        chosen = {contract.OMP_THREADS, contract.THREADS_SET, *knobs.THREADS_SET.get().split(",")}
+        chosen = {contract.OMP_THREADS, contract.THREADS_SET, *contract.launcher_threads(os.environ)}
         own = {k: v for k, v in os.environ.items() if k not in chosen}
         env = contract.rank_env({**own, **passed_env}, master_port=port, secret=secret,
                                 error_file=self.error_file, stack_file=self.stack_file, **contract_env)
