@@ -19,7 +19,7 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
-from pypto_rt.ops import index_range, recording
+from pypto_rt.ops import index_range, pair_lanes, recording
 from pypto_rt.ops.dtype_rules import storage_dtype, to_dtype
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue, valid_mask
@@ -193,8 +193,12 @@ def _gather_mask(name: str, x: TensorValue, mask_pattern, output_dtype) -> Tenso
                       f"the same byte width ({x.dtype.get_byte()}); use pl.cast for a numeric conversion")
     if x.ndim < 1:
         raise OpError(f"pl.{name}: mask form needs at least one axis, got a scalar tensor")
-    cols = x.data[..., first::step]
-    data = cols.clone() if out_dt == x.dtype else _from_raw_bits(_raw_bits(cols, x.dtype), out_dt).clone()
+    lanes = pair_lanes.lanes_of(x.data, first, step)    # (a sort32 pair row: its lanes' own row, same bits)
+    if lanes is not None:
+        data = _from_raw_bits(lanes, out_dt).clone()
+    else:
+        cols = x.data[..., first::step]
+        data = cols.clone() if out_dt == x.dtype else _from_raw_bits(_raw_bits(cols, x.dtype), out_dt).clone()
     bound = index_range.bound_of(x.data, first, step)
     if bound is not None and not out_dt.is_float() and out_dt.get_byte() == 4:   # (int bits of proven lanes)
         index_range.note(data, bound, index_range.ALL)

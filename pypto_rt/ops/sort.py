@@ -17,7 +17,7 @@ import torch
 
 from pypto_rt.errors import OpError
 from pypto_rt.language import dtypes as D
-from pypto_rt.ops import index_range, recording
+from pypto_rt.ops import index_range, pair_lanes, recording
 from pypto_rt.ops.registry import op
 from pypto_rt.ops.value import TensorValue
 
@@ -88,6 +88,7 @@ def sort32(src, idx):
     indices = torch.gather(_index_bits(idx.data, lane), -1, order)
     out = torch.stack((values, indices), dim=-1).reshape(rows, 2 * n).view(src.data.dtype)
     _note_index_lanes(out, idx.data, lane)
+    pair_lanes.note(out, values, indices)     # (a mask gather of one kind of lane reads these rows)
     return TensorValue(out, src.dtype, None, src.is_tile or idx.is_tile)
 
 
