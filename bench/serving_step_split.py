@@ -105,7 +105,8 @@ def _split(model, step, clock: _Clock) -> None:
 
     saved = [(decoder, name, getattr(decoder, name)) for name in PARTS]
     saved += [(attention, "paged_decode_attention", attention.paged_decode_attention),
-              (MoELayer, "__call__", MoELayer.__call__), (KernelFunction, "__call__", KernelFunction.__call__)]
+              (MoELayer, "__call__", MoELayer.__call__), (MoELayer, "after_out_proj", MoELayer.after_out_proj),
+              (KernelFunction, "__call__", KernelFunction.__call__)]
     call, replays = KernelFunction.__call__, []
     for name, kernel in _kernels(model, step).items():
         for spec in (settled.spec for settled in _settled(kernel)):
@@ -113,7 +114,8 @@ def _split(model, step, clock: _Clock) -> None:
             spec.replay = clock.wrap("replay " + name.split(".")[0], spec.replay)
     try:
         for owner, name, fn in saved[:-1]:
-            setattr(owner, name, clock.wrap("layer " + (name if name != "__call__" else "moe"), fn))
+            setattr(owner, name, clock.wrap("layer " + {"__call__": "moe", "after_out_proj": "moe after_out_proj"}
+                                            .get(name, name), fn))
 
         def kernel_call(self, *args, **kwargs):
             start = time.thread_time()

@@ -15,6 +15,7 @@ are the layer's own, so repeated steps with the same token count replay whatever
 import torch
 
 import pypto.language.distributed as pld
+from pypto_rt.kernels.layers.out_norm import check_out_proj, out_proj_add_norm
 from pypto_rt.kernels.moe.buffer import MoEBuffer
 from pypto_rt.kernels.moe.config import MoEConfig
 from pypto_rt.kernels.moe.experts import run_experts, shared_expert
@@ -23,7 +24,9 @@ from pypto_rt.kernels.moe.loading import load_moe_weights
 from pypto_rt.kernels.moe.local_decode import (
     MAX_TOKENS as LOCAL_MAX_TOKENS, LocalDecodeShape, LocalDecodeWeights, local_decode_kernel,
 )
-from pypto_rt.kernels.moe.local_decode_hit import local_hit_kernel, local_route_kernel, uses_hit_experts
+from pypto_rt.kernels.moe.local_decode_hit import (
+    local_hit_kernel, local_route_kernel, out_proj_norm_route_kernel, uses_hit_experts,
+)
 from pypto_rt.kernels.moe.local_decode_routed import RoutedViews, capacity, local_routed_kernel, uses_routed
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
 from pypto_rt.kernels.moe.router import router_logits
@@ -116,6 +119,27 @@ class MoELayer:
             if float(counts.max()) <= slots:      # else a route had no slot: the dense form computes every one
                 return out
         local_decode_kernel(shape)(x, router, bias, fused.gate_up, fused.down, out, routes)
+        return out
+
+    def after_out_proj(self, attn: torch.Tensor, w_o: torch.Tensor, residual: torch.Tensor,
+                       norm_weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        """This layer on `kernels.layers.out_proj_add_norm(attn, w_o, residual, norm_weight, eps)` (residual <-
+        attn @ w_o.T + residual in place; its RMSNorm is the layer's input) -> [T, H]. Where the layer runs one
+        token's hit experts on one rank, the projection, the norm and the route are one kernel (the same
+        roundings, one call fewer a decoder layer); otherwise the two calls."""
+        tokens, k_in, hidden = check_out_proj("MoELayer.after_out_proj", attn, w_o, residual, norm_weight)
+        cfg = self.cfg
+        if self._local is None or attn.dtype != cfg.dtype or hidden != cfg.hidden or \
+                not uses_hit_experts(self._local[2], tokens):
+            return self(out_proj_add_norm(attn, w_o, residual, norm_weight, eps))
+        fused, bias, shape, _ = self._local
+        normed, out = torch.empty(1, hidden, dtype=cfg.dtype), torch.empty(1, hidden, dtype=cfg.dtype)
+        routes = self._local_routes = torch.empty(1, cfg.top_k, dtype=torch.int32)
+        route_weights = torch.empty(1, cfg.top_k, dtype=torch.float32)
+        out_proj_norm_route_kernel(shape, k_in, float(eps))(
+            attn.contiguous(), w_o.contiguous(), residual, norm_weight.view(1, hidden),
+            self.weights.router.weight.contiguous(), bias, normed, routes, route_weights)
+        local_hit_kernel(shape)(normed, routes, route_weights, fused.gate_up, fused.down, out)
         return out
 
     @property

@@ -15,6 +15,7 @@ rounding points are the dense form's (h, w * h, the sum once).
 import functools
 
 import pypto.language as pl
+from pypto_rt.kernels.layers.out_norm import out_proj_add_normer
 from pypto_rt.kernels.moe import ffn as ffn_module
 from pypto_rt.kernels.moe.ffn import PL_DTYPES, cast_to, k_tile, projection, swiglu_of
 from pypto_rt.kernels.moe.gate import route_tile
@@ -26,15 +27,28 @@ def uses_hit_experts(shape: LocalDecodeShape, tokens: int) -> bool:
     return tokens == 1 and shape.gate.top_k < shape.gate.num_experts
 
 
+def _router_route(shape: LocalDecodeShape, tokens: int):
+    """The inline `(x [tokens, H], gate_weight [E, H]) -> (topk_idx, topk_weights)`: the router GEMM in FP32, then
+    the gate of the live rows (no padded rows to route)."""
+    hidden, dt, rdt = shape.hidden, PL_DTYPES[shape.dtype], PL_DTYPES[shape.router_dtype]
+    mixed = dt != rdt
+    router = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32,
+                        cast_to(dt, pl.FP32) if mixed else None, cast_to(rdt, pl.FP32) if mixed else None)
+    route = route_tile(shape.gate, rows=tokens)
+
+    @pl.jit.inline
+    def router_route(x, gate_weight, bias):
+        return route(router(x, gate_weight), bias)
+
+    return router_route
+
+
 @functools.lru_cache(maxsize=None)
 def local_route_kernel(shape: LocalDecodeShape, tokens: int):
     """`(x [T, H], gate_weight [E, H], bias [1, E] FP32, topk_idx [T, K] INT32 out, topk_weights [T, K] FP32 out)`."""
     experts, top_k, hidden = shape.gate.num_experts, shape.gate.top_k, shape.hidden
     dt, rdt = PL_DTYPES[shape.dtype], PL_DTYPES[shape.router_dtype]
-    mixed = dt != rdt
-    router = projection(hidden, k_tile(hidden, ffn_module.K_TILE_MAX), pl.FP32,
-                        cast_to(dt, pl.FP32) if mixed else None, cast_to(rdt, pl.FP32) if mixed else None)
-    route = route_tile(shape.gate, rows=tokens)     # the live rows only: no padded rows to route
+    router_route = _router_route(shape, tokens)
 
     @pl.jit
     def moe_local_route(
@@ -45,12 +59,46 @@ def local_route_kernel(shape: LocalDecodeShape, tokens: int):
         topk_weights: pl.Out[pl.Tensor[[tokens, top_k], pl.FP32]],
     ):
         for _ in pl.spmd(1, name_hint="moe_local_route"):
-            chosen, weights = route(router(x[0:tokens, :], gate_weight), bias)
+            chosen, weights = router_route(x[0:tokens, :], gate_weight, bias)
             topk_idx[:, :] = chosen
             topk_weights[:, :] = weights
         return topk_idx, topk_weights
 
     return moe_local_route
+
+
+@functools.lru_cache(maxsize=None)
+def out_proj_norm_route_kernel(shape: LocalDecodeShape, k_in: int, eps: float):
+    """`(attn [1, k_in], w_o [H, k_in], residual [1, H] in/out, norm_weight [1, H], gate_weight [E, H], bias [1, E]
+    FP32, normed [1, H] out, topk_idx [1, K] INT32 out, topk_weights [1, K] FP32 out)`: the attention block's
+    O projection, residual add and RMSNorm (kernels.layers.out_norm) and then the route of the normed token, one
+    kernel: what out_proj_add_norm then local_route_kernel compute, the same roundings, one call fewer."""
+    experts, top_k, hidden = shape.gate.num_experts, shape.gate.top_k, shape.hidden
+    dt, rdt = PL_DTYPES[shape.dtype], PL_DTYPES[shape.router_dtype]
+    add_norm, router_route = out_proj_add_normer(hidden, k_in, dt, eps), _router_route(shape, 1)
+
+    @pl.jit
+    def out_proj_norm_route(
+        attn: pl.Tensor[[1, k_in], dt],
+        w_o: pl.Tensor[[hidden, k_in], dt],
+        residual: pl.InOut[pl.Tensor[[1, hidden], dt]],
+        norm_weight: pl.Tensor[[1, hidden], dt],
+        gate_weight: pl.Tensor[[experts, hidden], rdt],
+        bias: pl.Tensor[[1, experts], pl.FP32],
+        normed: pl.Out[pl.Tensor[[1, hidden], dt]],
+        topk_idx: pl.Out[pl.Tensor[[1, top_k], pl.INT32]],
+        topk_weights: pl.Out[pl.Tensor[[1, top_k], pl.FP32]],
+    ):
+        for _ in pl.spmd(1, name_hint="out_proj_norm_route"):
+            summed, x = add_norm(attn, w_o, residual, norm_weight)
+            residual[:, :] = summed
+            normed[:, :] = x
+            chosen, weights = router_route(x, gate_weight, bias)
+            topk_idx[:, :] = chosen
+            topk_weights[:, :] = weights
+        return normed, residual, topk_idx, topk_weights
+
+    return out_proj_norm_route
 
 
 @functools.lru_cache(maxsize=None)

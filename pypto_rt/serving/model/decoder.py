@@ -105,9 +105,11 @@ class MoEDecoder:
                 project = norm_qkv_rope if fused is None else norm_qkv_rope_cache
                 q, k, v = project(hidden, residual, lw.input_norm, lw.w_qkv, batch.positions, self.cos_sin, heads,
                                   eps, *caches)
-            normed = out_proj_add_norm(self._attend(layer, q, k, v, batch, longest, fused is not None), lw.w_o,
-                                       residual, lw.post_norm, eps)
-            hidden = self._moe(layer, normed, live)
+            attn = self._attend(layer, q, k, v, batch, longest, fused is not None)
+            if live[0] == tokens:    # no padding rows: the layer may fuse the O projection and its route
+                hidden = self.moe[layer].after_out_proj(attn, lw.w_o, residual, lw.post_norm, eps)
+            else:
+                hidden = self._moe(layer, out_proj_add_norm(attn, lw.w_o, residual, lw.post_norm, eps), live)
             if self.on_expert_counts is not None:
                 self.on_expert_counts(self.moe[layer].recv_counts, layer=layer)
         if tokens == 0 or requests == 0:

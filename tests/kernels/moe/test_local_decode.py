@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from pypto_rt import config, run_stats
+from pypto_rt.kernels.layers.out_norm import out_proj_add_norm
 from pypto_rt.kernels.moe import MoEArgumentError, MoEConfig, MoELayer, load_moe_weights
 from pypto_rt.kernels.moe import layer as layer_module
 from pypto_rt.kernels.moe.golden import gate_golden, moe_layer_golden
@@ -94,6 +95,29 @@ def test_one_token_reads_only_its_hit_experts(monkeypatch, shared):
     entries = _entries(monkeypatch)
     torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
     assert [name.split(".")[-1] for name in entries] == ["moe_local_route", "moe_local_hit"], entries
+
+
+@pytest.mark.parametrize("executor", ["reference", "compiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 3], ids=["one_token", "batch"])
+def test_after_out_proj_is_the_projection_norm_and_layer_in_fewer_calls(monkeypatch, executor, dtype, tokens):
+    """after_out_proj gives bit for bit out_proj_add_norm then the layer (output, residual and counted routes); for
+    one token the projection, norm and route are one kernel before the hit experts'."""
+    cfg, layer, _ = _layer(dtype, shared=True)
+    gen = torch.Generator().manual_seed(6)
+    attn, w_o = torch.randn(tokens, 12, generator=gen).to(dtype), (torch.randn(H, 12, generator=gen) / 4).to(dtype)
+    residual, norm_weight = torch.randn(tokens, H, generator=gen).to(dtype), torch.rand(H, generator=gen).to(dtype)
+    with config.scope(EXECUTOR=executor):
+        apart_residual = residual.clone()
+        want = layer(out_proj_add_norm(attn, w_o, apart_residual, norm_weight, 1e-6))
+        want_counts = layer.recv_counts
+        entries = _entries(monkeypatch)
+        got = layer.after_out_proj(attn, w_o, residual, norm_weight, 1e-6)
+    assert torch.equal(got, want) and torch.equal(residual, apart_residual)
+    assert torch.equal(layer.recv_counts, want_counts)
+    names = [name.split(".")[-1] for name in entries]
+    assert names == (["out_proj_norm_route", "moe_local_hit"] if tokens == 1 else
+                     ["out_proj_add_norm", "moe_local_decode"]), names
 
 
 @pytest.mark.parametrize("tokens", [1, 4], ids=["hit_experts", "every_expert"])
