@@ -23,17 +23,18 @@ def _oob_mode(name: str, mode) -> str:
     return mode
 
 
-def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply gather_oob; returns (in-range indices, mask of entries to keep)."""
+def _oob(name: str, idx: torch.Tensor, bound: int, mode) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Apply gather_oob; returns (in-range indices, mask of entries to keep, None: all of them; only "zero"
+    drops any)."""
     mode = _oob_mode(name, mode)
     if mode == "undefined":
         _check_bounds(name, idx, bound, f"the {bound} gatherable entries (pass gather_oob= to allow it)",
                       non_negative=True)   # (read as uint32)
-        return idx, torch.ones_like(idx, dtype=torch.bool)
+        return idx, None
     if mode == "clamp":
-        return idx.clamp(0, bound - 1), torch.ones_like(idx, dtype=torch.bool)
+        return idx.clamp(0, bound - 1), None
     if mode == "wrap":
-        return idx.remainder(bound), torch.ones_like(idx, dtype=torch.bool)
+        return idx.remainder(bound), None
     keep = idx < bound
     return torch.where(keep, idx, 0), keep
 
@@ -49,24 +50,24 @@ def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=N
     if idx.ndim != 2 or (mode == "row" and mem.ndim != 2) or (mode == "row" and 1 not in idx.shape):
         raise OpError(f"pl.mgather: needs a 2-D index ([1, n] or [n, 1] for row mode) and, for row mode, a 2-D mem; "
                       f"got mem {_shape(mem)}, idx {_shape(idx)}")
-    boxed = valid_mask(idx)
-    every = boxed is None    # every index entry is valid: no pass over the gathered rows for them
-    live = torch.ones(idx.shape, dtype=torch.bool) if every else boxed.expand(idx.shape)
+    boxed = valid_mask(idx)   # None: every index entry is valid (no mask made, no pass over the gathered rows)
+    live = None if boxed is None else boxed.expand(idx.shape)
     raw = idx.data.to(torch.int64) & 0xFFFFFFFF
     if mode == "row":
-        table, raw, live = mem.data, raw.reshape(-1), live.reshape(-1)
-        valid = (raw.numel() if every else int(live.sum()), mem.shape[1])
+        table, raw = mem.data, raw.reshape(-1)
+        live = None if live is None else live.reshape(-1)
+        valid = (raw.numel() if live is None else int(live.sum()), mem.shape[1])
     else:
         table, valid = mem.data.reshape(-1), idx.valid
     oob = _oob_mode("mgather", gather_oob)
-    pos, keep = _oob("mgather", raw if every else torch.where(live, raw, 0), table.shape[0], oob)
+    pos, keep = _oob("mgather", raw if live is None else torch.where(live, raw, 0), table.shape[0], oob)
     if mode == "row":
         words = _as_words(table)
         out = table.index_select(0, pos) if words is None else words.index_select(0, pos).view(table.dtype)
     else:
         out = table[pos]
-    if not (every and oob != "zero"):   # zero the rows of invalid or dropped entries (only "zero" drops any)
-        keep = keep & live
+    if keep is not None or live is not None:   # zero the rows of invalid or dropped entries
+        keep = live if keep is None else keep if live is None else keep & live
         out = torch.where(keep.reshape(keep.shape + (1,) * (out.ndim - keep.ndim)), out,
                           torch.zeros((), dtype=out.dtype))
     if valid_shape is not None:
