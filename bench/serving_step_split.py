@@ -7,7 +7,10 @@ wrappers cost ~1 µs a call. Then the one-token MoE layer's gate / up weight rea
 layout against contiguous blocks (`cold_reads`), and what the settled calls' argument matching costs a step (a
 probe that skips it). Not part of `python -m bench`: a probe for issue 15's batch 1.
 
-    PYPTO_TIER=off .venv/bin/python -m bench.serving_step_split [batch ...]      (default 1)
+    PYPTO_TIER=off .venv/bin/python -m bench.serving_step_split [batch ...] [--per-stage]     (default 1)
+
+At batch 1 the decoder runs its one-token kernels (L + 1 calls a step, kernels.decoder); --per-stage times the
+per-stage kernels instead (4 L + 1 calls, MoEDecoder(one_token_kernels=False)).
 """
 from __future__ import annotations
 
@@ -102,11 +105,12 @@ def _split(model, step, clock: _Clock) -> None:
     from pypto_rt.kernels import attention
     from pypto_rt.kernels.moe.layer import MoELayer
     from pypto_rt.language.decorators import KernelFunction
+    from pypto_rt.serving.model.one_token import OneTokenStep
 
     saved = [(decoder, name, getattr(decoder, name)) for name in PARTS]
     saved += [(attention, "paged_decode_attention", attention.paged_decode_attention),
               (MoELayer, "__call__", MoELayer.__call__), (MoELayer, "after_out_proj", MoELayer.after_out_proj),
-              (KernelFunction, "__call__", KernelFunction.__call__)]
+              (OneTokenStep, "run", OneTokenStep.run), (KernelFunction, "__call__", KernelFunction.__call__)]
     call, replays = KernelFunction.__call__, []
     for name, kernel in _kernels(model, step).items():
         for spec in (settled.spec for settled in _settled(kernel)):
@@ -114,8 +118,8 @@ def _split(model, step, clock: _Clock) -> None:
             spec.replay = clock.wrap("replay " + name.split(".")[0], spec.replay)
     try:
         for owner, name, fn in saved[:-1]:
-            setattr(owner, name, clock.wrap("layer " + {"__call__": "moe", "after_out_proj": "moe after_out_proj"}
-                                            .get(name, name), fn))
+            setattr(owner, name, clock.wrap("layer " + {"__call__": "moe", "after_out_proj": "moe after_out_proj",
+                                                         "run": "one_token run"}.get(name, name), fn))
 
         def kernel_call(self, *args, **kwargs):
             start = time.thread_time()
@@ -178,7 +182,7 @@ def cold_reads(rounds: int = 7, calls: int = 40) -> str:
         f"{name} {seconds * 1e6:.0f} us" for name, seconds in best.items())
 
 
-def run(batch: int) -> str:
+def run(batch: int, one_token: bool = True) -> str:
     from pypto_rt import config
     from pypto_rt.serving.model import GoldenDecoder, MoEDecoder, random_state_dict
 
@@ -187,7 +191,7 @@ def run(batch: int) -> str:
     sd = random_state_dict(cfg, seed=0)
     gen = torch.Generator().manual_seed(1)
     with config.scope(EXECUTOR="compiled"):
-        model = MoEDecoder(cfg, sd)
+        model = MoEDecoder(cfg, sd, one_token_kernels=one_token)
         step, per = _decode_batch(cfg, batch)
         model.allocate_kv_cache(batch * per)
         eager = EagerDecoder(cfg, GoldenDecoder(cfg, sd), batch, gen)
@@ -209,6 +213,7 @@ def run(batch: int) -> str:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for size in [int(a) for a in sys.argv[1:]] or [1]:
-        print(run(size), "\n")
+    per_stage = "--per-stage" in sys.argv         # MoEDecoder(one_token_kernels=False): the per-stage kernels
+    for size in [int(a) for a in sys.argv[1:] if a != "--per-stage"] or [1]:
+        print(run(size, not per_stage), "\n")
     print(cold_reads())

@@ -47,6 +47,13 @@ def write_kv_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     return None
 
 
+def check_tables(block_tables, seq_lens) -> None:
+    """block_tables torch.int32 [batch, max_blocks] and seq_lens torch.int32 [batch] (an error naming either)."""
+    if not isinstance(block_tables, torch.Tensor) or block_tables.dim() != 2 or block_tables.dtype != torch.int32:
+        fail("block_tables", block_tables, "torch.int32 [batch, max_blocks]")
+    check_int("seq_lens", seq_lens, [block_tables.shape[0]])
+
+
 def _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale) -> AttnShape:
     if not isinstance(query, torch.Tensor) or query.dim() != 3 or query.dtype not in PL_DTYPES:
         fail("query", query, f"a tensor [tokens, q_heads, head_dim] of {', '.join(map(str, PL_DTYPES))}")
@@ -56,9 +63,7 @@ def _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale) ->
     if key_cache.shape[3] != head_dim or q_heads % kv_heads:
         fail("key_cache", key_cache, f"[num_blocks, block_size, kv_heads, {head_dim}] with kv_heads dividing "
              f"the query's {q_heads} heads")
-    if not isinstance(block_tables, torch.Tensor) or block_tables.dim() != 2 or block_tables.dtype != torch.int32:
-        fail("block_tables", block_tables, "torch.int32 [batch, max_blocks]")
-    check_int("seq_lens", seq_lens, [block_tables.shape[0]])
+    check_tables(block_tables, seq_lens)
     scale = head_dim ** -0.5 if scale is None else float(scale)
     return AttnShape(q_heads, kv_heads, head_dim, key_cache.shape[1], block_tables.shape[1],
                      PL_DTYPES[query.dtype], scale)
@@ -72,7 +77,7 @@ def _out(query, out):
     return out
 
 
-def _check_max_seq_len(max_seq_len, shape: AttnShape) -> None:
+def check_max_seq_len(max_seq_len, shape: AttnShape) -> None:
     span = shape.max_blocks * shape.block_size
     if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
                                     or not 0 <= max_seq_len <= span):
@@ -89,7 +94,7 @@ def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens
     shape = _attn_shape(query, key_cache, value_cache, block_tables, seq_lens, scale)
     if block_tables.shape[0] != query.shape[0]:
         fail("block_tables", block_tables, f"one row per query ({query.shape[0]})")
-    _check_max_seq_len(max_seq_len, shape)
+    check_max_seq_len(max_seq_len, shape)
     out = _out(query, out)
     if query.shape[0] == 0:
         return out
@@ -97,12 +102,12 @@ def paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens
         decode_kernel(shape, decode_tile(shape.block_size, max_seq_len))(query, key_cache, value_cache,
                                                                          block_tables, seq_lens, out)
     except Exception as error:
-        _explain_lengths(seq_lens, shape, error)
+        explain_lengths(seq_lens, shape, error)
         raise
     return out
 
 
-def _explain_lengths(seq_lens, shape: AttnShape, error: Exception) -> None:
+def explain_lengths(seq_lens, shape: AttnShape, error: Exception) -> None:
     """After a failed decode only (no host read on the normal path): a length past the block table's span makes
     the kernel's bounds-checked gather fail deep in the kernel; name the argument instead."""
     span = shape.max_blocks * shape.block_size

@@ -191,16 +191,16 @@ def _attend_tile(shape: AttnShape, kv_tile: int):
     return attend_tile
 
 
-def _decode_batch(shape: AttnShape, kv_tile: int):
-    """An inline `(query [B, QH, D], lens [B, 1, 1], longest, table [B, max_blocks], k_rows, v_rows, out [B, QH, D])`:
-    every request at once, per KV tile of the longest context (_attend_tile). The first tile starts the online
+def decode_batcher(shape: AttnShape, kv_tile: int):
+    """An inline `(query [B, QH, D], lens [B, 1, 1], longest, table [B, max_blocks], k_rows, v_rows) -> [B, QH, D]`
+    in the dtype: every request at once, per KV tile of the longest context (_attend_tile). The first tile starts the online
     softmax (its running max, sum and output are that tile's own: no rescaling of an empty start), the loop folds
     in the others; a batch whose lengths are all 0 still runs the first tile, and its rows are zeroed."""
     qh, kvh, d, group, dt = shape.q_heads, shape.kv_heads, shape.head_dim, shape.group, shape.dtype
     decode_rows, attend_tile, in_dtype = _decode_rows(shape, kv_tile), _attend_tile(shape, kv_tile), _in_dtype(dt)
 
     @pl.jit.inline
-    def decode_batch(query, lens, longest_len, table, k_rows, v_rows, out, batch):
+    def decode_batch(query, lens, longest_len, table, k_rows, v_rows, batch):
         heads = batch * kvh
         q3 = pl.reshape(query, [heads, group, d])
         table64 = pl.cast(table, target_type=pl.INT64)      # index math in INT64: no INT32 round trip per op
@@ -223,8 +223,7 @@ def _decode_batch(shape: AttnShape, kv_tile: int):
             acc_new = pl.add(pl.mul(acc, pl.reshape(alpha, [heads, group, 1])), pv)
             m_out, l_out, acc_out = pl.yield_(m_new, l_new, acc_new)
         o = pl.row_expand_div(pl.reshape(acc_out, [batch * qh, d]), l_out)   # l >= 1: a row's maximum adds exp(0)
-        out[:, :, :] = in_dtype(pl.sels(has_context, pl.reshape(o, [batch, qh, d]), scalar=0.0))
-        return out
+        return in_dtype(pl.sels(has_context, pl.reshape(o, [batch, qh, d]), scalar=0.0))
 
     return decode_batch
 
@@ -235,7 +234,7 @@ def decode_kernel(shape: AttnShape, kv_tile: int = KV_TILE):
     run one tile and replay whichever request is the longest (the tile is the longest length's floor)."""
     qh, kvh, d, bs, mb, dt = (shape.q_heads, shape.kv_heads, shape.head_dim, shape.block_size, shape.max_blocks,
                               shape.dtype)
-    longest, decode_batch = longest_length(kv_tile), _decode_batch(shape, kv_tile)
+    longest, decode_batch = longest_length(kv_tile), decode_batcher(shape, kv_tile)
 
     @pl.jit
     def paged_decode_attention(
@@ -258,7 +257,7 @@ def decode_kernel(shape: AttnShape, kv_tile: int = KV_TILE):
         v_rows = pl.reshape(value_cache, [slot_rows, d])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="paged_decode_attention"):
             lens = pl.reshape(seq_lens, [batch, 1, 1])
-            decode_batch(query, lens, longest(seq_lens, batch), block_tables, k_rows, v_rows, out, batch)
+            out[:, :, :] = decode_batch(query, lens, longest(seq_lens, batch), block_tables, k_rows, v_rows, batch)
         return out
 
     return paged_decode_attention

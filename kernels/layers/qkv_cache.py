@@ -26,11 +26,28 @@ from pypto_rt.kernels.layers.norm import rms_normalizer
 NB_DYN = pl.dynamic("NB_DYN")
 
 
+def cache_writer(padded: bool):
+    """The inline `(k, v [T, KVH * D], slots [1, T] INT64, k_flat, v_flat [slots, KVH * D]) -> (k_flat, v_flat)`:
+    row t of k / v into row slots[t] of the flat caches; a slot of -1 writes nothing where `padded` (else every
+    slot is live)."""
+    oob = "skip" if padded else "clamp"
+
+    @pl.jit.inline
+    def write_cache(k, v, slots, k_flat, v_flat):
+        k_flat = pl.mscatter(k, slots, k_flat, coalesce="row", scatter_oob=oob, scatter_conflict="default",
+                             some_kept=padded)
+        v_flat = pl.mscatter(v, slots, v_flat, coalesce="row", scatter_oob=oob, scatter_conflict="default",
+                             some_kept=padded)
+        return k_flat, v_flat
+
+    return write_cache
+
+
 @functools.lru_cache(maxsize=None)
 def norm_qkv_rope_cache_kernel(shape: QkvShape, block_size: int, padded: bool):
     dt, hidden, d = PL_DTYPES[shape.dtype], shape.hidden, shape.head_dim
     width, qw, kw, positions = shape.q_width + 2 * shape.kv_width, shape.q_width, shape.kv_width, shape.positions
-    kvh, oob = shape.kv_heads, "skip" if padded else "clamp"
+    kvh, write_cache = shape.kv_heads, cache_writer(padded)
     widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, shape.eps)
     project_rotate = _project_rotate(shape)
 
@@ -69,11 +86,7 @@ def norm_qkv_rope_cache_kernel(shape: QkvShape, block_size: int, padded: bool):
         k_flat = pl.reshape(key_cache, [cache_rows, kw])
         v_flat = pl.reshape(value_cache, [cache_rows, kw])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="kv_cache_write"):
-            slots = pl.reshape(slot_mapping, [1, t_dim])
-            k_flat = pl.mscatter(k, slots, k_flat, coalesce="row", scatter_oob=oob, scatter_conflict="default",
-                                 some_kept=padded)
-            v_flat = pl.mscatter(v, slots, v_flat, coalesce="row", scatter_oob=oob, scatter_conflict="default",
-                                 some_kept=padded)
+            k_flat, v_flat = write_cache(k, v, pl.reshape(slot_mapping, [1, t_dim]), k_flat, v_flat)
         return q, k, v, residual
 
     return norm_qkv_rope_cache
@@ -83,7 +96,7 @@ def norm_qkv_rope_cache_kernel(shape: QkvShape, block_size: int, padded: bool):
 def embed_qkv_rope_cache_kernel(shape: QkvShape, vocab: int, block_size: int, padded: bool):
     dt, hidden, d = PL_DTYPES[shape.dtype], shape.hidden, shape.head_dim
     width, qw, kw, positions = shape.q_width + 2 * shape.kv_width, shape.q_width, shape.kv_width, shape.positions
-    kvh, oob = shape.kv_heads, "skip" if padded else "clamp"
+    kvh, write_cache = shape.kv_heads, cache_writer(padded)
     widen, narrow, normalize = cast_to(dt, pl.FP32), cast_to(pl.FP32, dt), rms_normalizer(hidden, shape.eps)
     project_rotate = _project_rotate(shape)
 
@@ -123,11 +136,7 @@ def embed_qkv_rope_cache_kernel(shape: QkvShape, vocab: int, block_size: int, pa
         k_flat = pl.reshape(key_cache, [cache_rows, kw])
         v_flat = pl.reshape(value_cache, [cache_rows, kw])
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="kv_cache_write"):
-            slots = pl.reshape(slot_mapping, [1, t_dim])
-            k_flat = pl.mscatter(k, slots, k_flat, coalesce="row", scatter_oob=oob, scatter_conflict="default",
-                                 some_kept=padded)
-            v_flat = pl.mscatter(v, slots, v_flat, coalesce="row", scatter_oob=oob, scatter_conflict="default",
-                                 some_kept=padded)
+            k_flat, v_flat = write_cache(k, v, pl.reshape(slot_mapping, [1, t_dim]), k_flat, v_flat)
         return q, k, v, hidden_rows
 
     return embed_qkv_rope_cache

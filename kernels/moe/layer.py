@@ -25,7 +25,7 @@ from pypto_rt.kernels.moe.local_decode import (
     MAX_TOKENS as LOCAL_MAX_TOKENS, LocalDecodeShape, LocalDecodeWeights, local_decode_kernel,
 )
 from pypto_rt.kernels.moe.local_decode_hit import (
-    local_hit_kernel, local_route_kernel, out_proj_norm_route_kernel, uses_hit_experts,
+    HitForm, local_hit_kernel, local_route_kernel, out_proj_norm_route_kernel, uses_hit_experts,
 )
 from pypto_rt.kernels.moe.local_decode_routed import RoutedViews, capacity, local_routed_kernel, uses_routed
 from pypto_rt.kernels.moe.moe_errors import MoEArgumentError, MoEConfigError, describe
@@ -141,6 +141,19 @@ class MoELayer:
             self.weights.router.weight.contiguous(), bias, normed, routes, route_weights)
         local_hit_kernel(shape)(normed, routes, route_weights, fused.gate_up, fused.down, out)
         return out
+
+    def one_token_form(self) -> HitForm | None:
+        """What a kernel fusing this layer's one-token hit-experts form takes (kernels.decoder): the fused experts'
+        gate_up and down, the router weight, its bias [1, E] FP32 and the LocalDecodeShape; None where the layer
+        does not run that form for one token (several ranks, int8 experts, top_k equal to the experts)."""
+        if self._local is None or not uses_hit_experts(self._local[2], 1):
+            return None
+        fused, bias, shape, _ = self._local
+        return HitForm(fused.gate_up, fused.down, self.weights.router.weight.contiguous(), bias, shape)
+
+    def note_routes(self, topk_idx: torch.Tensor) -> None:
+        """The routes [1, K] INT32 a fused kernel ran this layer's one-token form with (recv_counts counts them)."""
+        self._local_routes = topk_idx
 
     @property
     def recv_counts(self) -> torch.Tensor | None:

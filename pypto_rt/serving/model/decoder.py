@@ -36,13 +36,16 @@ from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
 from pypto_rt.serving.model.decoder_errors import DecoderError
 from pypto_rt.serving.model.dense_weights import load_dense_weights
+from pypto_rt.serving.model.one_token import OneTokenStep
 
 
 class MoEDecoder:
-    def __init__(self, cfg: DecoderConfig, state_dict, *, attention=None):
+    def __init__(self, cfg: DecoderConfig, state_dict, *, attention=None, one_token_kernels: bool = True):
         """COLLECTIVE in a launched job: every rank builds the model (its MoE buffer allocates windows) and loads
         only its own experts. `attention`: where write_kv_cache, paged_decode_attention and
-        chunked_prefill_attention come from (default `pypto_rt.kernels.attention`)."""
+        chunked_prefill_attention come from (default `pypto_rt.kernels.attention`). `one_token_kernels`: a decode
+        step of one token on one rank runs the whole model in L + 1 fused kernels (one_token.py) where every MoE
+        layer runs its one-token form; False keeps the per-stage kernels (the same results, bit for bit)."""
         if not isinstance(cfg, DecoderConfig):
             raise DecoderError.at_caller(f"MoEDecoder takes a DecoderConfig, got {type(cfg).__name__}")
         self.cfg, self.block_size, self.vocab_size = cfg, cfg.block_size, cfg.vocab_size
@@ -56,6 +59,7 @@ class MoEDecoder:
         self.num_blocks = 0
         self.key_pool = self.value_pool = None
         self._layer_pools: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._one_token_kernels, self._one_token = one_token_kernels, None
         # called after each layer's MoE with ([E_local] rows each local expert received, layer=); the serving
         # engine puts its metrics' record_expert_tokens here (experts rank * E_local .. are this rank's)
         self.on_expert_counts = None
@@ -73,6 +77,8 @@ class MoEDecoder:
         self.num_blocks = num_blocks
         rows = [slice(layer * num_blocks, (layer + 1) * num_blocks) for layer in range(cfg.num_layers)]
         self._layer_pools = [(self.key_pool[r], self.value_pool[r]) for r in rows]   # (made once: the hot path)
+        self._one_token = OneTokenStep.of(cfg, self.weights, self.moe, self._layer_pools, self.cos_sin) \
+            if self._one_token_kernels else None
 
     def kv_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s key and value pools, [num_blocks, block_size, KVH, D] views of the stacked ones."""
@@ -94,6 +100,8 @@ class MoEDecoder:
         tokens, requests = batch.num_tokens, batch.num_requests
         live = _live_tokens(batch)
         fused = self._fused_write(batch, live[0])
+        if fused is False and self._one_token is not None and batch.is_decode and tokens == requests == 1:
+            return self._one_token_step(batch, longest)     # (fused is False: our attention, the token is live)
         hidden = residual = None
         for layer, lw in enumerate(w.layers):
             caches = () if fused is None else (*self.kv_cache(layer), batch.slot_mapping, fused)
@@ -118,6 +126,14 @@ class MoEDecoder:
         last = None if batch.is_decode and tokens == requests else \
             (batch.query_start_loc[1:].to(torch.int64) - 1).clamp_min(0)
         return norm_head_greedy(hidden, residual, last, w.final_norm, w.lm_head, eps)
+
+    def _one_token_step(self, batch: ForwardBatch, longest: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, logits, routes = self._one_token.run(batch, longest)
+        for layer, (moe, layer_routes) in enumerate(zip(self.moe, routes)):
+            moe.note_routes(layer_routes)
+            if self.on_expert_counts is not None:
+                self.on_expert_counts(moe.recv_counts, layer=layer)
+        return tokens, logits
 
     def _moe(self, layer: int, x: torch.Tensor, live: tuple[int, torch.Tensor | None]) -> torch.Tensor:
         """The layer's MoE on the live tokens only (padding is neither routed nor counted per expert: T = live

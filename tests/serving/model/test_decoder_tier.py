@@ -13,9 +13,8 @@ from pypto_rt.serving.model import DecoderConfig, GoldenDecoder, MoEDecoder, ran
 TINY = dict(vocab_size=64, hidden=32, num_layers=1, num_q_heads=4, num_kv_heads=2, head_dim=8, num_experts=4,
             top_k=2, moe_intermediate=32, shared_intermediate=32, max_tokens_per_rank=16, block_size=4)
 
-# (the cache write: inside embed_qkv_rope_cache; at one token the route: inside out_proj_norm_route)
-DECODE_KERNELS = (".embed_qkv_rope_cache", ".paged_decode_attention", ".out_proj_norm_route", ".moe_local_hit",
-                  ".norm_head_greedy_rows")
+# (max_batch=1: every decode step is one token, whose one layer runs in the one-token kernels, kernels.decoder)
+DECODE_KERNELS = (".one_token_first_layer", ".one_token_head")
 
 
 def all_tiers() -> list[Tier]:
@@ -28,7 +27,8 @@ def fresh_kernels() -> None:
     cache write's and the hit experts' tiers of the same shapes undecided; to be investigated.)"""
     import sys
     for name, module in list(sys.modules.items()):
-        if name.startswith(("pypto_rt.kernels.attention.", "pypto_rt.kernels.layers.", "pypto_rt.kernels.moe.")):
+        if name.startswith(("pypto_rt.kernels.attention.", "pypto_rt.kernels.layers.", "pypto_rt.kernels.moe.",
+                            "pypto_rt.kernels.decoder.")):
             for value in vars(module).values():
                 if callable(getattr(value, "cache_clear", None)) and getattr(value, "__name__", "").endswith("kernel"):
                     value.cache_clear()
