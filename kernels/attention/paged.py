@@ -193,9 +193,10 @@ def _attend_tile(shape: AttnShape, kv_tile: int):
 
 def decode_batcher(shape: AttnShape, kv_tile: int):
     """An inline `(query [B, QH, D], lens [B, 1, 1], longest, table [B, max_blocks], k_rows, v_rows) -> [B, QH, D]`
-    in the dtype: every request at once, per KV tile of the longest context (_attend_tile). The first tile starts the online
-    softmax (its running max, sum and output are that tile's own: no rescaling of an empty start), the loop folds
-    in the others; a batch whose lengths are all 0 still runs the first tile, and its rows are zeroed."""
+    in the dtype: every request at once, per KV tile of the longest context (_attend_tile). The first tile starts
+    the online softmax (its running max, sum and output are that tile's own: no rescaling of an empty start), the
+    loop folds in the others; a batch whose lengths are all 0 still runs the first tile, and its rows are zeroed.
+    kernels.decoder's one-token kernels call it too."""
     qh, kvh, d, group, dt = shape.q_heads, shape.kv_heads, shape.head_dim, shape.group, shape.dtype
     decode_rows, attend_tile, in_dtype = _decode_rows(shape, kv_tile), _attend_tile(shape, kv_tile), _in_dtype(dt)
 

@@ -69,6 +69,23 @@ def _attention_block(shape: OneTokenShape):
     return attention_block
 
 
+def _cache_viewer(shape: OneTokenShape):
+    """The inline `(key_cache, value_cache [NB, bs, KVH, D]) -> (k_flat, v_flat [NB * bs, KVH * D], k_rows, v_rows
+    [NB * bs * KVH, D])`: the views the cache write and the attention's gathers take."""
+    bs, kvh, d = shape.attn.block_size, shape.qkv.kv_heads, shape.qkv.head_dim
+    kw = kvh * d
+
+    @pl.jit.inline
+    def cache_views(key_cache, value_cache):
+        cache_rows = pl.tensor.dim(key_cache, 0) * bs
+        head_rows = pl.tensor.dim(key_cache, 0) * bs * kvh
+        k_flat = pl.reshape(key_cache, [cache_rows, kw])
+        v_flat = pl.reshape(value_cache, [cache_rows, kw])
+        return k_flat, v_flat, pl.reshape(key_cache, [head_rows, d]), pl.reshape(value_cache, [head_rows, d])
+
+    return cache_views
+
+
 def _moe_residual(shape: OneTokenShape):
     """The inline `(x [1, H], topk_idx, topk_weights, gate_up, down, residual [1, H]) -> [1, H]`: the layer's hit
     experts on its normed input x, plus the residual stream (rounded to the dtype), the next stage's input."""
@@ -99,7 +116,7 @@ def first_layer_kernel(shape: OneTokenShape, vocab: int):
     topk_weights [1, K] FP32 out)`: layer 0 up to its route; residual is the embedding row plus the attention
     block's output."""
     dt, rdt, hidden, width, qw, kvh, d, positions, bs, mb, experts, top_k, _ = _dims(shape)
-    kw, attention_block = kvh * d, _attention_block(shape)
+    attention_block, cache_views = _attention_block(shape), _cache_viewer(shape)
 
     @pl.jit
     def one_token_first_layer(
@@ -125,12 +142,7 @@ def first_layer_kernel(shape: OneTokenShape, vocab: int):
     ):
         key_cache.bind_dynamic(0, NB_DYN)
         value_cache.bind_dynamic(0, NB_DYN)
-        cache_rows = pl.tensor.dim(key_cache, 0) * bs
-        head_rows = pl.tensor.dim(key_cache, 0) * bs * kvh
-        k_flat = pl.reshape(key_cache, [cache_rows, kw])
-        v_flat = pl.reshape(value_cache, [cache_rows, kw])
-        k_rows = pl.reshape(key_cache, [head_rows, d])
-        v_rows = pl.reshape(value_cache, [head_rows, d])
+        k_flat, v_flat, k_rows, v_rows = cache_views(key_cache, value_cache)
         for _ in pl.spmd(1, name_hint="one_token_first_layer"):
             row = pl.mgather(table, ids, coalesce="row")
             summed, x, chosen, chosen_weights = attention_block(
@@ -152,7 +164,7 @@ def next_layer_kernel(shape: OneTokenShape):
     seq_lens, w_o, post_weight, gate_weight, bias, normed out, topk_idx out, topk_weights out)`: the previous
     layer's hit experts on its normed input x, then this layer up to its route."""
     dt, rdt, hidden, width, qw, kvh, d, positions, bs, mb, experts, top_k, n = _dims(shape)
-    kw, attention_block, moe_residual = kvh * d, _attention_block(shape), _moe_residual(shape)
+    attention_block, moe_residual, cache_views = _attention_block(shape), _moe_residual(shape), _cache_viewer(shape)
 
     @pl.jit
     def one_token_next_layer(
@@ -181,12 +193,7 @@ def next_layer_kernel(shape: OneTokenShape):
     ):
         key_cache.bind_dynamic(0, NB_DYN)
         value_cache.bind_dynamic(0, NB_DYN)
-        cache_rows = pl.tensor.dim(key_cache, 0) * bs
-        head_rows = pl.tensor.dim(key_cache, 0) * bs * kvh
-        k_flat = pl.reshape(key_cache, [cache_rows, kw])
-        v_flat = pl.reshape(value_cache, [cache_rows, kw])
-        k_rows = pl.reshape(key_cache, [head_rows, d])
-        v_rows = pl.reshape(value_cache, [head_rows, d])
+        k_flat, v_flat, k_rows, v_rows = cache_views(key_cache, value_cache)
         for _ in pl.spmd(1, name_hint="one_token_next_layer"):
             stream = moe_residual(x, prev_idx, prev_weights, gate_up, down, residual)
             summed, y, chosen, chosen_weights = attention_block(
