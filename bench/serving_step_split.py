@@ -105,7 +105,7 @@ def _split(model, step, clock: _Clock) -> None:
     from pypto_rt.kernels import attention
     from pypto_rt.kernels.moe.layer import MoELayer
     from pypto_rt.language.decorators import KernelFunction
-    from pypto_rt.serving.model.one_token import OneTokenStep
+    from pypto_rt.serving.model.one_token_step import OneTokenStep
 
     saved = [(decoder, name, getattr(decoder, name)) for name in PARTS]
     saved += [(attention, "paged_decode_attention", attention.paged_decode_attention),

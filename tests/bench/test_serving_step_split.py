@@ -7,7 +7,7 @@ from pypto_rt.kernels import attention
 from pypto_rt.kernels.moe.layer import MoELayer
 from pypto_rt.language.decorators import KernelFunction
 import pypto_rt.serving.model.decoder as decoder
-from pypto_rt.serving.model.one_token import OneTokenStep
+from pypto_rt.serving.model.one_token_step import OneTokenStep
 
 
 def test_the_probe_restores_what_it_wraps(monkeypatch):

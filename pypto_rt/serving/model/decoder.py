@@ -36,7 +36,7 @@ from pypto_rt.serving.batch import ForwardBatch
 from pypto_rt.serving.model.config import DecoderConfig, layer_prefix
 from pypto_rt.serving.model.decoder_errors import DecoderError
 from pypto_rt.serving.model.dense_weights import load_dense_weights
-from pypto_rt.serving.model.one_token import OneTokenStep
+from pypto_rt.serving.model.one_token_step import OneTokenStep
 
 
 class MoEDecoder:
@@ -44,7 +44,7 @@ class MoEDecoder:
         """COLLECTIVE in a launched job: every rank builds the model (its MoE buffer allocates windows) and loads
         only its own experts. `attention`: where write_kv_cache, paged_decode_attention and
         chunked_prefill_attention come from (default `pypto_rt.kernels.attention`). `one_token_kernels`: a decode
-        step of one token on one rank runs the whole model in L + 1 fused kernels (one_token.py) where every MoE
+        step of one token on one rank runs the whole model in L + 1 fused kernels (one_token_step.py) where every MoE
         layer runs its one-token form; False keeps the per-stage kernels (the same results, bit for bit)."""
         if not isinstance(cfg, DecoderConfig):
             raise DecoderError.at_caller(f"MoEDecoder takes a DecoderConfig, got {type(cfg).__name__}")
