@@ -3,6 +3,10 @@
 A host thread inside a kernel cannot wait with a deadline, so one daemon thread per process looks at
 the blocks hosts are running; a block that runs past its engine's timeout gets the engine's stall
 report on stderr, and the main thread is interrupted (a KeyboardInterrupt at its next Python step).
+The interrupt is a SIGINT where Python handles SIGINT; in a process that ignores it (started as a background
+job of a non-interactive shell, or a program that set SIG_IGN) a SIGINT would be lost and the block would hang,
+so there it is a real-time signal of the watchdog's own whose handler raises KeyboardInterrupt, installed by the
+main thread when it first runs a block (where the platform has one and nobody handles it).
 Imports nothing from pypto_rt beyond the engine's own modules.
 """
 from __future__ import annotations
@@ -17,12 +21,14 @@ import time
 _lock = threading.Lock()
 _running: dict[int, tuple] = {}      # id(engine) -> (engine, task, started perf_counter_ns, reported)
 _thread_started = False
+_wake_signal = signal.SIGINT          # what _interrupt_main sends (see the module)
+_OWN_SIGNAL = getattr(signal, "SIGRTMIN", None)
 
 
 def _reset_in_child() -> None:
     """A forked process has no watchdog thread yet (and no blocks running)."""
-    global _thread_started, _lock
-    _thread_started, _lock = False, threading.Lock()
+    global _thread_started, _lock, _wake_signal
+    _thread_started, _lock, _wake_signal = False, threading.Lock(), signal.SIGINT
     _running.clear()
 
 
@@ -38,7 +44,27 @@ def entering(engine, task, started_ns: int | None = None) -> None:
         with _lock:
             if not _thread_started:
                 _thread_started = True
+                _choose_wake_signal()
                 threading.Thread(target=_watch, name="pypto-rt host watchdog", daemon=True).start()
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _choose_wake_signal() -> None:
+    """SIGINT where Python handles it; else, on the main thread, the watchdog's own real-time signal (see the
+    module). Installing a handler needs the main thread; elsewhere SIGINT stays (as before)."""
+    global _wake_signal
+    if callable(signal.getsignal(signal.SIGINT)) or _OWN_SIGNAL is None or \
+            threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(_OWN_SIGNAL) == signal.SIG_DFL:
+            signal.signal(_OWN_SIGNAL, _raise_interrupt)
+            _wake_signal = _OWN_SIGNAL
+    except (OSError, ValueError):   # (no such signal here, or not the main thread after all)
+        pass
 
 
 def leaving(engine) -> None:
@@ -64,9 +90,9 @@ def _watch() -> None:
 
 
 def _interrupt_main() -> None:
-    """A real SIGINT to the main thread: it also ends a wait inside C code (a lock, an Event), where
-    `_thread.interrupt_main` alone would only be noticed after the wait."""
+    """A real signal to the main thread (SIGINT, or the watchdog's own: see the module): it also ends a wait inside
+    C code (a lock, an Event), where `_thread.interrupt_main` alone would only be noticed after the wait."""
     try:
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        signal.pthread_kill(threading.main_thread().ident, _wake_signal)
     except (AttributeError, OSError, ValueError):
         _thread.interrupt_main()

@@ -1,6 +1,10 @@
 """The engine when things go wrong: kernel failures, poisoning, stalls, rings that cannot drain."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -76,6 +80,28 @@ def test_stuck_task_raises_a_stall_report_naming_it_and_its_waiter():
     assert "1 running, 0 ready, 1 waiting" in text
     assert "task 'stuck' (#0) at prog.py:4:1: running for" in text
     assert "task 'waiter' (#1): waiting for 'stuck' (#0) (running)" in text
+
+
+def test_a_block_stuck_on_the_host_thread_ends_in_the_stall_report_in_a_process_that_ignores_sigint():
+    """A background job of a non-interactive shell starts with SIGINT ignored, where the watchdog's SIGINT would be
+    lost: it interrupts the host thread with a signal of its own there, so the stuck block still ends."""
+    code = textwrap.dedent("""
+        import threading
+        from pypto_rt.aicpu import Engine, StallError
+        never = threading.Event()
+        e = Engine(num_workers=1, timeout_s=1, inline=True)     # every block on the host thread
+        try:
+            e.submit("stuck", lambda b: never.wait())
+            e.finish()
+        except StallError as error:
+            print("stalled:", error.message.splitlines()[0])
+        finally:
+            e.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.returncode == 0, proc.stderr
+    assert "stalled: " in proc.stdout and "made no progress" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_run_after_a_stuck_run_gets_fresh_workers():
