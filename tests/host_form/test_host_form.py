@@ -116,6 +116,13 @@ def test_a_rank_that_raises_gets_no_wait_hint_though_its_peers_then_fail_their_w
     assert _WAIT_HINT not in out, out[-3000:]
 
 
+def _default_signals() -> None:
+    """SIGINT and SIGHUP at their defaults in the child, as a user's shell starts it (a suite run as a background
+    job starts with them ignored, and children inherit that)."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _start_waiting_ring(tmp_path, **popen_args):
     """pypto-run on a ring whose ranks wait (60 s) inside their kernel; returns once they hold their windows.
     Its output goes to tmp_path/out.log (not a pipe, which orphaned ranks would keep open)."""
@@ -123,7 +130,8 @@ def _start_waiting_ring(tmp_path, **popen_args):
     path.write_text(PROGRAM.replace("EXPECTED", "2").replace("FAIL_HERE", "pass"))
     with open(tmp_path / "out.log", "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path)], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYPTO_TIMEOUT_S": "60"}, **popen_args)
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYPTO_TIMEOUT_S": "60"},
+                                preexec_fn=_default_signals, **popen_args)
     deadline = time.monotonic() + 60
     while not glob.glob(f"/dev/shm/pypto-{proc.pid}-*-w1-*") and time.monotonic() < deadline:
         time.sleep(0.2)   # until the ranks hold their windows
