@@ -11,7 +11,8 @@ the last token of each request -> final RMSNorm (+ residual) -> LM head (FP32 lo
 back to back on the same rows are one kernel each: [embedding or residual add, norm, QKV, RoPE, the cache write],
 the attention, [O proj, residual add, norm], the MoE layer (one kernel on one rank at decode size, two for one
 token), [final norm, LM head, greedy]: four kernel calls per layer and one more per step. (With another attention
-module, or an int32 slot mapping, the cache write is that module's own call.)
+module, or an int32 slot mapping, the cache write is that module's own call.) A decode step of one live token on
+one rank runs the whole model in L + 1 kernels instead (one_token_step.py, kernels.decoder), the same bits.
 
 Attention is data-parallel: each rank serves its own requests over its own KV pools. The experts are
 expert-parallel: MoELayer's dispatch is collective, so every rank steps together, and a rank with no live

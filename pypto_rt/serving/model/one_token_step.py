@@ -25,7 +25,8 @@ class OneTokenStep:
         hidden = cfg.hidden
         self.embed, self.lm_head = weights.embed.contiguous(), weights.lm_head.contiguous()
         self.final_norm = weights.final_norm.view(1, hidden)
-        # per layer: (weight, w_qkv, the caches, w_o, post_weight, router, bias), in the kernels' argument order
+        # per layer: (weight, w_qkv, the caches, w_o, post_weight, router, bias); a step puts its own tensors
+        # (positions, cos|sin, slots; tables, lengths) between them in the kernels' argument order
         self.layers = [(lw.input_norm.view(1, hidden), lw.w_qkv.contiguous(), keys, values, lw.w_o.contiguous(),
                         lw.post_norm.view(1, hidden), form.router, form.bias)
                        for lw, form, (keys, values) in zip(weights.layers, forms, layer_pools)]
