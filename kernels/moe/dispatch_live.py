@@ -16,22 +16,10 @@ top-8 half the slots, at 4 three quarters).
 """
 import pypto.language as pl
 
-from pypto_rt.kernels.moe.dispatch_parts import k_major, weighted_rows
+from pypto_rt.kernels.moe.dispatch_parts import receive_sources, weighted_rows
 
 SUM_CHUNK = 256   # arrivals per batched matmul: its [chunk, c, H] FP32 cast stays <= 8 MiB at top-8, H=1024 (heap
                   # memory a call reuses, in cache; past glibc's mmap threshold each call maps and faults it afresh)
-
-
-@pl.jit.inline
-def receive_sources(routes, lanes, layout_rows, top_k):
-    """[layout_rows + 1, 1] INT32: per receive row the arrival slot whose token it holds (routes [LANES, K] INT32
-    from `arrived_routes`, -1: dead; rows no route fills hold 0, the last row takes the dead slots)."""
-    target = pl.sel(pl.cmps(routes, 0, cmp_type=5), routes, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
-    token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
-                          pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
-    return pl.mscatter(k_major(token, lanes, top_k), k_major(target, lanes, top_k),
-                       pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), coalesce="row",
-                       scatter_conflict="default")     # live targets are distinct; only the last row is written twice
 
 
 @pl.jit.inline

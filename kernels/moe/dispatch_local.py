@@ -58,8 +58,9 @@ def dispatch_kernel(layout: Layout):
                 meta[0:t_dim, 0:top_k] = rows
                 meta[0:t_dim, top_k : 2 * top_k] = topk_weights
                 copies = pl.mgather(x, token_of_routes(t_dim, top_k), coalesce="row")
-                recv_rows = pl.scatter_update(recv_rows, 0, k_major(pl.cast(rows, pl.INT32, mode="trunc"), t_dim,
-                                                                    top_k), copies)
+                # distinct receive rows (a token routes to an expert once): no last-writer pass
+                recv_rows = pl.mscatter(copies, k_major(pl.cast(rows, pl.INT32, mode="trunc"), t_dim, top_k),
+                                        recv_rows, coalesce="row", scatter_conflict="default")
         return recv_rows, recv_counts
 
     return moe_dispatch_local

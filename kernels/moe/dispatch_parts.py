@@ -197,7 +197,8 @@ def expand_arrived(recv_rows, tokens, rows, n, top_k):
         token_of = pl.row_expand(pl.full([n, top_k], dtype=pl.INT32, value=0),
                                  pl.reshape(pl.arange(0, [1, n], dtype=pl.INT32), [n, 1]))
         copies = pl.mgather(tokens, at_live(token_of, slots, n, m, top_k), coalesce="row")
-        recv_rows = pl.scatter_update(recv_rows, 0, targets, copies)
+        # the live targets are distinct: no last-writer pass
+        recv_rows = pl.mscatter(copies, targets, recv_rows, coalesce="row", scatter_conflict="default")
     return recv_rows
 
 
@@ -279,16 +280,27 @@ def arrived_routes(meta, counts, me, world, t_max, n_experts, e_local, top_k):
 
 
 @pl.jit.inline
+def receive_sources(routes, lanes, layout_rows, top_k):
+    """[layout_rows + 1, 1] INT32: per receive row the arrival slot whose token it holds (routes [LANES, K] INT32
+    from `arrived_routes`, -1: dead; rows no route fills hold 0, the last row takes the dead slots). One row scatter
+    whose only repeated target is that last row, so no last-writer pass (`scatter_conflict="default"`: a sort of
+    every target when replayed)."""
+    target = pl.sel(pl.cmps(routes, 0, cmp_type=5), routes,
+                    pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
+    token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
+                          pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
+    return pl.mscatter(k_major(token, lanes, top_k), k_major(target, lanes, top_k),
+                       pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), coalesce="row",
+                       scatter_conflict="default")
+
+
+@pl.jit.inline
 def expand_all(recv_rows, tokens, rows, lanes, layout_rows, top_k):
     """The fixed-shape form of `expand_arrived`, over every arrival slot (`rows` from `arrived_routes`): each
     receive row's token (an index pass over the route slots; dead slots land on row `layout_rows`, one past the
     layout), then every receive row gathered at once (rows no route fills get slot 0's row: they are past their
     expert's count). Returns recv_rows."""
-    target = pl.sel(pl.cmps(rows, 0, cmp_type=5), rows, pl.full([lanes, top_k], dtype=pl.INT32, value=layout_rows))
-    token = pl.row_expand(pl.full([lanes, top_k], dtype=pl.INT32, value=0),
-                          pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1]))
-    source = pl.scatter_update(pl.full([layout_rows + 1, 1], dtype=pl.INT32, value=0), 0,
-                               k_major(target, lanes, top_k), k_major(token, lanes, top_k))
+    source = receive_sources(rows, lanes, layout_rows, top_k)
     recv_rows[0:layout_rows, :] = pl.mgather(tokens, source[0:layout_rows, :], coalesce="row")   # (rows past the
     # counts are unspecified: they copy slot 0, with no zeroing pass)
     return recv_rows
