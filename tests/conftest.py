@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,13 @@ os.environ.setdefault("PYPTO_TIER", "off")
 def _scratch_disk_cache():
     yield
     shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+def default_signals() -> None:
+    """A `preexec_fn`: the child starts with SIGINT and SIGHUP at their defaults, as a user's shell starts it (a
+    suite run as a background job starts with them ignored, and children inherit that)."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def run_pypto(path: str, *args: str, env: dict | None = None, cwd: str | None = None, timeout: int = 300):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_pypto
+from tests.conftest import default_signals, run_pypto
 
 KERNEL = textwrap.dedent('''
     import pypto.language as pl
@@ -198,20 +198,13 @@ IN_KERNEL = textwrap.dedent('''
 ''')
 
 
-def _default_signals() -> None:
-    """A child as a user's shell starts it: SIGINT and SIGHUP at their defaults, also when this suite runs as a
-    background job (which starts with them ignored, and children inherit that)."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("where, user_line", [("sleep", r"line 14, in <module>"), ("kernel", r"line \d+, in spin")])
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signalled_run_says_so_in_one_line_and_exits_128_plus_the_signal(tmp_path, where, user_line, signum, code):
     path = tmp_path / "prog.py"
     path.write_text(IN_KERNEL)
     proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path), where], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_signals)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
     try:
         assert proc.stdout.readline() == "in kernel\n"
         proc.send_signal(signum)

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.conftest import default_signals
+
 PROGRAM = textwrap.dedent('''
     import torch
     import pypto.language as pl
@@ -116,13 +118,6 @@ def test_a_rank_that_raises_gets_no_wait_hint_though_its_peers_then_fail_their_w
     assert _WAIT_HINT not in out, out[-3000:]
 
 
-def _default_signals() -> None:
-    """SIGINT and SIGHUP at their defaults in the child, as a user's shell starts it (a suite run as a background
-    job starts with them ignored, and children inherit that)."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 def _start_waiting_ring(tmp_path, **popen_args):
     """pypto-run on a ring whose ranks wait (60 s) inside their kernel; returns once they hold their windows.
     Its output goes to tmp_path/out.log (not a pipe, which orphaned ranks would keep open)."""
@@ -131,7 +126,7 @@ def _start_waiting_ring(tmp_path, **popen_args):
     with open(tmp_path / "out.log", "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pypto_rt.pypto_run", str(path)], stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, "PYPTO_TIMEOUT_S": "60"},
-                                preexec_fn=_default_signals, **popen_args)
+                                preexec_fn=default_signals, **popen_args)
     deadline = time.monotonic() + 60
     while not glob.glob(f"/dev/shm/pypto-{proc.pid}-*-w1-*") and time.monotonic() < deadline:
         time.sleep(0.2)   # until the ranks hold their windows
