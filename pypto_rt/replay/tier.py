@@ -66,7 +66,7 @@ from pypto_rt.replay.policy import current_policy
 from pypto_rt.replay import tier_family, tier_process
 from pypto_rt.replay.tier_worker import ensure_worker as _ensure_worker, submit as _submit, wait_idle, where as _where
 from pypto_rt.replay.tier_graph import tensor_constants
-from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
+from pypto_rt.replay.tier_passes import rewrite
 from pypto_rt.replay.tier_copies import copy as _copy, snapshot as _snapshot
 from pypto_rt.replay.tier_source import Untierable, split_source
 
@@ -316,16 +316,17 @@ def _compiled_checked(replay, split, inputs: list, apart: dict) -> tuple:
     return tiered, problem
 
 
-# the passes run on the traced graph before inductor (`module:function`, in the compile process): K steps joined
+# the passes run on the traced graph before inductor (`module:function`, in the compile process): K steps joined,
+# narrow products unrolled (replay.tier_passes.rewrite)
 JOIN_PASSES = "pypto_rt.replay.tier:_joined"
 
 
 def _joined(graph) -> int:
-    return join_k_steps(graph) + join_tiles(graph)
+    return rewrite(graph, join=True)
 
 
 def _unjoined(graph) -> int:
-    return 0
+    return rewrite(graph, join=False, reorder=False)
 
 
 def _failure(e: Exception, timeout_s: float) -> str:

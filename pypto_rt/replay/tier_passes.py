@@ -15,6 +15,17 @@ import torch
 aten = torch.ops.aten
 
 
+def rewrite(graph: torch.fx.GraphModule, join: bool, reorder: bool = True) -> int:
+    """The passes a tier build runs on its traced graph: the word views undone (values bit for bit the same); with
+    `reorder`, narrow products unrolled and, with `join` too, K steps and tiles of a matmul joined. Returns how many
+    rewrites may change sums in their last bits (where the check against the replay then fails, the build is
+    retried without them)."""
+    drop_word_views(graph)
+    if not reorder:
+        return 0
+    return unroll_narrow_products(graph) + (join_k_steps(graph) + join_tiles(graph) if join else 0)
+
+
 def join_k_steps(graph: torch.fx.GraphModule) -> int:
     """Join `add(mm, mm)` over adjacent K ranges of the same operands into one `mm`, repeatedly (a whole chain); the
     number of adds joined (the graph is recompiled when any was)."""
@@ -220,3 +231,216 @@ def _quiet_between(graph: torch.fx.Graph, first, second, out) -> bool:
         if any(a in views for a in node.all_input_nodes) and node.target is aten.slice.Tensor:
             views.add(node)
     return False
+
+
+# -------------------------------------------------------------------------------------------- word views undone
+_HALF_DTYPES = (torch.bfloat16, torch.float16, torch.int16)
+
+
+def drop_word_views(graph: torch.fx.GraphModule) -> int:
+    """Undo the op library's word views (ops.gather._as_words, ops.comparison._sels_half): eager torch gathers and
+    selects 2-byte rows faster as 4-byte words, but inductor ends a fusion at every dtype view, so a gathered row
+    that is then selected, cast and summed makes three kernels and two [rows, H] buffers instead of one loop.
+    Rewrites, bit for bit the same values:
+    - `view(index_select(view(x, W), d, pos), x.dtype)` -> `index_select(x, d, pos)` (d not the last dim);
+    - `view(where(m, view(x, W), fill), x.dtype)` (m one per word pair: its last dim 1; fill a 0-d word holding
+      the 2-byte value twice, as _sels_half makes it) -> `where(m, x, the fill's first half)`;
+    - `view(view(x, W), x.dtype)` -> `x`.
+    Returns how many views were undone (the graph is recompiled when any was)."""
+    undone = 0
+    for node in list(graph.graph.nodes):
+        if not _dtype_view(node):
+            continue
+        inner, dtype = _bare(node.args[0]), node.args[1]
+        made = None
+        if _dtype_view(inner) and _dtype_of(_bare(inner.args[0])) == dtype:
+            made = _bare(inner.args[0])
+        elif inner.target is aten.index_select.default and _dtype_view(_bare(inner.args[0])) \
+                and _dtype_of(_bare(_bare(inner.args[0]).args[0])) == dtype and _not_last(inner.args[1], inner):
+            with graph.graph.inserting_before(node):
+                made = graph.graph.call_function(aten.index_select.default,
+                                                 (_bare(_bare(inner.args[0]).args[0]), *inner.args[1:]))
+        elif inner.target is aten.where.self:
+            made = _select_halves(graph.graph, node, inner, dtype)
+        if made is not None:
+            made.meta.setdefault("val", node.meta.get("val"))
+            node.replace_all_uses_with(made)
+            graph.graph.erase_node(node)
+            undone += 1
+    if undone:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return undone
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _bare(node):
+    """`node` past the detaches tracing puts between a view and its users (same tensor, same values)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.detach.default:
+        node = node.args[0]
+    return node
+
+
+def _dtype_view(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.view.dtype \
+        and not node.kwargs and len(node.args) == 2 and isinstance(node.args[0], torch.fx.Node)
+
+
+def _dtype_of(node):
+    val = _val(node)
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _not_last(dim, node) -> bool:
+    val = _val(node)
+    return type(dim) is int and isinstance(val, torch.Tensor) and dim % val.dim() != val.dim() - 1
+
+
+def _select_halves(graph: torch.fx.Graph, node, where, dtype):
+    """`where(m, x, half fill)` for `node` = view(where(m, view(x, W), fill), dtype) (or the fill first), else
+    None; inserted before `node`."""
+    if dtype not in _HALF_DTYPES or where.kwargs or len(where.args) != 3:
+        return None
+    mask, a, b = where.args
+    a, b = _bare(a), _bare(b)
+    words, m = _val(where), _val(mask)
+    if not isinstance(words, torch.Tensor) or words.element_size() != 4 or not isinstance(m, torch.Tensor) \
+            or (m.dim() and m.shape[-1] != 1):   # (a mask along the last dim would split word pairs)
+        return None
+    for data, fill, data_first in ((a, b, True), (b, a, False)):
+        fill_val = _val(fill)
+        if _dtype_view(data) and _dtype_of(_bare(data.args[0])) == dtype and isinstance(fill_val, torch.Tensor) \
+                and fill_val.dim() == 0 and fill_val.dtype == words.dtype:
+            with graph.inserting_before(node):
+                pair = graph.call_function(aten.view.dtype, (graph.call_function(aten.view.default, (fill, [1])),
+                                                             dtype))
+                half = graph.call_function(aten.select.int, (pair, 0, 0))
+                half.meta["val"] = fill_val.new_empty((), dtype=dtype)   # (a fake tensor: so is this)
+                operands = (_bare(data.args[0]), half) if data_first else (half, _bare(data.args[0]))
+                return graph.call_function(aten.where.self, (mask, *operands))
+    return None
+
+
+# ------------------------------------------------------------------------------------ narrow products unrolled
+NARROW_WIDTH = 16   # a batched product summing at most this many terms per element is unrolled
+WIDE_ROWS = 64      # ... when its rows are at least this wide
+_WIDER = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.float32, torch.float64),
+          torch.float32: (torch.float64,)}   # dtype -> the dtypes it casts to exactly
+
+
+def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
+    """Write `bmm(a [n, m, w], b [n, w, h])` (FP32) with a narrow w and wide rows h as the sum of its w terms
+    `a[:, :, j:j+1] * b[:, j:j+1, :]`, in order: a weighted sum of gathered rows (the MoE combine's) is such a
+    product. Inductor decomposes the product itself into a reduction over w, and where w is a multiple of its vector
+    width it vectorises along w, loading each of the h columns apart (gathered rows: element by element; an 8-rank
+    MoE decode's sum of each token's 8 returned rows took 1.6 ms a call); the sum of terms is one loop over the rows' elements, vectorised along h. Summation
+    order may differ from the eager product's in the last bits (the tier checks against the replay, with its
+    tolerance). Where b's rows were gathered (`b = view(f(index_select(table, 0, idx)), [n, w, h])`, f per row),
+    each term gathers its own rows (`_rows_every`): one gathered buffer read by w terms is one inductor stores
+    whole (6 MiB for a 64-lane combine) before summing it. Returns how many products were unrolled (the graph is
+    recompiled when any was)."""
+    unrolled = 0
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.bmm.default or node.kwargs:
+            continue
+        a, b = node.args
+        va, vb = _val(a), _val(b)
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 3 and v.dtype in (torch.float32, torch.float64)
+                   and all(type(n) is int for n in v.shape) for v in (va, vb)):
+            continue
+        width, rows = va.shape[2], vb.shape[2]
+        if not (2 <= width <= NARROW_WIDTH and rows >= WIDE_ROWS):
+            continue
+        with graph.graph.inserting_before(node):
+            total = None
+            for j in range(width):
+                term = graph.graph.call_function(aten.mul.Tensor, (
+                    graph.graph.call_function(aten.slice.Tensor, (a, 2, j, j + 1)), _term_rows(graph.graph, b, j)))
+                total = term if total is None else graph.graph.call_function(aten.add.Tensor, (total, term))
+        node.replace_all_uses_with(total)
+        graph.graph.erase_node(node)
+        unrolled += 1
+    if unrolled:
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+    return unrolled
+
+
+_SAME_VALUES = (aten._to_copy.default, aten.detach.default, aten.clone.default, aten.alias.default)
+_VIEWS_3D = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _term_rows(graph: torch.fx.Graph, b, j: int):
+    """`b[:, j:j+1, :]` of a product's right operand b [n, w, h]: where b is a [n * w, h] tensor viewed as
+    [n, w, h] (then cast, copied, expanded to its own shape), the same ops on rows j, j + w, ... of that tensor
+    (`_rows_every`; a widening cast made there, before its selects); else a slice of b."""
+    n, w, h = _val(b).shape
+    node, ops = b, []
+    while node.op == "call_function":
+        if node.target in _SAME_VALUES and len(node.args) == 1:
+            ops.append(node)
+        elif not (node.target in (aten.expand.default, *_VIEWS_3D) and isinstance(node.args[0], torch.fx.Node)
+                  and tuple(_val(node.args[0]).shape) == (n, w, h)):   # (an expand or a view to its own shape)
+            break
+        node = node.args[0]
+    source = _val(node.args[0]) if node.op == "call_function" and node.target in _VIEWS_3D else None
+    if not isinstance(source, torch.Tensor) or tuple(source.shape) != (n * w, h):
+        return graph.call_function(aten.slice.Tensor, (b, 1, j, j + 1))
+    casts = [op for op in ops if op.target is aten._to_copy.default]
+    widen = casts[0].kwargs.get("dtype") if len(casts) == 1 and set(casts[0].kwargs) == {"dtype"} else None
+    if widen not in _WIDER.get(source.dtype, ()):
+        widen = None
+    rows = _rows_every(graph, node.args[0], j, w, widen)
+    for op in reversed(ops):   # (the casts and copies, reapplied to the term's rows, but the widening one made)
+        if widen is None or op.target is not aten._to_copy.default:
+            rows = graph.call_function(op.target, (rows,), dict(op.kwargs))
+    return graph.call_function(aten.view.default, (rows, [n, 1, h]))
+
+
+def _rows_every(graph: torch.fx.Graph, node, j: int, w: int, widen=None):
+    """Rows j, j + w, j + 2w, ... of the 2-d `node` (cast to `widen`, a wider float, when given), made from the
+    same rows of its operands where `node` is a row gather (`index_select` along dim 0: its index sliced), a select
+    (the cast made on its values, exact: no rounding to the narrow dtype between) or a per-element op of operands
+    with one row per row of `node` (or one row, or none: as they are); else a strided slice of `node`."""
+    val = _val(node)
+    rows = val.shape[0] if isinstance(val, torch.Tensor) and val.dim() == 2 else None
+
+    def cast(x):
+        return x if widen is None or not isinstance(x, torch.fx.Node) else \
+            graph.call_function(aten._to_copy.default, (x,), {"dtype": widen})
+    if rows is not None and node.op == "call_function":
+        if node.target is aten.detach.default:
+            return _rows_every(graph, node.args[0], j, w, widen)
+        if node.target is aten.index_select.default and node.args[1] == 0 and _val(node.args[2]) is not None \
+                and _val(node.args[2]).dim() == 1:
+            index = graph.call_function(aten.slice.Tensor, (node.args[2], 0, j, rows, w))
+            return cast(graph.call_function(aten.index_select.default, (node.args[0], 0, index)))
+        if node.target is aten.where.self and not node.kwargs and all(_per_row(a, rows) is not None
+                                                                       for a in node.args):
+            mask, a, b = node.args
+            mask = _rows_every(graph, mask, j, w) if _per_row(mask, rows) else mask
+            a, b = (_rows_every(graph, x, j, w, widen) if _per_row(x, rows) else cast(x) for x in (a, b))
+            return graph.call_function(aten.where.self, (mask, a, b))
+        if node.target in _PER_ELEMENT and all(_per_row(a, rows) is not None for a in node.args):
+            args = tuple(_rows_every(graph, a, j, w) if _per_row(a, rows) else a for a in node.args)
+            return cast(graph.call_function(node.target, args, dict(node.kwargs)))
+    return cast(graph.call_function(aten.slice.Tensor, (node, 0, j, rows, w)))
+
+
+_PER_ELEMENT = (aten._to_copy.default, aten.mul.Tensor, aten.add.Tensor)
+
+
+def _per_row(arg, rows: int):
+    """True: `arg` has a row per row (sliced with them); False: a value every row shares (0-d, one row, not a
+    tensor); None: neither."""
+    if not isinstance(arg, torch.fx.Node):
+        return False
+    val = _val(arg)
+    if not isinstance(val, torch.Tensor):
+        return None
+    if val.dim() == 0 or (val.dim() == 2 and val.shape[0] == 1):
+        return False
+    return True if val.dim() == 2 and val.shape[0] == rows else None

@@ -44,7 +44,7 @@ from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay import tier_process, tier_rows
 from pypto_rt.replay.passes import compile_trace
-from pypto_rt.replay.tier_passes import join_k_steps, join_tiles
+from pypto_rt.replay.tier_passes import rewrite
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
 _EFFECT = re.compile(rf"{comm_block.EFFECT_PREFIX}\d+")
@@ -361,10 +361,10 @@ def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: 
         try:
             join = not segmented.communicates
             compiled[segment.index], problem = _checked(
-                segment, _compile(segment, *snapshot, threads, deadline, idle, join), snapshot[0])
-            if problem is not None and join and compiled[segment.index].joined:   # (joined K steps summed apart)
+                segment, _compile(segment, *snapshot, threads, deadline, idle, join, True), snapshot[0])
+            if problem is not None and compiled[segment.index].joined:   # (reordered sums past the tolerance)
                 compiled[segment.index], problem = _checked(
-                    segment, _compile(segment, *snapshot, threads, deadline, idle, False), snapshot[0])
+                    segment, _compile(segment, *snapshot, threads, deadline, idle, False, False), snapshot[0])
         except Untierable as e:   # (_Kept, raised where the segment was traced)
             segment.kept, compiled[segment.index] = str(e), segment.replayed
             continue
@@ -385,11 +385,11 @@ def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: 
 
 
 def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int, deadline: float, idle: bool,
-             join: bool = False):
+             join: bool = False, reorder: bool = False):
     """`(*inputs) -> outputs`: the segment compiled (in the compile process, before `deadline`) for its snapshot's
     integers as symbols (tensors first in the graph), replayed for integers outside what the graph assumed;
-    Untierable when its graph writes one of `windows`. `join`: K steps and tiles of a matmul joined first
-    (replay.tier_passes, as replay.tier does; `joined` says how many were)."""
+    Untierable when its graph writes one of `windows`. `join`, `reorder`: replay.tier_passes.rewrite's (as
+    replay.tier runs it; `joined` says how many rewrites may have reordered sums)."""
     from pypto_rt.replay import tier as base
 
     tensors = [i for i, v in enumerate(snapshot) if isinstance(v, torch.Tensor)]
@@ -398,7 +398,7 @@ def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int, dead
     traced = compile_trace(segment.source(names), segment.constants, f"<pypto-rt tier segment {segment.index}, traced>")
     graph, direct, assumed, joined = tier_process.compile_apart(
         traced, None, base._copy([snapshot[i] for i in tensors]), tuple(snapshot[i] for i in order[len(tensors):]),
-        threads, ("pypto_rt.replay.tier_segments:prepare", (names, windows, join)), deadline, idle)
+        threads, ("pypto_rt.replay.tier_segments:prepare", (names, windows, join, reorder)), deadline, idle)
     replayed = segment.replayed
 
     def calling(call):
@@ -419,14 +419,14 @@ def _compile(segment: TorchRun, snapshot: list, windows: set, threads: int, dead
     return run
 
 
-def prepare(names: list, windows: set, join: bool, graph) -> int:
-    """_Kept when the traced `graph` (inputs named `names`) writes one of `windows`; else, with `join`, the K
-    steps and tiles joined (replay.tier's passes). Run in the compile process."""
+def prepare(names: list, windows: set, join: bool, reorder: bool, graph) -> int:
+    """_Kept when the traced `graph` (inputs named `names`) writes one of `windows`; else replay.tier_passes.rewrite
+    (`join`: K steps and tiles joined too). Run in the compile process."""
     written = [names[p] for p in sorted(_written_inputs(graph)) if names[p] in windows]
     if written:
         raise _Kept(f"it writes the window {written[0]}, which peers write meanwhile (a compiled graph may "
                     "write an input back whole)")
-    return join_k_steps(graph) + join_tiles(graph) if join else 0
+    return rewrite(graph, join, reorder)
 
 
 def _checked(segment: TorchRun, compiled, snapshot: list) -> tuple:

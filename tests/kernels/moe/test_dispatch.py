@@ -27,6 +27,9 @@ TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
 STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
           for form, hidden in (("fixed", ()), ("live", ("--hidden", "16")))}
 LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
+# the compiled tier's check: the fixed form with rows wide enough for its narrow products to be unrolled
+TIERED = ("--form", "fixed", "--steady", "--calls", "8", "--hidden", "64", "--top-k", "3", "--experts-per-rank", "3",
+          "--inf-row", "--tier")
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +74,16 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(j
     configs = tuple(STEADY.values()) if nproc == 2 else (args,)
     job = jobs.job(nproc, DISPATCH_COMBINE, ("--timeout-s", "90"), configs, configs.index(args))
     _all_pass(job, nproc, checks=6 * 4 + 2)
+
+
+@pytest.mark.timeout(240)
+def test_the_compiled_dispatch_and_combine_stay_exact_and_an_inf_row_gives_inf(jobs):
+    """Both kernels compiled (replay.tier: the word views undone, the weighted sums of gathered rows unrolled into
+    one loop, replay.tier_passes) and swapped in from the sixth call: every call still matches the golden, and the
+    token whose live route reads a +inf expert row combines to +inf (the select that zeroes a dead slot's stand-in
+    row survives the passes; 0 * inf would be NaN)."""
+    job = jobs.job(2, DISPATCH_COMBINE, ("--timeout-s", "150"), (TIERED,), 0)
+    _all_pass(job, 2, checks=8 * 4 + 4 + 1)
 
 
 @pytest.mark.timeout(180)

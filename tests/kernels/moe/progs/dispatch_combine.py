@@ -3,7 +3,7 @@
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed] [--dtype bf16|fp32]
                                                [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
-                                               [--then <another configuration's options> ...]
+                                               [--tier] [--then <another configuration's options> ...]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
 Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
@@ -17,6 +17,9 @@ on replay, and checks that they do. --sum-chunk sets the live form's tokens per 
 and a short last one.
 --inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
+--tier (with --steady) compiles the replays (PYPTO_TIER=eager: replay.tier, built and checked against the replay
+when recorded) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed calls), checking
+that both kernels have a compiled tier and that those calls stay exact.
 --then runs one more configuration in the same job, on a buffer of its own (a rank's start-up, mostly the torch import,
 is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each configuration's lines lie between
 "rank r/n: CONFIG i begins" and "rank r/n: CONFIG i ends ok" (or "... ends not ok"); the compiled dispatch and combine
@@ -28,7 +31,7 @@ import sys
 import torch
 
 import pypto.language.distributed as pld
-from pypto_rt import run_stats
+from pypto_rt import config, run_stats
 from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_live, dispatch_parts
 from pypto_rt.replay.policy import ReplayPolicy
 from pypto_rt.run_stats import REPLAYED
@@ -68,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--sum-chunk", type=int, default=None)
     ap.add_argument("--inf-row", action="store_true")
+    ap.add_argument("--tier", action="store_true")
     return ap
 
 
@@ -89,6 +93,9 @@ def check(args, buf) -> dict:
         xs = [torch.randn(n, args.hidden, generator=gen).to(dtype) for n in counts]
         idxs = [routing(world, experts, args.top_k, n, args.routing == "skewed", gen) for n in counts]
         ws = [torch.rand(n, args.top_k, generator=gen) for n in counts]
+        compiled = args.tier and _compiled(buf)
+        if args.tier and call == args.calls - 1:
+            checks["both kernels compiled"] = compiled
         with run_stats.collect() as dispatched:
             recv = buf.dispatch(xs[me], idxs[me], ws[me])
         every = torch.cat(idxs).long()
@@ -127,6 +134,16 @@ def check(args, buf) -> dict:
     return checks
 
 
+def _compiled(buf) -> bool:
+    """Swap in the compiled tier of the buffer's dispatch and combine where built; whether both are."""
+    kernels = (dispatch.dispatch_kernel(buf.layout), dispatch.combine_kernel(buf.layout))
+    tiers = [spec.tier for k in kernels for spec in k.state.replay.values() if spec.tier is not None]
+    for tier in tiers:
+        if tier.tiered is not None:
+            tier.chosen = tier.tiered
+    return len(tiers) == 2 and all(tier.tiered is not None for tier in tiers)
+
+
 def _buffer(args) -> MoEBuffer:
     """The configuration's buffer, after its module settings."""
     dispatch_parts.SUM_CHUNK, dispatch_live.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES = DEFAULTS
@@ -160,7 +177,8 @@ def main():
                              "dispatch and combine are cached per layout (not per form); give each a different size")
         layouts.add(buf.layout)
         print(f"rank {me}/{world}: CONFIG {i} begins", flush=True)
-        checks = check(args, buf)
+        with config.scope(**({"TIER": "eager"} if args.tier else {})):
+            checks = check(args, buf)
         for name, ok in checks.items():
             print(f"rank {me}/{world}: {'PASS' if ok else 'FAIL'} {name}")
         every_ok &= all(checks.values())

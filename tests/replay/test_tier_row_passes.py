@@ -1,0 +1,112 @@
+"""Passes over the compiled tier's traced graph for gathered rows (replay.tier_passes): the op library's word views
+undone, narrow batched products unrolled with each term gathering its rows (a widening cast made before the select).
+
+What users depend on: the rewritten graph gives the values the traced one gives (bit for bit for the first, the sum
+within float reordering for the second), a +inf row behind a dead slot still sums to +inf and a NaN row nobody
+owns stays out of the sum, and only the patterns named are rewritten.
+"""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from pypto_rt.ops.comparison import _sels_half
+from pypto_rt.ops.gather import _rows_at
+from pypto_rt.ops.value import TensorValue
+from pypto_rt.replay.tier_passes import drop_word_views, rewrite, unroll_narrow_products
+
+aten = torch.ops.aten
+ROWS, HIDDEN, LANES, WIDTH = 12, 128, 5, 3
+
+
+def count(graph, target) -> int:
+    return sum(node.target is target for node in graph.graph.nodes)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def gathered_selected(table, positions, live):
+    """The op library's row gather and select of 2-byte rows, as the replay records them: on 4-byte words."""
+    rows = _rows_at(table, positions)
+    return (_sels_half(live, TensorValue(rows, None), 0.0).data,)
+
+
+def inputs():
+    table = torch.randn(ROWS, HIDDEN).to(torch.bfloat16)
+    table[3] = float("nan")   # a row nobody owns: the select keeps it out
+    table[5] = float("inf")
+    positions = torch.tensor([0, 3, 5, 7, 3, 11, 2, 9])
+    live = torch.tensor([True, False, True, True, False, True, True, True]).reshape(-1, 1)
+    return table, positions, live
+
+
+def test_the_word_views_of_a_row_gather_and_select_are_undone_bit_for_bit():
+    table, positions, live = inputs()
+    graph = make_fx(gathered_selected)(table, positions, live)
+    assert count(graph, aten.view.dtype) >= 4
+    assert drop_word_views(graph) == 2
+    row_views = [n for n in graph.graph.nodes if n.target is aten.view.dtype and n.meta.get("val") is not None
+                 and n.meta["val"].dim() == 2]
+    assert row_views == []   # (left: views of the select's 0-d fill word, as the op library builds it)
+    assert torch.equal(bits(graph(table, positions, live)[0]), bits(gathered_selected(table, positions, live)[0]))
+
+
+def test_a_word_select_masked_along_the_row_is_left_alone():
+    def per_word(data, mask, word):
+        return (torch.where(mask, data.view(torch.int32), word).view(torch.bfloat16),)
+    data = torch.randn(4, 8).to(torch.bfloat16)
+    mask, word = torch.rand(4, 4) > 0.5, torch.tensor(0, dtype=torch.int32)
+    graph = make_fx(per_word)(data, mask, word)
+    assert drop_word_views(graph) == 0   # (its mask splits word pairs: a select of halves would differ)
+
+
+def weighted_rows(table, slots, weights):
+    """The MoE combine's fixed form as recorded: a stand-in row for each dead slot (-1), one gather of every slot's
+    row selected to 0 where dead, cast and summed with the slots' weights in one batched product."""
+    live = slots >= 0
+    fallback = slots.max(dim=1, keepdim=True).values.clamp(min=0).expand(LANES, WIDTH)
+    positions = torch.where(live, slots, fallback).reshape(-1).long()
+    picked = gathered_selected(table, positions, live.reshape(-1, 1))[0]
+    product = torch.matmul(torch.where(live, weights, 0.0).reshape(LANES, 1, WIDTH),
+                           picked.reshape(LANES, WIDTH, HIDDEN).float())
+    return (product.reshape(LANES, HIDDEN).to(torch.bfloat16),)
+
+
+def combine_inputs():
+    table = torch.randn(ROWS, HIDDEN).to(torch.bfloat16)
+    table[4] = float("inf")
+    table[10] = float("nan")   # never a live slot's row
+    slots = torch.tensor([[0, 4, -1], [-1, 2, 6], [7, -1, -1], [1, 8, 9], [4, -1, 3]], dtype=torch.int32)
+    weights = torch.rand(LANES, WIDTH)
+    return table, slots, weights
+
+
+def test_a_narrow_product_of_gathered_rows_sums_terms_that_gather_their_own_rows():
+    table, slots, weights = combine_inputs()
+    graph = make_fx(weighted_rows)(table, slots, weights)
+    want = weighted_rows(table, slots, weights)[0]
+    assert rewrite(graph, join=False) == 1
+    assert count(graph, aten.bmm.default) == 0
+    assert count(graph, aten.index_select.default) == WIDTH   # (one per term: no whole gathered buffer)
+    got = graph(table, slots, weights)[0]
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.isinf(got[[0, 4]]).all() and not torch.isnan(got).any()   # +inf behind a live slot, no 0 * inf
+
+
+def test_wide_or_short_products_are_left_to_the_compiler():
+    def products(a, b, c, d):
+        return (torch.bmm(a, b), torch.bmm(c, d))
+    wide = (torch.randn(2, 1, 32), torch.randn(2, 32, 128))    # 32 terms: a reduction
+    short = (torch.randn(2, 1, 3), torch.randn(2, 3, 16))      # 16-element rows
+    graph = make_fx(products)(*wide, *short)
+    assert unroll_narrow_products(graph) == 0 and count(graph, aten.bmm.default) == 2
+
+
+def test_without_reordering_only_the_exact_passes_run():
+    table, slots, weights = combine_inputs()
+    graph = make_fx(weighted_rows)(table, slots, weights)
+    assert rewrite(graph, join=False, reorder=False) == 0
+    assert count(graph, aten.bmm.default) == 1
+    assert torch.equal(bits(graph(table, slots, weights)[0]), bits(weighted_rows(table, slots, weights)[0]))
