@@ -276,21 +276,28 @@ def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=N
 
 
 class _PutBox(_Effect):
+    """A put's plan is kept for every leading extent: a row count read from data (a dispatch's live rows) changes
+    from call to call, and any count up to the rows both boxes have room for copies the same way."""
+
     def __call__(self, dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
         found = self.window("tensor.put", dst, "dst")
+        rows = None if shape is None else int(shape[0])
         key = (self._last[0], peer, atomic, local.shape, local.stride(), local.storage_offset(),
-               *(dst_offsets or ()), None, *(src_offsets or ()), None, *(shape or ()))
-        kept = self.planned(key)   # (peer, shape, source strides, source offset, target strides, target offset)
-        if kept is not None and not found[0].window.closed:
-            if kept[1] is not None:
-                found[2][kept[0]].as_strided(kept[1], kept[4], kept[5]).copy_(
-                    local.as_strided(kept[1], kept[2], kept[3]))
+               *(dst_offsets or ()), None, *(src_offsets or ()), None, *(shape[1:] if shape else ()))
+        kept = self.planned(key)   # (peer, room, default rows, rest of the box, source strides, source offset,
+        #                           target strides, target offset)
+        if kept is not None and not found[0].window.closed and (rows is None or 0 <= rows <= kept[1]):
+            box = (kept[2] if rows is None else rows, *kept[3])
+            if box[0] and all(box):
+                found[2][kept[0]].as_strided(box, kept[6], kept[7]).copy_(local.as_strided(box, kept[4], kept[5]))
             return
         at, shape = _extent("tensor.put", local.shape, src_offsets or [0] * local.dim(), shape, "src")
         values = local.as_strided(shape, local.stride(), local.storage_offset() + _index(at, local.stride()))
-        start = _write("tensor.put", found, dst, peer, dst_offsets or [0] * dst.dim(), atomic, values, "dst")
-        if start is not None:   # a plain copy into a mapped window: the same arguments copy the same boxes
-            self.keep(key, (int(peer), shape if values.numel() else None, local.stride(), values.storage_offset(),
+        to = dst_offsets or [0] * dst.dim()
+        start = _write("tensor.put", found, dst, peer, to, atomic, values, "dst")
+        if start is not None and shape:   # a plain copy into a mapped window: the same arguments copy the same boxes
+            room = min(local.shape[0] - at[0], dst.shape[0] - int(to[0]))
+            self.keep(key, (int(peer), room, shape[0], tuple(shape[1:]), local.stride(), values.storage_offset(),
                             dst.stride(), start))
 
 

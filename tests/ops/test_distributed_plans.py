@@ -63,6 +63,23 @@ def test_a_put_with_a_bad_argument_after_good_ones_still_fails(window):
     assert float(win.sum()) == 8.0
 
 
+def test_a_put_whose_row_count_changes_each_call_keeps_its_plan_and_its_bounds(window, extents):
+    """A dispatch puts the live rows, a count read from data: any count the boxes have room for reuses the plan
+    (0 writes nothing); one past the room is checked anew and fails."""
+    win, put = window([6, 8]), distributed._put_box.bind()
+    local = torch.arange(40, dtype=torch.float32).reshape(5, 8)
+    put(win, 0, local, [2, 0], [1, 0], [3, 8], False)   # room: 4 rows in the source from row 1, 4 in the target
+    checked = extents[0]
+    for rows in (1, 4, 0, 2):
+        win.zero_()
+        put(win, 0, local, [2, 0], [1, 0], [rows, 8], False)
+        assert torch.equal(win[2:2 + rows], local[1:1 + rows]) and float(win.abs().sum()) == float(
+            local[1:1 + rows].abs().sum())
+    assert extents[0] == checked
+    with pytest.raises(OpError, match="does not fit"):
+        put(win, 0, local, [2, 0], [1, 0], [5, 8], False)
+
+
 def test_a_signal_cell_is_resolved_once_per_offsets(window, extents):
     signal = window([2, 2], torch.int32)
     notify, wait = distributed._notify_cell.bind(), distributed._wait_cell.bind()
