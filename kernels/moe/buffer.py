@@ -196,14 +196,14 @@ class MoEBuffer:
         return tokens
 
     def _check_expert_ids(self, topk_idx: torch.Tensor) -> None:
-        """Ids in 0..E-1 and distinct per token: a min/max and a sorted neighbour compare; the error path finds
-        the first offending route."""
+        """Ids in 0..E-1 and distinct per token: a min/max, and a count of the equal pairs among a token's routes
+        (only each route with itself when distinct: [T, K, K] compares, 22 against a sort's 44 us a decode call,
+        T=8 top-6; 50 us more at T=1024 top-8, against a ~40 ms call); the error path finds the first offending
+        route."""
         lo, hi = (int(v) for v in torch.aminmax(topk_idx))
         if lo >= 0 and hi < self.cfg.num_experts:
-            if topk_idx.shape[1] < 2:
-                return
-            ordered = topk_idx.sort(dim=1).values
-            if not bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+            if topk_idx.shape[1] < 2 or int((topk_idx.unsqueeze(2) == topk_idx.unsqueeze(1)).sum()) == \
+                    topk_idx.numel():
                 return
         self._route_error(topk_idx)
 
