@@ -43,13 +43,23 @@ def join_k_steps(graph: torch.fx.GraphModule) -> int:
         with graph.graph.inserting_before(node):
             left, right = (_make(graph.graph, side, made) for side in term)
             product = graph.graph.call_function(aten.mm.default, (left, right))
-        node.replace_all_uses_with(product)
-        graph.graph.erase_node(node)
-        joined += 1
-    if joined:
+        joined += _replace(graph, node, product)
+    return _recompiled(graph, joined)
+
+
+def _replace(graph: torch.fx.GraphModule, node, made) -> int:
+    """`node`'s uses now use `made`; `node` erased. Returns 1 (one rewrite)."""
+    node.replace_all_uses_with(made)
+    graph.graph.erase_node(node)
+    return 1
+
+
+def _recompiled(graph: torch.fx.GraphModule, rewrites: int) -> int:
+    """`rewrites`, the graph's dead code dropped and its code made again when there were any."""
+    if rewrites:
         graph.graph.eliminate_dead_code()
         graph.recompile()
-    return joined
+    return rewrites
 
 
 def _term(node):
@@ -155,10 +165,7 @@ def join_tiles(graph: torch.fx.GraphModule) -> int:
         for write in (second, first):
             graph.graph.erase_node(write)
         joined += 1
-    if joined:
-        graph.graph.eliminate_dead_code()
-        graph.recompile()
-    return joined
+    return _recompiled(graph, joined)
 
 
 def _tile(node):
@@ -264,13 +271,8 @@ def drop_word_views(graph: torch.fx.GraphModule) -> int:
             made = _select_halves(graph.graph, node, inner, dtype)
         if made is not None:
             made.meta.setdefault("val", node.meta.get("val"))
-            node.replace_all_uses_with(made)
-            graph.graph.erase_node(node)
-            undone += 1
-    if undone:
-        graph.graph.eliminate_dead_code()
-        graph.recompile()
-    return undone
+            undone += _replace(graph, node, made)
+    return _recompiled(graph, undone)
 
 
 def _val(node):
@@ -360,13 +362,8 @@ def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
                 term = graph.graph.call_function(aten.mul.Tensor, (
                     graph.graph.call_function(aten.slice.Tensor, (a, 2, j, j + 1)), _term_rows(graph.graph, b, j)))
                 total = term if total is None else graph.graph.call_function(aten.add.Tensor, (total, term))
-        node.replace_all_uses_with(total)
-        graph.graph.erase_node(node)
-        unrolled += 1
-    if unrolled:
-        graph.graph.eliminate_dead_code()
-        graph.recompile()
-    return unrolled
+        unrolled += _replace(graph, node, total)
+    return _recompiled(graph, unrolled)
 
 
 _SAME_VALUES = (aten._to_copy.default, aten.detach.default, aten.clone.default, aten.alias.default)
