@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     try:
         rank, shape = dist.get_rank(), MoEShape(*SHAPES[args.shape], args.skewed)
         x, topk_idx, topk_weights = make_inputs(shape, dist.get_world_size(), rank)
-        buf, call, _ = make_buffer(load_ours(), shape, x, topk_idx.int(), topk_weights)
+        buf, call, _ = make_buffer(load_ours(), shape, x, topk_idx.int(), topk_weights, tier="eager")
         tiers = compile_tiers(call, buf)
         run = tiered(call, buf, args.form == "compiled")
         per_call(run, 20)

@@ -135,12 +135,15 @@ def time_interleaved(contenders: dict, iters: int, warmup: int) -> dict[str, lis
     return samples
 
 
-def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights):
+def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights, tier: str = "off"):
     """A checked MoEBuffer for `shape` (collective), its timed call (dispatch, identity experts, combine) and the
-    bytes of its receive tensor."""
+    bytes of its receive tensor. `tier` eager: built under PYPTO_TIER=eager (a buffer picks its kernels by it)."""
+    from pypto_rt import config
+
     buf_cls, cfg_cls = ours
-    buf = buf_cls(cfg_cls(hidden=shape.hidden, num_experts=shape.num_experts(dist.get_world_size()),
-                          top_k=shape.top_k, max_tokens_per_rank=shape.tokens, dtype=x.dtype))
+    with config.scope(**({"TIER": "eager"} if tier == "eager" else {})):
+        buf = buf_cls(cfg_cls(hidden=shape.hidden, num_experts=shape.num_experts(dist.get_world_size()),
+                              top_k=shape.top_k, max_tokens_per_rank=shape.tokens, dtype=x.dtype))
     recv_bytes = check_ours(buf, shape, x, topk_idx, topk_weights)
 
     def call():
@@ -152,11 +155,14 @@ def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights):
 
 def _specialisations(buf) -> list:
     """The replayed specialisations of the buffer's window kernels (none on other transports)."""
-    from pypto_rt.kernels.moe.dispatch import WindowTransport, combine_kernel, dispatch_kernel
+    from pypto_rt.kernels.moe.dispatch import (WindowTransport, combine_kernel, combine_reduce_kernel,
+                                               combine_send_kernel, dispatch_kernel)
 
     if not isinstance(buf.transport, WindowTransport):
         return []
-    kernels = (dispatch_kernel(buf.layout), combine_kernel(buf.layout))
+    combine = (combine_send_kernel(buf.layout), combine_reduce_kernel(buf.layout)) if buf.transport.split_combine \
+        else (combine_kernel(buf.layout),)
+    kernels = (dispatch_kernel(buf.layout), *combine)
     return [spec for k in kernels for spec in k.state.replay.values() if spec.tier is not None]
 
 
@@ -219,7 +225,7 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
     contenders, row = {"baseline": baseline}, {"status": absent}
     if ours is not None:
         idx32 = topk_idx.int()   # what the gate returns
-        buf, contenders["ours"], recv_bytes = make_buffer(ours, shape, x, idx32, topk_weights)
+        buf, contenders["ours"], recv_bytes = make_buffer(ours, shape, x, idx32, topk_weights, tier)
         row = {"status": "ok", "stats_before": stats_of(buf), "recv_bytes": recv_bytes}
         if tier == "eager":
             row["tiers"] = compile_tiers(contenders["ours"], buf)

@@ -65,6 +65,7 @@ import torch
 
 import pypto.language as pl
 import pypto.language.distributed as pld
+from pypto_rt import config
 from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
 from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, route_layout, route_rows,
                                                  stage_by_destination, sum_returned, weighted_all)
@@ -220,22 +221,93 @@ def combine_kernel(layout: Layout):
                 sums = sums_live(sums, y, meta_in, routes, lanes, top_k, hidden, dtype)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
-            now = pl.read(epoch, [0, 0])
-            for src in pl.range(world):   # source src's sums (its block of sums) back to it, as many rows as it sent
-                count = pl.read(counts_in, [src, n_experts + me])
-                pld.tensor.put(dst=back_in, peer=src, src=sums, dst_offsets=[me * t_max, 0],
-                               src_offsets=[src * t_max, 0], shape=[count, hidden])
-                pld.system.notify(signals, peer=src, offsets=[me, COMBINE_SIGNAL], value=now, op=pld.NotifyOp.Set)
-            for src in pl.range(world):
-                pld.system.wait(signal=signals, offsets=[src, COMBINE_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
+            return_sums(sums, me, epoch, counts_in, back_in, signals, world, n_experts, t_max, hidden)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_reduce"):   # windows only: replayed as torch calls
-            by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)
-            total = sum_returned(back_in, slots, members, by_rank, t_dim, hidden, world)
-            out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
+            reduce_returned(out, back_in, slots, members, addend, t_dim, t_max, hidden, world, dtype)
         return out
 
     return moe_combine
+
+
+@pl.jit.inline
+def return_sums(sums, me, epoch, counts_in, back_in, signals, world, n_experts, t_max, hidden):
+    """`moe_return`: each source's sums (its block of `sums`) back to it, as many rows as it sent, signal 1 at the
+    call's epoch; then the wait for every rank's."""
+    now = pl.read(epoch, [0, 0])
+    for src in pl.range(world):
+        count = pl.read(counts_in, [src, n_experts + me])
+        pld.tensor.put(dst=back_in, peer=src, src=sums, dst_offsets=[me * t_max, 0], src_offsets=[src * t_max, 0],
+                       shape=[count, hidden])
+        pld.system.notify(signals, peer=src, offsets=[me, COMBINE_SIGNAL], value=now, op=pld.NotifyOp.Set)
+    for src in pl.range(world):
+        pld.system.wait(signal=signals, offsets=[src, COMBINE_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
+
+
+@functools.lru_cache(maxsize=None)
+def combine_send_kernel(layout: Layout):
+    """The combine's first half as a kernel of its own, for a live layout run compiled (`WindowTransport`): the
+    sums in the fixed form, over every arrival slot (its replay and compiled tier one loop over every route slot's
+    row: 40 -> 15.6 ms a 2-rank prefill call, where the live form's grouped sums are called as they are), and their
+    return. Every shape is the layout's, none the call's token count: one specialisation per layout, compiled once
+    whatever prefill lengths follow (`combine_reduce_kernel` takes the rest)."""
+    world, n_experts, top_k, t_max, hidden = (layout.world, layout.num_experts, layout.top_k, layout.max_tokens,
+                                              layout.hidden)
+    e_local, lanes, dtype = layout.local_experts, layout.lanes, layout.pl_dtype
+
+    @pl.jit
+    def moe_combine_send(
+        y: pl.Tensor[[e_local * lanes, hidden], dtype],
+        me: pl.Scalar[pl.INT32],
+        epoch: pl.Tensor[[1, 1], pl.INT32],
+        sums: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
+        routes: pl.Tensor[[lanes, top_k], pl.INT32],
+        counts_in: pld.DistributedTensor[[world, n_experts + world], pl.INT32],
+        meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
+        back_in: pld.DistributedTensor[[lanes, hidden], dtype],
+        signals: pld.DistributedTensor[[world, SIGNALS], pl.INT32],
+    ):
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
+            sums[:, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
+            return_sums(sums, me, epoch, counts_in, back_in, signals, world, n_experts, t_max, hidden)
+        return sums
+
+    return moe_combine_send
+
+
+@functools.lru_cache(maxsize=None)
+def combine_reduce_kernel(layout: Layout):
+    """The combine's second half after `combine_send_kernel`: per token, the rows its ranks sent back, summed with
+    its row of `addend`."""
+    world, t_max, hidden, lanes, dtype = layout.world, layout.max_tokens, layout.hidden, layout.lanes, layout.pl_dtype
+
+    @pl.jit
+    def moe_combine_reduce(
+        slots: pl.Tensor[[T_DYN, world], pl.FP32],
+        members: pl.Tensor[[T_DYN, world], pl.FP32],
+        addend: pl.Tensor[[T_DYN, hidden], dtype],
+        out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
+        back_in: pld.DistributedTensor[[lanes, hidden], dtype],
+    ):
+        slots.bind_dynamic(0, T_DYN)
+        members.bind_dynamic(0, T_DYN)
+        addend.bind_dynamic(0, T_DYN)
+        out.bind_dynamic(0, T_DYN)
+        t_dim = pl.tensor.dim(out, 0)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_reduce"):   # windows only: replayed as torch calls
+            reduce_returned(out, back_in, slots, members, addend, t_dim, t_max, hidden, world, dtype)
+        return out
+
+    return moe_combine_reduce
+
+
+@pl.jit.inline
+def reduce_returned(out, back_in, slots, members, addend, t_dim, t_max, hidden, world, dtype):
+    """`moe_reduce`: out[t] = the rows t's ranks sent back, summed with addend[t] in FP32, rounded once."""
+    by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)
+    total = sum_returned(back_in, slots, members, by_rank, t_dim, hidden, world)
+    out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
 
 
 def _window(shape: list[int], dtype):
@@ -260,7 +332,11 @@ class WindowTransport:
         self._send_meta = torch.zeros(lanes + 1, 2 * k, dtype=torch.float32)
         self._count_row = torch.zeros(1, n_counts, dtype=torch.int32)
         self._sums = torch.zeros(lanes, hidden, dtype=layout.dtype)      # combine: per arrival slot, its rows' sum
-        self._routes = torch.zeros(lanes, k, dtype=torch.int32)     # fixed form: arrival slots' receive rows
+        self._routes = torch.zeros(lanes, k, dtype=torch.int32)     # arrival slots' receive rows
+        # a live layout compiled at the first replay (PYPTO_TIER=eager) combines in two kernels, the fixed-form sums
+        # in the first (combine_send_kernel): compiled they are the fastest, replayed or on the engine 2.3x slower
+        # than the live form's (the background tier compiles late, after many calls: those keep the live form)
+        self.split_combine = not layout.fixed_shape and config.TIER.get() == "eager"
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
         dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, self._epoch, route_pos, slots, members,
@@ -268,8 +344,13 @@ class WindowTransport:
                                      self._routes, self._counts_in, self._tokens_in, self._meta_in, self._signals)
 
     def combine(self, y, slots, members, addend, out) -> None:
-        combine_kernel(self.layout)(y, self.rank, self._epoch, slots, members, addend, out, self._sums,
-                                    self._routes, self._counts_in, self._meta_in, self._back_in, self._signals)
+        if not self.split_combine:
+            combine_kernel(self.layout)(y, self.rank, self._epoch, slots, members, addend, out, self._sums,
+                                        self._routes, self._counts_in, self._meta_in, self._back_in, self._signals)
+            return
+        combine_send_kernel(self.layout)(y, self.rank, self._epoch, self._sums, self._routes, self._counts_in,
+                                         self._meta_in, self._back_in, self._signals)
+        combine_reduce_kernel(self.layout)(slots, members, addend, out, self._back_in)
 
     def sent_rows(self, rank: int) -> list[int]:
         """Token rows `rank`'s latest dispatch sent to each rank."""

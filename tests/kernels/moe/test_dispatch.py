@@ -27,9 +27,10 @@ TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
 STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
           for form, hidden in (("fixed", ()), ("live", ("--hidden", "16")))}
 LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
-# the compiled tier's check: the fixed form with rows wide enough for its narrow products to be unrolled
-TIERED = ("--form", "fixed", "--steady", "--calls", "8", "--hidden", "64", "--top-k", "3", "--experts-per-rank", "3",
-          "--inf-row", "--tier")
+# the compiled tier's checks, one job: each form with rows wide enough for its narrow products to be unrolled (the
+# live one at another hidden size: layouts differ)
+TIERED = tuple(("--form", form, "--steady", "--calls", "8", "--hidden", hidden, "--top-k", "3", "--experts-per-rank",
+                "3", "--inf-row", "--tier") for form, hidden in (("fixed", "64"), ("live", "128")))
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +77,16 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(j
     _all_pass(job, nproc, checks=6 * 4 + 2)
 
 
-@pytest.mark.timeout(240)
-def test_the_compiled_dispatch_and_combine_stay_exact_and_an_inf_row_gives_inf(jobs):
-    """Both kernels compiled (replay.tier: the word views undone, the weighted sums of gathered rows unrolled into
-    one loop, replay.tier_passes) and swapped in from the sixth call: every call still matches the golden, and the
-    token whose live route reads a +inf expert row combines to +inf (the select that zeroes a dead slot's stand-in
-    row survives the passes; 0 * inf would be NaN)."""
-    job = jobs.job(2, DISPATCH_COMBINE, ("--timeout-s", "150"), (TIERED,), 0)
-    _all_pass(job, 2, checks=8 * 4 + 4 + 1)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", [0, 1], ids=["fixed", "live"])
+def test_the_compiled_dispatch_and_combine_stay_exact_and_an_inf_row_gives_inf(jobs, form):
+    """Under PYPTO_TIER=eager both kernels compiled (replay.tier: the word views undone, the weighted sums of
+    gathered rows unrolled into one loop, replay.tier_passes) and swapped in from the sixth call; a live layout's
+    combine is then two kernels (its sums in the fixed form, dispatch.combine_send_kernel), both compiled. Every call
+    still matches the golden, and the token whose live route reads a +inf expert row combines to +inf (the select
+    that zeroes a dead slot's stand-in row survives the passes; 0 * inf would be NaN)."""
+    job = jobs.job(2, DISPATCH_COMBINE, ("--timeout-s", "150"), TIERED, form)
+    _all_pass(job, 2, checks=8 * 4 + 1)
 
 
 @pytest.mark.timeout(180)

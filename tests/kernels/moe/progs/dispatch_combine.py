@@ -17,8 +17,9 @@ on replay, and checks that they do. --sum-chunk sets the live form's tokens per 
 and a short last one.
 --inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
---tier (with --steady) compiles the replays (PYPTO_TIER=eager: replay.tier, built and checked against the replay
-when recorded) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed calls), checking
+--tier (with --steady) builds the buffer and calls it with PYPTO_TIER=eager (replay.tier: the replays compiled and
+checked against the replay when recorded; a live layout then combines in two kernels, dispatch.combine_send_kernel's
+sums in the fixed form) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed calls), checking
 that both kernels have a compiled tier and that those calls stay exact.
 --then runs one more configuration in the same job, on a buffer of its own (a rank's start-up, mostly the torch import,
 is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each configuration's lines lie between
@@ -116,7 +117,8 @@ def check(args, buf) -> dict:
         with run_stats.collect() as combined:
             out = buf.combine(y, recv.handle, add=xs[me] if call == 1 else None)
         checks[f"call {call}: no host reads"] = dispatched.host_reads == combined.host_reads == 0
-        if args.steady and call > ReplayPolicy().normal_runs + 1:   # (after the engine runs and two recordings)
+        if args.steady and not args.tier and call > ReplayPolicy().normal_runs + 1:   # (after the engine runs and
+            # two recordings; compiled, a small kernel's trial turns run it on the engine now and then)
             # the signalling regions are recorded calls (replay.comm_block; the puts' extents are row counts read
             # from data); the live form's expansion and sums touch the live rows only (shapes that follow data),
             # so they are called as they are, which the first recording finds (it is refused inside them)
@@ -135,8 +137,11 @@ def check(args, buf) -> dict:
 
 
 def _compiled(buf) -> bool:
-    """Swap in the compiled tier of the buffer's dispatch and combine where built; whether both are."""
-    kernels = (dispatch.dispatch_kernel(buf.layout), dispatch.combine_kernel(buf.layout))
+    """Swap in the compiled tier of the buffer's kernels where built; whether both are: the dispatch and the combine
+    (fixed form), or the combine's two kernels (live form: its dispatch calls a block as it is)."""
+    layout = buf.layout
+    kernels = (dispatch.dispatch_kernel(layout), dispatch.combine_kernel(layout)) if layout.fixed_shape else \
+        (dispatch.combine_send_kernel(layout), dispatch.combine_reduce_kernel(layout))
     tiers = [spec.tier for k in kernels for spec in k.state.replay.values() if spec.tier is not None]
     for tier in tiers:
         if tier.tiered is not None:
@@ -171,13 +176,14 @@ def main():
     every_ok, layouts = True, set()
     for i, argv in enumerate(_configurations(sys.argv[1:])):
         args = _parser().parse_args(argv)
-        buf = _buffer(args)
-        if buf.layout in layouts:
-            raise SystemExit(f"configuration {i} ({' '.join(argv)}) repeats an earlier one's layout: the compiled "
-                             "dispatch and combine are cached per layout (not per form); give each a different size")
-        layouts.add(buf.layout)
-        print(f"rank {me}/{world}: CONFIG {i} begins", flush=True)
-        with config.scope(**({"TIER": "eager"} if args.tier else {})):
+        with config.scope(**({"TIER": "eager"} if args.tier else {})):   # (the buffer picks its kernels by it)
+            buf = _buffer(args)
+            if buf.layout in layouts:
+                raise SystemExit(f"configuration {i} ({' '.join(argv)}) repeats an earlier one's layout: the "
+                                 "compiled dispatch and combine are cached per layout (not per form); give each a "
+                                 "different size")
+            layouts.add(buf.layout)
+            print(f"rank {me}/{world}: CONFIG {i} begins", flush=True)
             checks = check(args, buf)
         for name, ok in checks.items():
             print(f"rank {me}/{world}: {'PASS' if ok else 'FAIL'} {name}")
