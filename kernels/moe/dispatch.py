@@ -52,7 +52,11 @@ row past the counts, which may hold anything). Live form (`dispatch_live.sums_li
 only, the slots grouped by their live-route count, one batched matmul per group. `moe_return` (signals) puts each
 source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows) gathers, per token, the row
 each of its ranks sent back and sums them (the same batched matmul, weights 0/1) with the token's row of `addend`
-(e.g. the shared expert's output; zeros when there is none), rounding once.
+(e.g. the shared expert's output; zeros when there is none), rounding once. A live layout built under
+PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead: `combine_send_kernel` (the sums in
+the fixed form, whose compiled tier is one vectorised loop over every route slot, and `moe_return`; its shapes are
+the layout's, so one specialisation serves every token count) and `combine_reduce_kernel` (`moe_reduce`). Replayed
+or on the engine the fixed sums cost ~2.3x the live ones, so without that tier the live form stays.
 
 Only live rows cross: a put carries exactly the rows a destination needs, plus the [1, E + W] count row (the row
 counts are read inside the regions, never by the host program). The host program reads no data, so repeated
