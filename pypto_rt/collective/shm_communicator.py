@@ -16,10 +16,12 @@ poll_policy.py decides per wait from the host's load and the wait site's recent 
 """
 from __future__ import annotations
 
+import atexit
 import os
 import platform
 import secrets
 import time
+import weakref
 
 import torch
 
@@ -126,6 +128,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
         self._ctl.cells64[STATE] = RUNNING
+        self._at_exit = self._abort_at_exit() if self.owner_unlinks else None
         try:
             store_rendezvous.start(self.store, rank, world_size, start_s)
             self._peer_ctl = [self._ctl if r == rank else Segment.attach(f"{self.base_name}-ctl-r{r}", rank)
@@ -139,6 +142,19 @@ class ShmCommunicator(StagedCollectives, Communicator):
         if comm_settings.comm_check():
             self._check = CollectiveCheck(self.store, rank, world_size, self.timeout_s,
                                           self._watcher(None, "comm_check", None, None))
+
+    def _abort_at_exit(self):
+        """While this communicator owns its segments' names (no launcher unlinks them), a process that exits without
+        close() aborts it at exit: peers' waits on it fail, and its segments are unlinked, not left in /dev/shm.
+        The hook holds the communicator weakly; `_release` unregisters it."""
+        ref = weakref.ref(self)
+
+        def hook() -> None:
+            comm = ref()
+            if comm is not None:
+                comm.abort("the process exited without closing its communicator")
+        atexit.register(hook)
+        return hook
 
     def _agree_prefix(self, start_s: float) -> str:
         """No prefix given: rank 0 picks one and the others read it from the store."""
@@ -408,6 +424,8 @@ class ShmCommunicator(StagedCollectives, Communicator):
 
     def _release(self) -> None:
         self._closed = True
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
         if self._poll is not None:
             self._poll.close()
         own = [self._ctl] + [w.segments[self.rank] for w in self._windows] + self._own_stages()

@@ -208,3 +208,22 @@ def test_ranks_started_with_the_launcher_environment_leave_cleanup_to_the_launch
     left = list_segments(prefix)
     assert left and all(name.startswith(prefix + "+c1-") for name in left)   # the launcher's to remove
     assert remove_segments(prefix) == left and list_segments(prefix) == []
+
+
+UNCLOSED = textwrap.dedent("""
+    import torch.distributed as dist
+    from pypto_rt.collective import create_communicator, list_segments
+    comm = create_communicator("shm", 0, 1, store=dist.HashStore())   # no launcher: it owns its segments' names
+    comm.alloc_window(64, "w")
+    print(comm.prefix, len(list_segments(comm.prefix)), flush=True)
+""")   # (and exits without close())
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_exits_without_closing_its_own_communicator_leaves_no_segments():
+    env = {k: v for k, v in os.environ.items() if k != "PYPTO_SHM_PREFIX"}
+    done = subprocess.run([sys.executable, "-c", UNCLOSED], cwd=REPO, env={**env, "PYTHONPATH": REPO},
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    prefix, alive = done.stdout.split()
+    assert int(alive) == 2 and list_segments(prefix) == []   # (control and window, there while it ran)
