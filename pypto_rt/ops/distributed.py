@@ -281,7 +281,7 @@ class _PutBox(_Effect):
 
     def __call__(self, dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
         found = self.window("tensor.put", dst, "dst")
-        rows = None if shape is None else int(shape[0])
+        rows = int(shape[0]) if shape else None   # (None: the box's default extent)
         key = (self._last[0], peer, atomic, local.shape, local.stride(), local.storage_offset(),
                *(dst_offsets or ()), None, *(src_offsets or ()), None, *(shape[1:] if shape else ()))
         kept = self.planned(key)   # (peer, room, default rows, rest of the box, source strides, source offset,

@@ -7,6 +7,9 @@ GEMM (and the adds as kernels between them); the golden runs one. The sum of pro
 product over the joined range, so such a chain becomes one `mm` over slices of the same tensors (the casts and
 transposes the operands went through kept). Only the summation order changes: floats may differ in their last bits,
 as from any reordering inductor does, and the tier checks the result against the replay before the swap.
+`join_tiles`: output tiles of one product written apart, joined into one write (bit for bit).
+`drop_word_views` and `unroll_narrow_products`: a weighted sum of gathered rows (the MoE combine's) made one
+vectorised loop; see each. `rewrite` runs them all, as a build asks.
 """
 from __future__ import annotations
 
@@ -260,13 +263,13 @@ def drop_word_views(graph: torch.fx.GraphModule) -> int:
             continue
         inner, dtype = _bare(node.args[0]), node.args[1]
         made = None
-        if _dtype_view(inner) and _dtype_of(_bare(inner.args[0])) == dtype:
-            made = _bare(inner.args[0])
-        elif inner.target is aten.index_select.default and _dtype_view(_bare(inner.args[0])) \
-                and _dtype_of(_bare(_bare(inner.args[0]).args[0])) == dtype and _not_last(inner.args[1], inner):
+        source = _bare(inner.args[0]) if inner.op == "call_function" and inner.args else None
+        if _dtype_view(inner) and _dtype_of(source) == dtype:
+            made = source
+        elif inner.target is aten.index_select.default and _dtype_view(source) \
+                and _dtype_of(_bare(source.args[0])) == dtype and _not_last(inner.args[1], inner):
             with graph.graph.inserting_before(node):
-                made = graph.graph.call_function(aten.index_select.default,
-                                                 (_bare(_bare(inner.args[0]).args[0]), *inner.args[1:]))
+                made = graph.graph.call_function(aten.index_select.default, (_bare(source.args[0]), *inner.args[1:]))
         elif inner.target is aten.where.self:
             made = _select_halves(graph.graph, node, inner, dtype)
         if made is not None:
@@ -366,7 +369,7 @@ def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
     return _recompiled(graph, unrolled)
 
 
-_SAME_VALUES = (aten._to_copy.default, aten.detach.default, aten.clone.default, aten.alias.default)
+_CASTS_AND_COPIES = (aten._to_copy.default, aten.detach.default, aten.clone.default, aten.alias.default)
 _VIEWS_3D = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
@@ -377,7 +380,7 @@ def _term_rows(graph: torch.fx.Graph, b, j: int):
     n, w, h = _val(b).shape
     node, ops = b, []
     while node.op == "call_function":
-        if node.target in _SAME_VALUES and len(node.args) == 1:
+        if node.target in _CASTS_AND_COPIES and len(node.args) == 1:
             ops.append(node)
         elif not (node.target in (aten.expand.default, *_VIEWS_3D) and isinstance(node.args[0], torch.fx.Node)
                   and tuple(_val(node.args[0]).shape) == (n, w, h)):   # (an expand or a view to its own shape)

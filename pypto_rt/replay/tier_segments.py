@@ -361,10 +361,12 @@ def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: 
         try:
             join = not segmented.communicates
             compiled[segment.index], problem = _checked(
-                segment, _compile(segment, *snapshot, threads, deadline, idle, join, True), snapshot[0])
+                segment, _compile(segment, *snapshot, threads, deadline, idle, join=join, reorder=True),
+                snapshot[0])
             if problem is not None and compiled[segment.index].joined:   # (reordered sums past the tolerance)
                 compiled[segment.index], problem = _checked(
-                    segment, _compile(segment, *snapshot, threads, deadline, idle, False, False), snapshot[0])
+                    segment, _compile(segment, *snapshot, threads, deadline, idle, join=False, reorder=False),
+                    snapshot[0])
         except Untierable as e:   # (_Kept, raised where the segment was traced)
             segment.kept, compiled[segment.index] = str(e), segment.replayed
             continue
