@@ -3,6 +3,7 @@ cProfile's top functions, inside a launched job with the bench's shape and MoEBu
 
     .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
         [--sort tottime|cumulative] [--shape decode|prefill] [--skewed] [--poll-ab 0,auto,3000 [--rounds 8]]
+        [--barrier]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
@@ -12,7 +13,9 @@ thread CPU time) of as many more calls. `--shape prefill` takes the bench's pref
 its live form is not compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank
 0's experts). `--poll-ab` alternates the shm waits' poll settings (microseconds as PYPTO_SHM_POLL_US, `auto`: the
 adaptive policy) in blocks of `--calls // --rounds` calls inside the one job, every rank switching at the same call,
-and prints each setting's wall and CPU per call summed over its blocks (an A/B under the same load).
+and prints each setting's wall and CPU per call summed over its blocks (an A/B under the same load). `--barrier`
+also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right
+after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from bench.moe_routing import MoEShape, make_inputs
 
 
 SHAPES = {"decode": ("decode", 8, 4096, 6), "prefill": ("prefill", 1024, 1024, 8)}   # bench.moe_routing's rows
+_waits_wall = [0.0]   # wall seconds spent inside the shm communicator's waits
 _in_waits = [0.0]   # CPU seconds spent inside the shm communicator's waits (their spins, yields and sleeps)
 
 
@@ -42,11 +46,12 @@ def _count_waits() -> None:
     real = shm_communicator.backoff_wait
 
     def counted(*args, **kwargs):
-        start = time.thread_time()
+        start, wall = time.thread_time(), time.perf_counter()
         try:
             return real(*args, **kwargs)
         finally:
             _in_waits[0] += time.thread_time() - start
+            _waits_wall[0] += time.perf_counter() - wall
     shm_communicator.backoff_wait = counted
 
 
@@ -89,6 +94,40 @@ def poll_ab(run, settings: list[str], calls: int, rounds: int, rank: int) -> Non
               f"outside the waits' polls), {rounds} blocks of {block} calls", flush=True)
 
 
+def barriered(run, calls: int, rank: int, x, topk_idx, topk_weights) -> None:
+    """Median and mean wall ms of `calls` calls each after a barrier, and the wall of their shm waits: after gloo's
+    barrier (bench.moe_rank's) or the shm communicator's (which spins), alone or each right after a baseline call."""
+    import statistics
+    from bench.moe_baseline import GlooDispatch
+    from bench.moe_routing import EXPERTS_PER_RANK
+    from pypto_rt.collective import process
+
+    base = GlooDispatch(EXPERTS_PER_RANK)
+    comm = process.communicator("bench/moe_call_cpu.py --barrier")
+
+    def baseline():
+        recv = base.dispatch(x, topk_idx, topk_weights)
+        base.combine(recv.x, recv.handle)
+
+    for label, before, barrier in (("gloo barrier, alone", None, dist.barrier),
+                                   ("gloo barrier, after a baseline call", baseline, dist.barrier),
+                                   ("shm barrier, alone", None, comm.barrier),
+                                   ("shm barrier, after a baseline call", baseline, comm.barrier)):
+        samples, waited = [], 0.0
+        for _ in range(calls):
+            if before is not None:
+                barrier()
+                before()
+            barrier()
+            start, waits = time.perf_counter(), _waits_wall[0]
+            run()
+            samples.append(time.perf_counter() - start)
+            waited += _waits_wall[0] - waits
+        print(f"rank {rank} {label}: median wall {statistics.median(samples) * 1e3:.3f} ms, mean "
+              f"{statistics.mean(samples) * 1e3:.3f} ms, of which {waited / calls * 1e3:.3f} ms in the shm waits",
+              flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench/moe_call_cpu.py", description=__doc__.splitlines()[0])
     parser.add_argument("--form", choices=["compiled", "replayed"], default="compiled")
@@ -99,6 +138,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skewed", action="store_true", help="every token routes to rank 0's experts")
     parser.add_argument("--poll-ab", default="", help="poll settings to alternate, e.g. 0,auto,3000")
     parser.add_argument("--rounds", type=int, default=8, help="blocks per setting with --poll-ab")
+    parser.add_argument("--barrier", action="store_true",
+                        help="also time calls each after a barrier (gloo's or shm's), alone and after a baseline call")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     _count_waits()
@@ -115,6 +156,9 @@ def main(argv=None) -> int:
         print(f"rank {rank} {args.form} ({', '.join(t['state'] for t in tiers)}): wall {wall:.3f} ms, "
               f"CPU {cpu:.3f} ms per call ({cpu - waits:.3f} ms outside the waits' polls; all threads "
               f"{process:.3f} ms), torch threads {torch.get_num_threads()}", flush=True)
+        dist.barrier()
+        if args.barrier:
+            barriered(run, args.calls, rank, x, topk_idx, topk_weights)
         dist.barrier()
         if args.poll_ab:
             poll_ab(run, args.poll_ab.split(","), args.calls, args.rounds, rank)

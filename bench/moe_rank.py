@@ -4,8 +4,9 @@
 
 Every rank joins one gloo process group (env://, the launcher's store) and, per shape, first checks each
 contender against the single-process golden (an error names the rank, the shape and the contender), then times
-them interleaved: each iteration is a gloo barrier and one timed dispatch+combine, baseline then ours, with the
-expert step as identity (only communication is timed). "ours" is `pypto_rt.kernels.moe.MoEBuffer`, constructed
+them interleaved: every call is a gloo barrier and one timed dispatch+combine, the contenders taking turns in
+blocks of calls (`time_interleaved`), with the expert step as identity (only communication is timed); then in runs
+of consecutive calls, one barrier before each run (`time_consecutive`). "ours" is `pypto_rt.kernels.moe.MoEBuffer`, constructed
 collectively per shape, when that name is importable; else the row says "not built yet". The calls per shape
 stop at a time budget every rank agrees on (`plan_calls`). Rank 0 writes every rank's samples and counters to
 `--out` as JSON.
@@ -34,6 +35,9 @@ from bench.moe_routing import EXPERTS_PER_RANK, SETS, MoEShape, accounting, expe
 GLOO_TIMEOUT_S = 120          # every gloo wait has this deadline (a peer that died ends the job sooner)
 MIN_ITERS = 5                 # timed calls per contender and shape, whatever the time budget
 NOT_BUILT = "not built yet"
+INTERLEAVE_BLOCK = 5          # calls of one contender in a row (time_interleaved)
+CONSECUTIVE_BURST = 10        # calls per run of consecutive calls (time_consecutive)
+CONSECUTIVE_ROUNDS = 10       # at most this many runs per contender and shape
 
 
 class ContenderMismatch(AssertionError):
@@ -120,19 +124,42 @@ def plan_calls(contenders: dict, iters: int, warmup: int, budget_s: float) -> tu
     return max(0, min(warmup - 1, int(0.2 * budget_s / per_round))), timed
 
 
-def time_interleaved(contenders: dict, iters: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds of each call, `iters` per contender; each iteration runs every contender once after a barrier."""
+def time_interleaved(contenders: dict, iters: int, warmup: int, block: int = None) -> dict[str, list[float]]:
+    """Seconds of each call, `iters` per contender, each call after a barrier; the contenders take turns in blocks
+    of `block` calls, in the opposite order every other round. (One call each per round put every MoEBuffer call
+    right after a gloo all_to_all, which slowed it by ~0.4 ms at 2-rank decode against one after its own kind:
+    blocks leave that to a block's first call, and the order swap to either contender alike.)"""
+    block = block or INTERLEAVE_BLOCK
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(iters):
+    names = list(contenders)
+    for first in range(0, iters, block):
+        for name in (names if first // block % 2 == 0 else names[::-1]):
+            fn = contenders[name]
+            for _ in range(min(block, iters - first)):
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def time_consecutive(contenders: dict, rounds: int, burst: int) -> dict[str, list[float]]:
+    """Seconds per call of each contender in `rounds` runs of `burst` consecutive calls (one barrier before each
+    run, none between its calls): the steady state of a step loop, as DeepEP's benchmark times its kernels. A
+    barrier's sleep leaves a rank's next call slower (cold caches; ~0.4 ms on this 2-core host at decode sizes), which
+    `time_interleaved` pays every call."""
+    per_call: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
         for name, fn in contenders.items():
             dist.barrier()
             start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    return samples
+            for _ in range(burst):
+                fn()
+            per_call[name].append((time.perf_counter() - start) / burst)
+    return per_call
 
 
 def make_buffer(ours, shape: MoEShape, x, topk_idx, topk_weights, tier: str = "off"):
@@ -234,12 +261,16 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
     base.host_reads = 0
     warmup, iters = plan_calls(contenders, iters, warmup, budget_s) if iters else (warmup, 0)
     samples = time_interleaved(contenders, iters, warmup)
+    rounds = max(2, min(CONSECUTIVE_ROUNDS, iters // 5)) if iters else 0
+    consecutive = time_consecutive(contenders, rounds, CONSECUTIVE_BURST)
     if ours is not None:
         row.update(ours_counters(buf, x, idx32, topk_weights))
         getattr(buf, "close", lambda: None)()    # one buffer per shape: free its windows if it can
-    return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": int(bool(iters)) + warmup + iters,
-            "baseline": {"samples": samples["baseline"], "host_reads": base.host_reads},
-            "ours": {**row, "samples": samples.get("ours", []), "replayed_samples": samples.get("ours_replayed")},
+    return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": int(bool(iters)) + warmup + iters + rounds * CONSECUTIVE_BURST,
+            "baseline": {"samples": samples["baseline"], "consecutive": consecutive["baseline"],
+                         "host_reads": base.host_reads},
+            "ours": {**row, "samples": samples.get("ours", []),
+                     "consecutive": consecutive.get("ours", []), "replayed_samples": samples.get("ours_replayed")},
             "bytes": accounting(shape, world, rank)}
 
 

@@ -121,6 +121,21 @@ def test_latency_is_the_slowest_rank_per_call():
     assert median == 3.0 and p90 >= 3.0     # per call: 3, 5, 2
 
 
+def test_consecutive_calls_give_a_second_speed_up_and_verdict():
+    shape = {"phase": "decode", "tokens": 8, "hidden": 64, "top_k": 2, "skewed": False}
+
+    def row(base_runs, ours_runs):
+        return {"shape": shape, "bytes": {"logical": 1e6},
+                "baseline": {"samples": [4e-3] * 3, "consecutive": base_runs},
+                "ours": {"status": "ok", "samples": [3e-3] * 3, "consecutive": ours_runs}}
+
+    # per run the slowest rank: baseline 5, 6 ms, ours 2, 3 ms -> medians 5.5 against 2.5 ms
+    cells = moe_dispatch._timing_row([row([5e-3, 6e-3], [2e-3, 1e-3]), row([4e-3, 5e-3], [1e-3, 3e-3])], 2)
+    assert cells[8] == "1.33x" and cells[9].endswith("misses"), cells          # barrier before each call: 4 / 3 ms
+    assert cells[10] == "5.50 ms / 2.50 ms: 2.20x" and cells[11].endswith("meets"), cells
+    assert moe_dispatch._timing_row([row([], [])], 2)[10:] == ["-", "-"]     # results without consecutive runs
+
+
 def test_launched_job_runs_the_baseline_alone_when_asked():
     ranks = moe_dispatch.run_world(2, "check", iters=2, warmup=1, baseline_only=True)
     assert [[row["rank"] for row in rows] for rows in ranks] == [[0] * len(CHECK), [1] * len(CHECK)]
