@@ -264,9 +264,19 @@ def remote_store(src, target, peer, offsets, atomic=None):
 
 
 class _StoreBox(_Effect):
+    """A store's plan (peer, box, target strides and first element) is kept for the same arguments: a recorded line
+    stores the same box call after call (a dispatch's count row), with that call's values."""
+
     def __call__(self, target, peer, offsets, atomic: bool, values: torch.Tensor) -> None:
         found = self.window("remote_store", target, "target")
-        _write("remote_store", found, target, peer, offsets, atomic, values, "target")
+        key = (self._last[0], peer, atomic, values.shape, *offsets)
+        kept = self.planned(key)   # (peer, box, target strides, first element)
+        if kept is not None and not found[0].window.closed:
+            found[2][kept[0]].as_strided(kept[1], kept[2], kept[3]).copy_(values)
+            return
+        start = _write("remote_store", found, target, peer, offsets, atomic, values, "target")
+        if start is not None and values.numel():   # a plain copy into a mapped window: the same arguments, the same box
+            self.keep(key, (int(peer), tuple(values.shape), target.stride(), start))
 
 
 @op("pld.tensor.put")

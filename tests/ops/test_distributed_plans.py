@@ -87,3 +87,20 @@ def test_a_signal_cell_is_resolved_once_per_offsets(window, extents):
         notify(signal, 0, offsets, "set", value)
         wait(signal, offsets, "eq", None, value)
     assert signal.tolist() == [[0, 4], [5, 0]] and extents[0] == 4   # ([0, 1], then [1, 0]) x (notify, wait)
+
+
+def test_a_store_with_the_same_arguments_is_checked_once_and_a_bad_one_still_fails(window, extents):
+    win, store = window([3, 4], torch.int32), distributed._store_box.bind()
+    row = torch.arange(4, dtype=torch.int32).reshape(1, 4)
+    store(win, 0, [1, 0], False, row)
+    checked = extents[0]
+    for values in (row * 10, row + 7):   # new tensors: the kept plan, this call's values, the same box
+        store(win, 0, [1, 0], False, values)
+        assert win[1].tolist() == values[0].tolist()
+    assert extents[0] == checked and float(win[0].abs().sum() + win[2].abs().sum()) == 0.0
+    with pytest.raises(OpError, match="peer 1 is outside"):
+        store(win, 1, [1, 0], False, row)
+    with pytest.raises(OpError, match="does not fit"):
+        store(win, 0, [3, 0], False, row)
+    store(win, 0, [2, 0], False, row)   # another box: checked anew, written there
+    assert extents[0] > checked and win[2].tolist() == row[0].tolist()
