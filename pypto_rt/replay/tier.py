@@ -19,9 +19,9 @@ itself (not through the replay's views), which would need the body's slice write
 Sizes: specialisations of one entry whose replays differ only in integers that follow their arguments' sizes (serving
 batch buckets) form a family (replay.tier_family): the second one compiled gets a graph whose sizes are symbolic,
 the later ones share it without a compile (each checked against its own replay, then timed); the first keeps its own.
-Replays calling kernel blocks as they are (replay.opaque) are not compiled; a value carried that is not an integer
-(a float operand) keeps the replay. A replay that communicates (recorded `pld` effects, replay.comm_block) is
-compiled segment by segment between its communication lines, which stay Python (replay.tier_segments); so is a
+A value carried that is not an integer (a float operand) keeps the replay. A replay that communicates (recorded
+`pld` effects, replay.comm_block) or calls kernel blocks as they are (replay.opaque) is compiled segment by segment
+between those lines, which stay Python (replay.tier_segments); so is a
 replay of more than `tier_max_segment_calls` torch lines (its segments cut where no temporary crosses, between
 unrolled tiles): inductor's fusion search grows about quadratically with a graph's length, segments linearly.
 

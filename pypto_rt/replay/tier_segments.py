@@ -1,5 +1,5 @@
-"""The compiled tier of a replay that communicates: its runs of torch calls between communication lines are compiled
-one by one; the communication lines stay Python and run in program order.
+"""The compiled tier of a replay that communicates or calls kernel blocks as they are: its runs of torch calls between
+those lines are compiled one by one; the communication lines and block calls stay Python and run in program order.
 
 A communicating replay (replay.comm_block) is straight-line code in which recorded `pld` effects (`comm<N>(...)`:
 window stores, puts, notifies, waits), the numbers they take (row counts read with `.item()` from data the run
@@ -8,7 +8,9 @@ computed) and arithmetic on numbers stand between runs of plain torch calls. Eac
 (tensors, tensor constants, integers) returning the names it makes that later lines read. It is traced and compiled
 as replay.tier compiles a whole body (make_fx, inductor; integers symbolic, tensor sizes static; in-place writes into
 windows and outputs land in their memory). The tiered replay is the replay with each segment's lines replaced by a
-call of its compiled function; everything else runs as recorded, in the same order.
+call of its compiled function; everything else runs as recorded, in the same order. A kernel block called as it is
+(replay.opaque: its course follows data, e.g. a MoE dispatch's gathers of each expert's counted rows) ends a run the
+same way: it runs once, in order, in the capture call too, and the torch lines around it are compiled.
 
 The check never runs a communication effect twice: the segments are built from a *capture call*, an ordinary
 replayed call (its communication runs once, in order, as any replay's) that copies each segment's inputs just
@@ -47,8 +49,8 @@ from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.tier_passes import rewrite
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
-_EFFECT = re.compile(rf"{comm_block.EFFECT_PREFIX}\d+")
-_OPAQUE = re.compile(rf"{opaque.CALL_PREFIX}\d+")
+# a line no segment takes: a communication effect or a kernel block called as it is (replay.opaque)
+_BOUNDARY = re.compile(rf"(?:{comm_block.EFFECT_PREFIX}|{opaque.CALL_PREFIX})\d+")
 _PYTHON, _TORCH = "python", "torch"
 
 
@@ -60,11 +62,9 @@ def segmented(source: str, constants: dict, why_not: str | None, min_calls: int,
     (a short one compiled whole, no communication line where `why_not` is given, or a kernel block called as it
     is)."""
     statements = ast.parse(source).body[0].body
-    if any(_calls(s, _OPAQUE) for s in statements):
-        return None
     if why_not:
         # (its runs are not cut by length: a segment given a window's rows would not be seen to write a window)
-        return Segmented(source, constants, min_calls) if any(_calls(s, _EFFECT) for s in statements) else None
+        return Segmented(source, constants, min_calls) if any(_calls(s, _BOUNDARY) for s in statements) else None
     if max_calls <= 0 or _lines(statements) <= max_calls:
         return None
     split = Segmented(source, constants, min_calls, max_calls, communicates=False)
@@ -194,7 +194,7 @@ def _runs(statements: list, numbers: set) -> list:
         if isinstance(stmt, ast.Delete) and runs:
             runs[-1][1].append(stmt)
             continue
-        python = (isinstance(stmt, (ast.If, ast.Return, ast.Delete)) or _reads_data(stmt) or _calls(stmt, _EFFECT)
+        python = (isinstance(stmt, (ast.If, ast.Return, ast.Delete)) or _reads_data(stmt) or _calls(stmt, _BOUNDARY)
                   or (not any(isinstance(n, ast.Call) for n in ast.walk(stmt))
                       and set(_names(stmt, ast.Load)) <= numbers))
         if python:

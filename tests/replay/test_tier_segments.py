@@ -217,8 +217,29 @@ def test_the_split_keeps_communication_numbers_and_short_runs_as_python_lines_in
     # a communicating replay's runs are not cut by length (a segment given a window's rows: see replay.tier_rows)
     assert len(tier_segments.segmented(SOURCE, constants, "it communicates", 3, max_calls=2).segments) == 2
     assert tier_segments.segmented(SOURCE, constants, None, min_calls=3) is None   # nothing to overrule
-    opaque = SOURCE.replace("comm4(a1", "o5(0, a1")   # a block called as it is: the entry's reason stands
-    assert tier_segments.segmented(opaque, {**constants, "o5": print}, "it calls blocks", min_calls=3) is None
+
+
+
+def test_a_kernel_block_called_as_it_is_ends_a_run_as_a_communication_line_does():
+    """A block whose course follows data (replay.opaque: a MoE dispatch's gathers of each expert's counted rows)
+    runs in place, once, in order; the torch lines around it are segments, with or without communication."""
+    calls = []
+    constants = {"f0": torch.as_strided, "add_1": torch.add, "mul_2": torch.mul, "k9": torch.full((2, 2), 3.0),
+                 "comm3": lambda *args: calls.append(("notify", args[2][0])),
+                 "o5": lambda block, a1, offsets, cmp, label, c0: calls.append(("block", c0))}
+    for source in (SOURCE.replace("comm4(a1", "o5(0, a1"),   # and the notify too, with no communication left:
+                   SOURCE.replace("comm4(a1", "o5(0, a1").replace("    comm3(a1, 0, [s1, 0], 'set', s0)\n", "")):
+        split = tier_segments.segmented(source, constants, "it calls 1 kernel blocks as they are", min_calls=3)
+        assert split.why_not is None and [s.inputs for s in split.segments] == [["a0", "k9", "a1"],
+                                                                                ["v3", "a1", "v2", "c0"]]
+        runs = []
+        for fn in (compile_trace(source, constants), split.function({s.index: s.replayed for s in split.segments})):
+            a0, a1 = torch.randn(2, 2, generator=torch.Generator().manual_seed(2)), torch.zeros(2, 2)
+            calls.clear()
+            runs.append((fn(a0, a1, torch.tensor([5])), a1.clone(), list(calls)))
+        (want, want_a1, want_calls), (got, got_a1, got_calls) = runs
+        assert all(torch.equal(w, g) for w, g in zip(want, got)) and torch.equal(want_a1, got_a1)
+        assert got_calls == want_calls and want_calls[-1] == ("block", 6)
 
 
 def test_a_segment_writing_a_window_stays_replayed(monkeypatch):
