@@ -36,12 +36,14 @@ Dispatch:
    staged by destination (block d * T_MAX) in one scatter each for the rows and their meta rows;
 2. `moe_exchange` (signals): to each destination, the count row and the live rows (tokens and meta) into this
    rank's block, signal 0; then the wait for every source (once each);
-3. `moe_expand` (windows): per arrival slot (slots past a source's count are masked by a tensor compare, never read
-   into the program) and route slot its receive row, kept in the buffer's `routes` tensor for the combine, and the
-   counts per local expert; then the receive rows. The *fixed* form gives each receive row its token in an index
-   pass and fills every receive row in one gather (shapes fixed by the layout: a replay runs it as torch calls);
-   the *live* form gathers only each expert's counted rows (`dispatch_live.expand_live`: shapes that follow data,
-   so a replay calls this region as it is).
+3. `moe_arrivals` (windows): per arrival slot (slots past a source's count are masked by a tensor compare, never
+   read into the program) and route slot its receive row, kept in the buffer's `routes` tensor for the combine,
+   the counts per local expert, and each receive row's arrival slot (an index pass); shapes fixed by the layout in
+   both forms, so a replay runs it as torch calls (and the compiled tier compiles it, the live form's too);
+4. `moe_expand` (windows): the receive rows. The *fixed* form fills every receive row in one gather (a replay runs
+   it as torch calls); the *live* form gathers only each expert's counted rows (`dispatch_live.expand_live`: shapes
+   that follow data, so a replay calls this region as it is, and only this one: ~30% of a 4-rank prefill call
+   when the index pass was inside it).
 The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes), where
 a pass over every slot costs less than the live form; live beyond, where only live rows are touched.
 Combine: `moe_sums` (windows) sums, per arrival slot, its routes' expert rows (the dispatch's `routes`) times their
@@ -71,8 +73,8 @@ import pypto.language as pl
 import pypto.language.distributed as pld
 from pypto_rt import config
 from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
-from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, route_layout, route_rows,
-                                                 stage_by_destination, sum_returned, weighted_all)
+from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, receive_sources, route_layout,
+                                                 route_rows, stage_by_destination, sum_returned, weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -176,13 +178,15 @@ def dispatch_kernel(layout: Layout):
                 pld.system.notify(signals, peer=d, offsets=[me, PAYLOAD_SIGNAL], value=now, op=pld.NotifyOp.Set)
             for src in pl.range(world):
                 pld.system.wait(signal=signals, offsets=[src, PAYLOAD_SIGNAL], expected=now, cmp=pld.WaitCmp.Ge)
-        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only (fixed: replayed as torch calls)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_arrivals"):   # windows only: replayed as torch calls
             recv_counts[:, :] = pl.col_sum(counts_in[:, me * e_local : (me + 1) * e_local])
             routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
+            sources = receive_sources(routes, lanes, e_local * lanes, top_k)
+        with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only (fixed: replayed as torch calls)
             if fixed:
-                recv_rows = expand_all(recv_rows, tokens_in, routes, lanes, e_local * lanes, top_k)
+                recv_rows = expand_all(recv_rows, tokens_in, sources, e_local * lanes)
             else:
-                recv_rows = expand_live(recv_rows, tokens_in, routes, recv_counts, e_local, lanes, top_k)
+                recv_rows = expand_live(recv_rows, tokens_in, sources, recv_counts, e_local, lanes)
         return recv_rows, recv_counts
 
     return moe_dispatch

@@ -16,17 +16,16 @@ top-8 half the slots, at 4 three quarters).
 """
 import pypto.language as pl
 
-from pypto_rt.kernels.moe.dispatch_parts import receive_sources, weighted_rows
+from pypto_rt.kernels.moe.dispatch_parts import weighted_rows
 
 SUM_CHUNK = 256   # arrivals per batched matmul: its [chunk, c, H] FP32 cast stays <= 8 MiB at top-8, H=1024 (heap
                   # memory a call reuses, in cache; past glibc's mmap threshold each call maps and faults it afresh)
 
 
 @pl.jit.inline
-def expand_live(recv_rows, tokens, routes, recv_counts, e_local, lanes, top_k):
+def expand_live(recv_rows, tokens, sources, recv_counts, e_local, lanes):
     """Fill each local expert's first recv_counts[0, j] receive rows with their tokens (tokens [LANES, H]: the
-    arrival slots), one gather per expert. Returns recv_rows."""
-    sources = receive_sources(routes, lanes, e_local * lanes, top_k)
+    arrival slots; `sources` from `dispatch_parts.receive_sources`), one gather per expert. Returns recv_rows."""
     for j in pl.range(e_local):
         c = pl.read(recv_counts, [0, j])
         if c > 0:

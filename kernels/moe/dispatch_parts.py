@@ -295,14 +295,11 @@ def receive_sources(routes, lanes, layout_rows, top_k):
 
 
 @pl.jit.inline
-def expand_all(recv_rows, tokens, rows, lanes, layout_rows, top_k):
-    """The fixed-shape form of `expand_arrived`, over every arrival slot (`rows` from `arrived_routes`): each
-    receive row's token (an index pass over the route slots; dead slots land on row `layout_rows`, one past the
-    layout), then every receive row gathered at once (rows no route fills get slot 0's row: they are past their
-    expert's count). Returns recv_rows."""
-    source = receive_sources(rows, lanes, layout_rows, top_k)
-    recv_rows[0:layout_rows, :] = pl.mgather(tokens, source[0:layout_rows, :], coalesce="row")   # (rows past the
-    # counts are unspecified: they copy slot 0, with no zeroing pass)
+def expand_all(recv_rows, tokens, sources, layout_rows):
+    """The fixed-shape form of `expand_arrived`: every receive row gathered at once from its arrival slot
+    (`sources` from `receive_sources`; rows no route fills get slot 0's row: they are past their expert's count,
+    with no zeroing pass). Returns recv_rows."""
+    recv_rows[0:layout_rows, :] = pl.mgather(tokens, sources[0:layout_rows, :], coalesce="row")
     return recv_rows
 
 
