@@ -64,7 +64,8 @@ def segmented(source: str, constants: dict, why_not: str | None, min_calls: int,
     statements = ast.parse(source).body[0].body
     if why_not:
         # (its runs are not cut by length: a segment given a window's rows would not be seen to write a window)
-        return Segmented(source, constants, min_calls) if any(_calls(s, _BOUNDARY) for s in statements) else None
+        return Segmented(source, constants, min_calls, reason=why_not) \
+            if any(_calls(s, _BOUNDARY) for s in statements) else None
     if max_calls <= 0 or _lines(statements) <= max_calls:
         return None
     split = Segmented(source, constants, min_calls, max_calls, communicates=False)
@@ -98,7 +99,8 @@ class Segmented:
     """A communicating replay split into parts: Python lines (communication, numbers, short runs of torch lines)
     and segments, in program order (see the module text)."""
 
-    def __init__(self, source: str, constants: dict, min_calls: int, max_calls: int = 0, communicates: bool = True):
+    def __init__(self, source: str, constants: dict, min_calls: int, max_calls: int = 0, communicates: bool = True,
+                 reason: str = "it communicates"):
         fn = ast.parse(source).body[0]
         self.communicates = communicates   # (else a long replay split by length: the whole call is checked too)
         self.name, self.params = fn.name, [a.arg for a in fn.args.args]
@@ -116,8 +118,9 @@ class Segmented:
         except Untierable as e:
             self.why_not = str(e)
         if self.why_not is None and not self.segments:
-            self.why_not = (f"it communicates, and no run of torch calls between its communication lines is "
-                            f"{min_calls} lines long (policy.tier_min_segment_calls)")
+            # (`reason`: why the replay is not compiled whole, replay.entry's, which stands)
+            self.why_not = (f"{reason}, and no run of torch calls between its communication lines and blocks "
+                            f"called as they are is {min_calls} lines long (policy.tier_min_segment_calls)")
 
     def _split(self, statements: list, min_calls: int, max_calls: int) -> None:
         read = {n for s in self.prologue for n in _names(s, ast.Store)}

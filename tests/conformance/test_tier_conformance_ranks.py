@@ -95,8 +95,10 @@ def test_a_multirank_conformance_kernel_matches_its_golden_with_the_tier_on_and_
     outcome = run_ranks(_rank_fn(name), PROGRAMS[name][0], deadline_s=100).ok()
     for rank, (matched, found, stats) in outcome.items():
         assert all(matched), (rank, matched)
-        # one specialisation: its replay calls the block as it is, which the tier does not compile
-        assert found == [("replay", "it calls 1 kernel blocks as they are")], (rank, found)
+        # one specialisation: its replay calls the block as it is, and around it no run of torch calls is long enough
+        # to compile (replay.tier_segments)
+        assert len(found) == 1 and found[0][0] == "replay", (rank, found)
+        assert found[0][1].startswith("it calls 1 kernel blocks as they are, and no run of torch calls between"), found
         assert REFUSED.format(file=f"{name}.py", line=line) in stats, stats[-3000:]
         replayed = [s for s in stats.splitlines() if ": replayed: " in s]
         assert len(replayed) == CALLS - 2 and all("tier replay (it calls 1 kernel blocks" in s for s in replayed), \
