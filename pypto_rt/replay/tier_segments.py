@@ -118,9 +118,9 @@ class Segmented:
         except Untierable as e:
             self.why_not = str(e)
         if self.why_not is None and not self.segments:
-            # (`reason`: why the replay is not compiled whole, replay.entry's, which stands)
-            self.why_not = (f"{reason}, and no run of torch calls between its communication lines and blocks "
-                            f"called as they are is {min_calls} lines long (policy.tier_min_segment_calls)")
+            # (`reason`: why the replay is not compiled whole, replay.entry's, naming the lines that stay Python)
+            self.why_not = (f"{reason}, and no run of torch calls between those lines is {min_calls} lines long "
+                            f"(policy.tier_min_segment_calls)")
 
     def _split(self, statements: list, min_calls: int, max_calls: int) -> None:
         read = {n for s in self.prologue for n in _names(s, ast.Store)}
