@@ -24,6 +24,7 @@ import cProfile
 import datetime
 import io
 import pstats
+import statistics
 import time
 
 import torch
@@ -97,7 +98,6 @@ def poll_ab(run, settings: list[str], calls: int, rounds: int, rank: int) -> Non
 def barriered(run, calls: int, rank: int, x, topk_idx, topk_weights) -> None:
     """Median and mean wall ms of `calls` calls each after a barrier, and the wall of their shm waits: after gloo's
     barrier (bench.moe_rank's) or the shm communicator's (which spins), alone or each right after a baseline call."""
-    import statistics
     from bench.moe_baseline import GlooDispatch
     from bench.moe_routing import EXPERTS_PER_RANK
     from pypto_rt.collective import process

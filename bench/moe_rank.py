@@ -6,8 +6,8 @@ Every rank joins one gloo process group (env://, the launcher's store) and, per 
 contender against the single-process golden (an error names the rank, the shape and the contender), then times
 them interleaved: every call is a gloo barrier and one timed dispatch+combine, the contenders taking turns in
 blocks of calls (`time_interleaved`), with the expert step as identity (only communication is timed); then in runs
-of consecutive calls, one barrier before each run (`time_consecutive`). "ours" is `pypto_rt.kernels.moe.MoEBuffer`, constructed
-collectively per shape, when that name is importable; else the row says "not built yet". The calls per shape
+of consecutive calls, one barrier before each run (`time_consecutive`). "ours" is `pypto_rt.kernels.moe.MoEBuffer`,
+constructed collectively per shape, when that name is importable; else the row says "not built yet". The calls per shape
 stop at a time budget every rank agrees on (`plan_calls`). Rank 0 writes every rank's samples and counters to
 `--out` as JSON.
 
@@ -124,12 +124,12 @@ def plan_calls(contenders: dict, iters: int, warmup: int, budget_s: float) -> tu
     return max(0, min(warmup - 1, int(0.2 * budget_s / per_round))), timed
 
 
-def time_interleaved(contenders: dict, iters: int, warmup: int, block: int = None) -> dict[str, list[float]]:
+def time_interleaved(contenders: dict, iters: int, warmup: int,
+                     block: int = INTERLEAVE_BLOCK) -> dict[str, list[float]]:
     """Seconds of each call, `iters` per contender, each call after a barrier; the contenders take turns in blocks
     of `block` calls, in the opposite order every other round. (One call each per round put every MoEBuffer call
     right after a gloo all_to_all, which slowed it by ~0.4 ms at 2-rank decode against one after its own kind:
     blocks leave that to a block's first call, and the order swap to either contender alike.)"""
-    block = block or INTERLEAVE_BLOCK
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -261,12 +261,14 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
     base.host_reads = 0
     warmup, iters = plan_calls(contenders, iters, warmup, budget_s) if iters else (warmup, 0)
     samples = time_interleaved(contenders, iters, warmup)
-    rounds = max(2, min(CONSECUTIVE_ROUNDS, iters // 5)) if iters else 0
+    # runs of consecutive calls: about twice the timed calls' count, 2 to CONSECUTIVE_ROUNDS runs
+    rounds = max(2, min(CONSECUTIVE_ROUNDS, 2 * iters // CONSECUTIVE_BURST)) if iters else 0
     consecutive = time_consecutive(contenders, rounds, CONSECUTIVE_BURST)
+    calls = int(bool(iters)) + warmup + iters + rounds * CONSECUTIVE_BURST   # per contender: the counters' divisor
     if ours is not None:
         row.update(ours_counters(buf, x, idx32, topk_weights))
         getattr(buf, "close", lambda: None)()    # one buffer per shape: free its windows if it can
-    return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": int(bool(iters)) + warmup + iters + rounds * CONSECUTIVE_BURST,
+    return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": calls,
             "baseline": {"samples": samples["baseline"], "consecutive": consecutive["baseline"],
                          "host_reads": base.host_reads},
             "ours": {**row, "samples": samples.get("ours", []),

@@ -56,11 +56,11 @@ _PYTHON, _TORCH = "python", "torch"
 
 def segmented(source: str, constants: dict, why_not: str | None, min_calls: int,
               max_calls: int = 0) -> Segmented | None:
-    """The segments of a replay entry found not compilable as a whole (`why_not`) because it communicates, or of
-    one compilable as a whole whose torch lines are more than `max_calls` (0: no limit; a long replay's cold build
-    grows about quadratically with its length: inductor's fusion search), cut by length; None for any other replay
-    (a short one compiled whole, no communication line where `why_not` is given, or a kernel block called as it
-    is)."""
+    """The segments of a replay entry found not compilable as a whole (`why_not`) because it communicates or calls
+    kernel blocks as they are, or of one compilable as a whole whose torch lines are more than `max_calls` (0: no
+    limit; a long replay's cold build grows about quadratically with its length: inductor's fusion search), cut by
+    length; None for any other replay (a short one compiled whole, or neither a communication line nor a block
+    call where `why_not` is given)."""
     statements = ast.parse(source).body[0].body
     if why_not:
         # (its runs are not cut by length: a segment given a window's rows would not be seen to write a window)
@@ -96,8 +96,8 @@ class TorchRun:
 
 
 class Segmented:
-    """A communicating replay split into parts: Python lines (communication, numbers, short runs of torch lines)
-    and segments, in program order (see the module text)."""
+    """A replay split into parts: Python lines (communication, kernel blocks called as they are, numbers, short runs
+    of torch lines) and segments, in program order (see the module text)."""
 
     def __init__(self, source: str, constants: dict, min_calls: int, max_calls: int = 0, communicates: bool = True,
                  reason: str = "it communicates"):

@@ -98,8 +98,8 @@ def test_a_multirank_conformance_kernel_matches_its_golden_with_the_tier_on_and_
         # one specialisation: its replay calls the block as it is, and around it no run of torch calls is long enough
         # to compile (replay.tier_segments)
         assert len(found) == 1 and found[0][0] == "replay", (rank, found)
-        assert found[0][1].startswith("it calls 1 kernel blocks as they are, and no run of torch calls between those"), \
-            found
+        why = found[0][1]
+        assert why.startswith("it calls 1 kernel blocks as they are, and no run of torch calls between those"), why
         assert REFUSED.format(file=f"{name}.py", line=line) in stats, stats[-3000:]
         replayed = [s for s in stats.splitlines() if ": replayed: " in s]
         assert len(replayed) == CALLS - 2 and all("tier replay (it calls 1 kernel blocks" in s for s in replayed), \
