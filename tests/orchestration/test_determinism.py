@@ -3,6 +3,7 @@ tasks finish in, on the engine, in kernel replays and in whole-run replays alike
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import pypto_rt
 from pypto_rt import config
 from pypto_rt.language import dtypes as D
 from pypto_rt.language.enums import AtomicType
+from pypto_rt.orchestration.atomic_order import AtomicOrder
 from pypto_rt.ops import views
 from pypto_rt.ops.value import TensorValue
 from pypto_rt.replay.capture import Recorder
@@ -58,8 +60,15 @@ DELAY_S = 0.05
 VALUES = (1.0, 1e8, -1e8)   # FP32: added in this order 0.0; in reverse order 1.0
 
 
+HOLD_DEADLINE_S = 30.0
+_first_task_hold: threading.Event | None = None   # set: the first block (task) waits for it (see `_holding_...`)
+
+
 def finish_in_reverse(i):
     time.sleep(DELAY_S * (len(VALUES) - 1 - int(i)))   # the first block (task) finishes last
+    hold = _first_task_hold
+    if hold is not None and int(i) == 0:
+        assert hold.wait(HOLD_DEADLINE_S), "the host never submitted the third task"
 
 
 @pl.jit
@@ -133,11 +142,26 @@ def test_atomic_adds_made_by_a_helper_kernel_are_ordered_too(kernel):
     assert torch.equal(c, _in_program_order())
 
 
-def test_manual_scope_tasks_get_atomic_order_edges_and_add_in_program_order(capfd):
+def _holding_the_first_task_until_all_are_noted(monkeypatch) -> None:
+    """An edge is made only to an unfinished task, so on a slow host (the first task done before the second is
+    submitted) there would be fewer: the first task waits until the host has noted all three adds."""
+    hold, noted, note = threading.Event(), [], AtomicOrder.note
+
+    def noting(self, task, regions):
+        note(self, task, regions)
+        noted.append(task)
+        if len(noted) == len(VALUES):
+            hold.set()
+    monkeypatch.setattr(AtomicOrder, "note", noting)
+    monkeypatch.setattr(f"{__name__}._first_task_hold", hold)
+
+
+def test_manual_scope_tasks_get_atomic_order_edges_and_add_in_program_order(capfd, monkeypatch):
     with config.scope(NUM_WORKERS="3", STATS="1"):
         tasks_in_reverse(_values(), torch.zeros(1, N))
     assert "atomic order" not in capfd.readouterr().err   # by default they run unordered
     c = torch.zeros(1, N)
+    _holding_the_first_task_until_all_are_noted(monkeypatch)
     with config.scope(NUM_WORKERS="3", STATS="1", DETERMINISTIC="1"):
         tasks_in_reverse(_values(), c)
     assert "explicit 0, atomic order 2)" in capfd.readouterr().err   # task 1 after task 0, task 2 after task 1 only
