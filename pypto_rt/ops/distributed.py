@@ -21,13 +21,15 @@ rank's window). Semantics:
 notify, wait, remote_store and put apply their effect on their operands (window tensors, peer, offsets, values)
 through `recording.communicate`, so a run recorded for replay records it as one call (replay.comm_block). An effect
 keeps its window operand resolved between calls (`_Effect`: revalidated by address, shape, strides, dtype and
-process.epoch()); on the `shm` communicator a store or put is one `copy_` into a strided view of the peer's window,
+process.epoch()); on the `shm` communicator a store or put is one `copy_` into a strided view of the peer's window
+(one `memmove` by address where both boxes are contiguous runs of whole rows: a torch view and copy cost ~8 us),
 a `Set` notify is the window's `publish` (the communicator's signal write, same ordering, without its checks) and a
 wait whose cell already holds its value returns at once (atomic adds and other communicators go through the
 communicator's calls).
 """
 from __future__ import annotations
 
+import ctypes
 import weakref
 
 import torch
@@ -86,6 +88,30 @@ def _box(name: str, data: torch.Tensor, offsets, shape, what: str) -> torch.Tens
 def _index(offsets: list[int], strides) -> int:
     """Elements from a tensor's first element to the one at `offsets`."""
     return sum(o * s for o, s in zip(offsets, strides))
+
+
+def _row_run(shape, strides) -> int | None:
+    """Elements per row when a box of `shape` (any leading count) under `strides` is one contiguous run, else
+    None: its trailing axes are C-contiguous and its rows follow one another."""
+    expected = 1
+    for n, s in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if n != 1 and s != expected:
+            return None
+        expected *= n
+    return expected if len(shape) and strides[0] == expected else None
+
+
+def _byte_run(target_view: torch.Tensor, source: torch.Tensor, target_strides, source_strides, shape,
+              source_offset: int) -> tuple[int, int, int] | None:
+    """(target address, bytes per row, source byte offset from source.data_ptr()) for a copy of `shape` that
+    needs no torch op: both boxes contiguous runs, the same dtype, CPU memory; else None."""
+    if source.dtype != target_view.dtype or not source.is_cpu or not target_view.is_cpu:
+        return None
+    row, source_row = _row_run(shape, target_strides), _row_run(shape, source_strides)
+    if row is None or source_row != row:
+        return None
+    item = source.element_size()
+    return target_view.data_ptr(), row * item, source_offset * item
 
 
 def _pieces(view: torch.Tensor, values: torch.Tensor):
@@ -269,14 +295,21 @@ class _StoreBox(_Effect):
 
     def __call__(self, target, peer, offsets, atomic: bool, values: torch.Tensor) -> None:
         found = self.window("remote_store", target, "target")
-        key = (self._last[0], peer, atomic, values.shape, *offsets)
-        kept = self.planned(key)   # (peer, box, target strides, first element)
+        key = (self._last[0], peer, atomic, values.shape, values.stride(), values.dtype, values.is_cpu, *offsets)
+        kept = self.planned(key)   # (peer, box, target strides, first element, byte run or None)
         if kept is not None and not found[0].window.closed:
-            found[2][kept[0]].as_strided(kept[1], kept[2], kept[3]).copy_(values)
+            run = kept[4]
+            if run is not None:
+                _memmove(run[0], values.data_ptr(), run[1])
+            else:
+                found[2][kept[0]].as_strided(kept[1], kept[2], kept[3]).copy_(values)
             return
         start = _write("remote_store", found, target, peer, offsets, atomic, values, "target")
         if start is not None and values.numel():   # a plain copy into a mapped window: the same arguments, the same box
-            self.keep(key, (int(peer), tuple(values.shape), target.stride(), start))
+            box = tuple(values.shape)
+            run = _byte_run(found[2][int(peer)][start:], values, target.stride(), values.stride(), box, 0)
+            self.keep(key, (int(peer), box, target.stride(), start,
+                            None if run is None else (run[0], run[1] * box[0])))
 
 
 @op("pld.tensor.put")
@@ -292,13 +325,17 @@ class _PutBox(_Effect):
     def __call__(self, dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
         found = self.window("tensor.put", dst, "dst")
         rows = int(shape[0]) if shape else None   # (None: the box's default extent)
-        key = (self._last[0], peer, atomic, local.shape, local.stride(), local.storage_offset(),
-               *(dst_offsets or ()), None, *(src_offsets or ()), None, *(shape[1:] if shape else ()))
+        key = (self._last[0], peer, atomic, local.shape, local.stride(), local.storage_offset(), local.dtype,
+               local.is_cpu, *(dst_offsets or ()), None, *(src_offsets or ()), None, *(shape[1:] if shape else ()))
         kept = self.planned(key)   # (peer, room, default rows, rest of the box, source strides, source offset,
-        #                           target strides, target offset)
+        #                           target strides, target offset, byte run or None)
         if kept is not None and not found[0].window.closed and (rows is None or 0 <= rows <= kept[1]):
             box = (kept[2] if rows is None else rows, *kept[3])
-            if box[0] and all(box):
+            run = kept[8]
+            if run is not None:   # (bounds: rows <= room, checked above)
+                if box[0] and run[1]:
+                    _memmove(run[0], local.data_ptr() + run[2], box[0] * run[1])
+            elif box[0] and all(box):
                 found[2][kept[0]].as_strided(box, kept[6], kept[7]).copy_(local.as_strided(box, kept[4], kept[5]))
             return
         at, shape = _extent("tensor.put", local.shape, src_offsets or [0] * local.dim(), shape, "src")
@@ -307,11 +344,14 @@ class _PutBox(_Effect):
         start = _write("tensor.put", found, dst, peer, to, atomic, values, "dst")
         if start is not None and shape:   # a plain copy into a mapped window: the same arguments copy the same boxes
             room = min(local.shape[0] - at[0], dst.shape[0] - int(to[0]))
+            run = _byte_run(found[2][int(peer)][start:], local, dst.stride(), local.stride(), shape,
+                            values.storage_offset() - local.storage_offset())
             self.keep(key, (int(peer), room, shape[0], tuple(shape[1:]), local.stride(), values.storage_offset(),
-                            dst.stride(), start))
+                            dst.stride(), start, run))
 
 
 _store_box, _put_box = _StoreBox(), _PutBox()
+_memmove = ctypes.memmove   # (target address, source address, bytes): a kept plan's byte run
 
 
 @op("pld.tensor.get", writes="dst")

@@ -104,3 +104,23 @@ def test_a_store_with_the_same_arguments_is_checked_once_and_a_bad_one_still_fai
         store(win, 0, [3, 0], False, row)
     store(win, 0, [2, 0], False, row)   # another box: checked anew, written there
     assert extents[0] > checked and win[2].tolist() == row[0].tolist()
+
+
+def test_a_kept_byte_copy_is_never_taken_for_a_source_of_another_dtype_or_layout(window):
+    """Whole contiguous rows are copied by address; a later call whose source differs in dtype or layout (same
+    shape, same offsets) is planned anew and converted, never copied as the first call's bytes."""
+    win, put = window([4, 8]), distributed._put_box.bind()
+    local = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    put(win, 0, local, [1, 0], [0, 0], [2, 8], False)   # whole rows: the byte run
+    assert torch.equal(win[1:3], local[0:2])
+    doubles = local.double() * 3
+    put(win, 0, doubles, [1, 0], [0, 0], [2, 8], False)
+    assert torch.equal(win[1:3], (local[0:2] * 3))
+    transposed = torch.arange(32, dtype=torch.float32).reshape(8, 4).t()   # [4, 8], rows not contiguous
+    put(win, 0, transposed, [1, 0], [0, 0], [2, 8], False)
+    assert torch.equal(win[1:3], transposed[0:2])
+    store = distributed._store_box.bind()
+    row = torch.arange(8, dtype=torch.float32).reshape(1, 8)
+    store(win, 0, [3, 0], False, row)
+    store(win, 0, [3, 0], False, row.to(torch.int32) * 2)   # another dtype: converted
+    assert win[3].tolist() == (row[0] * 2).tolist()
