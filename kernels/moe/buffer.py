@@ -92,6 +92,11 @@ class MoEBuffer:
         self._route_pos = torch.zeros(t_max, k, dtype=torch.float32)
         self._slots = torch.zeros(t_max, world, dtype=torch.float32)
         self._members = torch.zeros(t_max, world, dtype=torch.float32)
+        # the returned views and the per-token-count slices, made once (a torch view costs ~2.5 us; a decode step
+        # makes ~10 of them)
+        self._recv_x = self._recv_rows[:-1].view(layout.local_experts, lanes, cfg.hidden)
+        self._counts_row = self._recv_counts[0]
+        self._by_tokens: dict[int, tuple] = {}   # T -> (route_pos, slots, members, no_addend)[:T]
         self._calls = 0
         self._checked: dict[tuple, int] = {}   # argument signature -> token count, checked
         self._open: DispatchHandle | None = None     # the dispatch whose combine has not run yet
@@ -113,13 +118,12 @@ class MoEBuffer:
         tokens = self._check_tokens(x, topk_idx, topk_weights)
         idx = topk_idx.to(torch.int32).contiguous()
         weights = topk_weights.to(torch.float32).contiguous()
-        self.transport.dispatch(x.contiguous(), idx, weights, self._route_pos[:tokens], self._slots[:tokens],
-                                 self._members[:tokens], self._recv_rows, self._recv_counts)
+        route_pos, slots, members, _ = self._slices(tokens)
+        self.transport.dispatch(x.contiguous(), idx, weights, route_pos, slots, members, self._recv_rows,
+                                self._recv_counts)
         self._calls += 1
         self._open = handle = DispatchHandle(self._calls, tokens)
-        layout = self.layout
-        recv_x = self._recv_rows[:-1].view(layout.local_experts, layout.lanes, self.cfg.hidden)
-        return DispatchResult(recv_x, self._recv_counts[0], handle)
+        return DispatchResult(self._recv_x, self._counts_row, handle)
 
     def combine(self, y: torch.Tensor, handle: DispatchHandle, out: torch.Tensor | None = None,
                 add: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,12 +148,13 @@ class MoEBuffer:
         elif list(out.shape) != [tokens, cfg.hidden] or out.dtype != cfg.dtype or not out.is_contiguous():
             raise self._error("combine", f"out must be a contiguous {cfg.dtype} [{tokens}, {cfg.hidden}], got "
                               f"{describe(out)}")
+        _, slots, members, no_addend = self._slices(tokens)
         if add is None:
-            add = self._no_addend[:tokens]
+            add = no_addend
         elif list(add.shape) != [tokens, cfg.hidden] or add.dtype != cfg.dtype:
             raise self._error("combine", f"add must be {cfg.dtype} [{tokens}, {cfg.hidden}], got {describe(add)}")
-        self.transport.combine(y.reshape(layout.local_experts * layout.lanes, cfg.hidden), self._slots[:tokens],
-                                self._members[:tokens], add.contiguous(), out)
+        self.transport.combine(y.reshape(layout.local_experts * layout.lanes, cfg.hidden), slots, members,
+                               add.contiguous(), out)
         self._open = None
         return out
 
@@ -157,6 +162,15 @@ class MoEBuffer:
         """Token rows this rank's latest dispatch sent to each rank (one per token and destination rank; the
         combine sends as many back). Reads the buffer's counts: call it for statistics, not in the hot loop."""
         return self.transport.sent_rows(self.rank)
+
+    def _slices(self, tokens: int) -> tuple:
+        """The buffer's per-token tensors cut to `tokens` rows (route_pos, slots, members, no_addend), made once
+        per token count."""
+        cut = self._by_tokens.get(tokens)
+        if cut is None:
+            cut = self._by_tokens[tokens] = (self._route_pos[:tokens], self._slots[:tokens], self._members[:tokens],
+                                             self._no_addend[:tokens])
+        return cut
 
     # ------------------------------------------------------------------------------------------- checks
     def _check_tokens(self, x, topk_idx, topk_weights) -> int:
