@@ -2,7 +2,7 @@
 cProfile's top functions, inside a launched job with the bench's shape and MoEBuffer, no barriers between calls.
 
     .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
-        [--sort tottime|cumulative] [--shape decode|prefill] [--skewed] [--poll-ab 0,auto,3000 [--rounds 8]]
+        [--sort tottime|cumulative] [--shape decode|decode128|prefill] [--skewed] [--poll-ab 0,auto,3000 [--rounds 8]]
         [--barrier]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
@@ -34,7 +34,8 @@ from bench.moe_rank import GLOO_TIMEOUT_S, compile_tiers, load_ours, make_buffer
 from bench.moe_routing import MoEShape, make_inputs
 
 
-SHAPES = {"decode": ("decode", 8, 4096, 6), "prefill": ("prefill", 1024, 1024, 8)}   # bench.moe_routing's rows
+SHAPES = {"decode": ("decode", 8, 4096, 6), "decode128": ("decode", 128, 4096, 6),   # bench.moe_routing's rows
+          "prefill": ("prefill", 1024, 1024, 8)}
 _waits_wall = [0.0]   # wall seconds spent inside the shm communicator's waits
 _in_waits = [0.0]   # CPU seconds spent inside the shm communicator's waits (their spins, yields and sleeps)
 
