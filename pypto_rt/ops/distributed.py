@@ -29,12 +29,11 @@ communicator's calls).
 """
 from __future__ import annotations
 
-import ctypes
 import weakref
 
 import torch
 
-from pypto_rt.collective import process
+from pypto_rt.collective import addresses, process
 from pypto_rt.errors import OpError
 from pypto_rt.language.enums import NotifyOp, ReduceOp, WaitCmp
 from pypto_rt.ops import recording
@@ -351,7 +350,7 @@ class _PutBox(_Effect):
 
 
 _store_box, _put_box = _StoreBox(), _PutBox()
-_memmove = ctypes.memmove   # (target address, source address, bytes): a kept plan's byte run
+_memmove = addresses.copy   # (target address, source address, bytes): a kept plan's byte run
 
 
 @op("pld.tensor.get", writes="dst")
