@@ -219,7 +219,6 @@ def test_the_split_keeps_communication_numbers_and_short_runs_as_python_lines_in
     assert tier_segments.segmented(SOURCE, constants, None, min_calls=3) is None   # nothing to overrule
 
 
-
 def test_a_kernel_block_called_as_it_is_ends_a_run_as_a_communication_line_does():
     """A block whose course follows data (replay.opaque: a MoE dispatch's gathers of each expert's counted rows)
     runs in place, once, in order; the torch lines around it are segments, with or without communication."""
