@@ -41,9 +41,8 @@ Dispatch:
    the counts per local expert, and each receive row's arrival slot (an index pass); shapes fixed by the layout in
    both forms, so a replay runs it as torch calls (and the compiled tier compiles it, the live form's too);
 4. `moe_expand` (windows): the receive rows. The *fixed* form fills every receive row in one gather (a replay runs
-   it as torch calls); the *live* form gathers only each expert's counted rows (`dispatch_live.expand_live`: shapes
-   that follow data, so a replay calls this region as it is, and only this one: ~30% of a 4-rank prefill call
-   when the index pass was inside it).
+   it as torch calls); the *live* form gathers only each expert's counted rows (`dispatch_live.expand_live`: windows
+   whose row counts the call computed, which a replay follows: replay.late_rows).
 The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes), where
 a pass over every slot costs less than the live form; live beyond, where only live rows are touched.
 Combine: `moe_sums` (windows) sums, per arrival slot, its routes' expert rows (the dispatch's `routes`) times their
@@ -105,7 +104,7 @@ class Layout:
     @property
     def fixed_shape(self) -> bool:
         """Whether the receive side works on every arrival slot (shapes fixed by the layout, so a replay runs it as
-        recorded torch calls) rather than on the arrived rows only (fewer bytes, but called as it is each call):
+        recorded torch calls) rather than on the arrived rows only (fewer bytes; replayed with data-sized windows):
         the fixed form when all route slots' rows are small (decode sizes), as DeepEP's low-latency kernels use
         fixed-size buffers and its normal kernels sized ones."""
         return self.lanes * self.top_k * self.hidden * self.dtype.itemsize <= FIXED_SHAPE_BYTES
@@ -256,8 +255,9 @@ def return_sums(sums, me, epoch, counts_in, back_in, signals, world, n_experts, 
 def combine_send_kernel(layout: Layout):
     """The combine's first half as a kernel of its own, for a live layout run compiled (`WindowTransport`): the
     sums in the fixed form, over every arrival slot (its replay and compiled tier one loop over every route slot's
-    row: 40 -> 15.6 ms a 2-rank prefill call, where the live form's grouped sums are called as they are), and their
-    return. Every shape is the layout's, none the call's token count: one specialisation per layout, compiled once
+    row: 40 -> 15.6 ms a 2-rank prefill call when the live form's grouped sums were called as they are; compiled
+    too, they still take a 4-rank prefill call 41-47 -> 54 ms, and at 8-rank decode T=128 push the job past this
+    host's 24 GiB), and their return. Every shape is the layout's, none the call's token count: one specialisation per layout, compiled once
     whatever prefill lengths follow (`combine_reduce_kernel` takes the rest)."""
     world, n_experts, top_k, t_max, hidden = (layout.world, layout.num_experts, layout.top_k, layout.max_tokens,
                                               layout.hidden)

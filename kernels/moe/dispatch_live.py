@@ -1,6 +1,8 @@
 """The live form of the window receive side (layouts past `dispatch.FIXED_SHAPE_BYTES`: prefill sizes): the same
 index passes as the fixed form (`dispatch_parts.arrived_routes`, over every arrival slot, shapes fixed by the
-layout), then data-sized row passes that touch live rows only. Sizes as in `dispatch.py`.
+layout), then data-sized row passes that touch live rows only. Sizes as in `dispatch.py`. Their row counts are read
+from data the call computed and used with no `if` on them (0 rows: an empty gather), so a replay's windows follow
+each call's counts (replay.late_rows) and both passes replay as torch calls.
 
 Dispatch (`expand_live`): every receive row's arrival slot (one index scatter), then per local expert one gather of
 its `recv_counts` rows from the arrived tokens: each live route row is read and written once, and no row is
@@ -9,7 +11,7 @@ scattered (a row scatter costs torch 2-3x a gather).
 Combine (`sums_live`): each arrival slot's sum over its live routes only. There is no scatter-add in the DSL (nor
 in the real compiler's tile ops), so the segment sum is made regular instead: the slots are grouped by how many
 of their routes live here (c = 1..K), each slot's live routes packed to its first c columns, and each group summed
-as [m, 1, c] x [m, c, H] batched matmuls (SUM_CHUNK arrivals each) over exactly its live rows, in FP32 and
+as one [m, 1, c] x [m, c, H] batched matmul over exactly its live rows, in FP32 and
 rounded once. Dead route slots
 are never gathered, cast or multiplied (the fixed form stands in a live row with weight 0 for them: at 2 ranks and
 top-8 half the slots, at 4 three quarters).
@@ -18,19 +20,14 @@ import pypto.language as pl
 
 from pypto_rt.kernels.moe.dispatch_parts import weighted_rows
 
-SUM_CHUNK = 256   # arrivals per batched matmul: its [chunk, c, H] FP32 cast stays <= 8 MiB at top-8, H=1024 (heap
-                  # memory a call reuses, in cache; past glibc's mmap threshold each call maps and faults it afresh)
-
-
 @pl.jit.inline
 def expand_live(recv_rows, tokens, sources, recv_counts, e_local, lanes):
     """Fill each local expert's first recv_counts[0, j] receive rows with their tokens (tokens [LANES, H]: the
     arrival slots; `sources` from `dispatch_parts.receive_sources`), one gather per expert. Returns recv_rows."""
     for j in pl.range(e_local):
-        c = pl.read(recv_counts, [0, j])
-        if c > 0:
-            recv_rows[j * lanes : j * lanes + c, :] = pl.mgather(tokens, sources[j * lanes : j * lanes + c, :],
-                                                                 coalesce="row")
+        c = pl.read(recv_counts, [0, j])   # no `if` on it: a replay's rows follow it (0: an empty gather)
+        recv_rows[j * lanes : j * lanes + c, :] = pl.mgather(tokens, sources[j * lanes : j * lanes + c, :],
+                                                             coalesce="row")
     return recv_rows
 
 
@@ -56,19 +53,17 @@ def slots_by_count(live, lanes, top_k):
 def sums_live(sums, y, meta, routes, lanes, top_k, hidden, dtype):
     """sums[l]: per arrival slot l, the sum over its live routes of its expert row in y ([E_local * LANES, H]) times
     the route's weight (meta [LANES, 2K]: the weights after the rows), in the sums' dtype; slots with no live route
-    (none arrived there) are left as they are. One batched matmul per live-route count and SUM_CHUNK arrivals.
-    Returns sums."""
+    (none arrived there) are left as they are. One batched matmul per live-route count, over that group's slots
+    (their number read from data the call computed, with no `if` on it: a replay's rows follow it). Returns sums."""
     rows, weights, live = packed_routes(routes, meta[:, top_k : 2 * top_k], top_k)
     slots, sizes = slots_by_count(live, lanes, top_k)
+    by_slot = pl.transpose(slots, 0, 1)   # [LANES, K]: group c's slots in rows 0..m of column c - 1
     for c in pl.range(1, top_k + 1):
         m = pl.read(sizes, [0, c - 1])
-        if m > 0:
-            group = pl.reshape(slots[c - 1 : c, 0:m], [m, 1])
-            group_rows = pl.mgather(rows, group, coalesce="row")
-            group_weights = pl.mgather(weights, group, coalesce="row")
-            for c0 in pl.range(0, m, SUM_CHUNK):
-                n = pl.min(SUM_CHUNK, m - c0)
-                part = weighted_rows(y, group_rows[c0 : c0 + n, 0:c], group_weights[c0 : c0 + n, 0:c], n, c, hidden)
-                sums = pl.mscatter(pl.cast(part, dtype, mode="rint"), group[c0 : c0 + n, :], sums, coalesce="row",
-                                   scatter_conflict="default")   # distinct slots: no last-writer pass
+        group = by_slot[0:m, c - 1 : c]
+        group_rows = pl.mgather(rows, group, coalesce="row")
+        group_weights = pl.mgather(weights, group, coalesce="row")
+        part = weighted_rows(y, group_rows[:, 0:c], group_weights[:, 0:c], m, c, hidden)
+        sums = pl.mscatter(pl.cast(part, dtype, mode="rint"), group, sums, coalesce="row",
+                           scatter_conflict="default")   # distinct slots: no last-writer pass
     return sums

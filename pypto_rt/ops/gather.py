@@ -86,15 +86,15 @@ def _check_bounds(name: str, index: torch.Tensor, bound: int, what: str, non_neg
     """OpError unless every index lies in 0..bound-1. A recorded run records the check for its replays (asserted,
     without reading the indices into Python), in fewer calls where `non_negative` (the caller made them so), and
     checks indices every replay computes from constants once, now."""
+    if recording.recording() and not recording.fixed(index):   # (asked before its size: an index whose length
+        inside = (index < bound) if non_negative else (index.clamp(0, bound - 1) == index)   # follows data)
+        torch._assert_async(inside.all(), f"pl.{name}: an index is outside {what} (valid range 0..{bound - 1})")
+        return
     if not index.numel():
         return
     if recording.fixed(index):
         with recording.unrecorded():
             return _check_bounds_now(name, index, bound, what)
-    if recording.recording():
-        inside = (index < bound) if non_negative else (index.clamp(0, bound - 1) == index)
-        torch._assert_async(inside.all(), f"pl.{name}: an index is outside {what} (valid range 0..{bound - 1})")
-        return
     _check_bounds_now(name, index, bound, what)
 
 

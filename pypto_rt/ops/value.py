@@ -87,9 +87,12 @@ def broadcast_shape(a, b) -> tuple[int, ...]:
     a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
     out = []
     for x, y in zip(a, b):
-        if x != y and x != 1 and y != 1:
+        if x == y:   # (first: equal row counts that follow data compare equal without asking whether they are 1)
+            out.append(x)
+        elif x != 1 and y != 1:
             raise ValueError(f"shapes {list(a)} and {list(b)} do not broadcast")
-        out.append(y if x == 1 else x)
+        else:
+            out.append(y if x == 1 else x)
     return tuple(out)
 
 

@@ -110,7 +110,10 @@ def _in_bounds_slices(key, shape) -> bool:
     for k, n in zip(key, shape):
         if type(k) is not slice or k.step not in (None, 1):
             return False
-        start, stop = k.start, k.stop
+        # (as plain numbers: the recorder guards a traced window's bounds itself, or checks a late row count's in
+        # line, and pins a window outside its tensor; guarding here too would refuse a late row count)
+        start = int.__int__(k.start) if isinstance(k.start, int) else k.start
+        stop = int.__int__(k.stop) if isinstance(k.stop, int) else k.stop
         if (start is not None and (not is_int(start) or start < 0)) or \
                 (stop is not None and (not is_int(stop) or stop > n)) or \
                 (start is not None and stop is not None and stop < start):

@@ -67,14 +67,14 @@ def users_line() -> str | None:
 
 
 def traced_of(value, out: list) -> list:
-    """The traced numbers in call arguments (nested tuples, lists, slices), in order."""
+    """The traced numbers in call arguments (nested tuples, lists, sizes, slices), in order."""
     for v in value:
         kind = type(v)
         if kind in TRACED:
             out.append(v)
         elif kind is slice:
             traced_of((v.start, v.stop, v.step), out)
-        elif kind is tuple or kind is list:
+        elif kind is tuple or kind is list or kind is torch.Size:   # (a Size may hold a traced row count)
             traced_of(v, out)
     return out
 

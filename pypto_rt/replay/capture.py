@@ -56,6 +56,7 @@ from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETI
                                    SETITEM, SIMPLE, WINDOWS, Refused, storage_id, tensors_of, traced_of,
                                    users_line)
 from pypto_rt.replay.guards import GUARD_MISS, Guard, holds_always
+from pypto_rt.replay.late_rows import LateRows, rows_inside
 from pypto_rt.replay.records import Call, Code, Lit, Ref, Sym, has_names, joined, text
 from pypto_rt.replay.policy import ReplayPolicy, current_policy
 from pypto_rt.replay.scalars import TRACED, TracedInt, code_of, traced, untraced
@@ -108,6 +109,8 @@ class Recorder(TorchFunctionMode):
         self.communicates = False                            # ... communication blocks among them
         self.volatile: set[int] = set()                      # window storages: peers write them at any time
         self.signalling = False                              # a signalling block runs now (replay.comm_block)
+        self.rows = LateRows(self)                           # tensors whose row count follows a late value
+        self._window_rows: TracedInt | None = None           # the late extent of the window being recorded
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)
@@ -177,6 +180,8 @@ class Recorder(TorchFunctionMode):
         it touches data (a Guard, in one form: repeated checks are kept once)."""
         guard = Guard.of(left, symbol, right, outcome)
         if self._late and not self._late.isdisjoint(guard.reads):
+            if holds_always(guard, self._int_names):   # `c == c` of a late row count (replay.late_rows)
+                return
             self.refuse("the run's course depends on a value it read (pl.read) from data it computed or from a "
                         "window (peers write windows at any time)")
             return
@@ -261,13 +266,17 @@ class Recorder(TorchFunctionMode):
     def _guard_window(self, t: torch.Tensor, key, traced: list) -> None:
         """A window of `t` at offsets computed from data (`t[s:s + 1, :]`, `t.narrow(0, s, 4)`): guards that
         keep it inside `t` with the recorded extents, so only its offset varies between replays; values it
-        cannot bound this way are pinned."""
+        cannot bound this way are pinned. A row count computed from a late value (`t[a:a + c]`, c read from data
+        the run wrote) cannot be guarded in time: its bounds become an in-line check and the window's rows follow
+        it (`_window_rows`, replay.late_rows)."""
         key = key if isinstance(key, tuple) else (key,)
         if len(key) > t.dim() or any(
                 not (type(k) is slice or type(k) is int or type(k) is TracedInt) for k in key):
             return self._pin(traced)
-        checks = []
-        for k, n in zip(key, t.shape):
+        checks, rows = [], None
+        for axis, (k, n) in enumerate(zip(key, t.shape)):
+            if axis == 0 and self.rows.of(t) is not None:
+                n = self.rows.of(t)
             if type(k) is slice:
                 bounds = (k.start, k.stop)
                 if k.step not in (None, 1) or any(type(b) not in (int, TracedInt, type(None)) for b in bounds):
@@ -275,21 +284,38 @@ class Recorder(TorchFunctionMode):
                 start, stop = (0 if k.start is None else k.start), (n if k.stop is None else k.stop)
                 if type(start) is TracedInt or type(stop) is TracedInt:
                     a, b = untraced(start), untraced(stop)
-                    checks += [(start, ">=", 0, 0 <= a), (stop, ">=", start, a <= b), (stop, "<=", n, b <= n),
-                               (stop - start, "==", b - a, True)]   # (the extent: traced arithmetic, as code)
+                    bounded = [(start, ">=", 0, 0 <= a), (stop, ">=", start, a <= b), (stop, "<=", n, b <= untraced(n))]
+                    if axis == 0 and self._is_late(stop - start) and not self._is_late(start):
+                        rows = (start, stop, n, bounded)
+                    else:
+                        checks += bounded + [(stop - start, "==", b - a, True)]   # (the extent: traced, as code)
             elif type(k) is TracedInt:
                 checks += [(k, ">=", 0, 0 <= untraced(k)), (k, "<", n, untraced(k) < n)]
-        if not all(check[3] for check in checks):   # outside when recorded: pin instead
+        if not all(check[3] for check in checks + (rows[3] if rows else [])):   # outside when recorded: pin
             return self._pin(traced)
         for left, symbol, right, _ in checks:
             self.guard(left, symbol, right, True)
+        if rows is not None:
+            start, stop, n, _ = rows
+            check = (self._const(rows_inside, "f"), "(") + joined(
+                [self._render(start), self._render(stop), self._render(n), self._render(users_line() or "?")]) + (")",)
+            self.recorded.append(Call(check, [], True, kind="check"))
+            self._window_rows = stop - start
+
+    def _is_late(self, value) -> bool:
+        """Whether a number is computed from a value read from data the run computed (a guard on it would come
+        too late)."""
+        return type(value) is TracedInt and not self._late.isdisjoint(value.symbols)
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.refused is None and not self._muted:
+            seen = out
             try:
-                self._record(func, args, kwargs, out)
+                if self.rows and args and not isinstance(out, torch.Tensor) and self.rows.of(args[0]) is not None:
+                    out = self.rows.answer(getattr(func, "__name__", ""), args, out)   # the traced row count
+                self._record(func, args, kwargs, seen)
             except Refused as r:
                 self.refuse(str(r))
         return out
@@ -305,9 +331,13 @@ class Recorder(TorchFunctionMode):
             traced_of(tuple(kwargs.values()), traced)
         if self._screened(name, args, out, tensors_in, traced):
             return
+        window_rows = None
         if traced and name in WINDOWS and tensors_in and args and args[0] is tensors_in[0]:
             self._guard_window(tensors_in[0], args[1] if name != "narrow" else
                                (slice(None),) * untraced(args[1]) + (slice(args[2], args[2] + args[3]),), traced)
+            window_rows, self._window_rows = self._window_rows, None
+        sizes_follow = self.rows.follow(name, args, kwargs, out, window_rows) \
+            if self.rows or window_rows is not None else False
         line = self._line(func, name, args, kwargs, out, tensors_in, traced)
         if isinstance(out, torch.Tensor):
             if id(out) in self.names:   # an in-place method returning its own tensor, or a no-op `.to()`
@@ -318,7 +348,7 @@ class Recorder(TorchFunctionMode):
             line.fresh = storage_id(out) not in {storage_id(t) for t in tensors_in}
             self.recorded.append(line)
             if traced or self._moving:
-                self._follow_place(name, out, tensors_in, traced, args)
+                self._follow_place(name, out, tensors_in, traced, args, sizes_follow)
         elif out is None:
             line.effect = True
             self.recorded.append(line)
@@ -395,13 +425,15 @@ class Recorder(TorchFunctionMode):
                 if traced or self._moving:
                     self._follow_place(name, o, tensors_in, traced, args)
 
-    def _follow_place(self, name: str, out: torch.Tensor, tensors_in: list, traced: list, args: tuple) -> None:
+    def _follow_place(self, name: str, out: torch.Tensor, tensors_in: list, traced: list, args: tuple,
+                      sizes_follow: bool = False) -> None:
         """Shapes stay static: traced values a call takes as sizes (`torch.zeros(s, 8)`, a reshape) are pinned, so
         the replay makes the recorded shape or misses (a value from computed data cannot be checked in time: its pin
         refuses the recording). Values taken as operands or contents (`x * s`, `torch.tensor(s)`,
         `torch.full(size, s)`) leave the shape alone, and a window's extents are guarded, so only its offset moves:
-        which results have such an offset (`_moving`), views of moving windows included."""
-        sized = traced and name not in WINDOWS and name not in SCALAR_OPERANDS and name not in CONTENTS and not (
+        which results have such an offset (`_moving`), views of moving windows included. `sizes_follow`: the
+        traced sizes are a row count that follows data, which the result's rows follow (replay.late_rows)."""
+        sized = traced and not sizes_follow and name not in WINDOWS and name not in SCALAR_OPERANDS and name not in CONTENTS and not (
             name == "full" and args and not traced_of((args[0],), []))
         if sized:
             self._pin(traced)
@@ -462,7 +494,7 @@ class Recorder(TorchFunctionMode):
             return self._literal(value, ("slice(",) + joined(bounds) + (")",))
         if value is Ellipsis:
             return ("...",)
-        if type(value) is tuple:
+        if type(value) is tuple or (type(value) is torch.Size and traced_of(value, [])):
             inner = joined([self._render(v) for v in value])
             return self._literal(value, ("(",) + inner + (",)",) if value else ("()",))
         if type(value) is list:

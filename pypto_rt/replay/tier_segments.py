@@ -9,7 +9,7 @@ computed) and arithmetic on numbers stand between runs of plain torch calls. Eac
 as replay.tier compiles a whole body (make_fx, inductor; integers symbolic, tensor sizes static; in-place writes into
 windows and outputs land in their memory). The tiered replay is the replay with each segment's lines replaced by a
 call of its compiled function; everything else runs as recorded, in the same order. A kernel block called as it is
-(replay.opaque: its course follows data, e.g. a MoE dispatch's gathers of each expert's counted rows) ends a run the
+(replay.opaque: its course follows data, e.g. a loop bounded by a count the call computed) ends a run the
 same way: it runs once, in order, in the capture call too, and the torch lines around it are compiled.
 
 The check never runs a communication effect twice: the segments are built from a *capture call*, an ordinary

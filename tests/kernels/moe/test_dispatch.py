@@ -21,7 +21,7 @@ ERRORS = os.path.join(PROGS, "moe_errors.py")
 # the module's 2-rank dispatch_combine.py checks (each of a layout of its own) run as one job, a rank's start-up paid
 # once (tests/kernels/moe/launched_configs.py); each test checks its configuration's lines
 TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
-             ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3", "--inf-row"))
+             ("--form", "live", "--top-k", "3", "--experts-per-rank", "3", "--inf-row"))
 
 # the 2-rank steady checks, one job: the fixed form, then the live form at another hidden size (layouts differ)
 STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
@@ -68,9 +68,9 @@ def test_dispatch_combine_is_exact_on_every_rank(jobs, nproc, args):
 def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(jobs, nproc, form):
     """Steady token counts, new routing every call: from the fifth call both calls replay (the counts region's
     signals as recorded calls, the fixed form's receive side as recorded torch calls reading the windows, the live
-    form's called as it is; the third call's recording is refused inside the exchange and the return, which the
-    fourth calls as they are) and every call still matches the golden. The two 2-rank forms share a job (the live
-    form's hidden size another, so its layout is its own)."""
+    form's too (its row counts computed by the call: replay.late_rows); the third call's recording is refused
+    inside the exchange and the return, which the fourth calls as they are) and every call still matches the
+    golden. The two 2-rank forms share a job (the live form's hidden size another, so its layout is its own)."""
     args = STEADY[form] if nproc == 2 else ("--form", form, "--steady", "--calls", "6", "--routing", "uniform")
     configs = tuple(STEADY.values()) if nproc == 2 else (args,)
     job = jobs.job(nproc, DISPATCH_COMBINE, ("--timeout-s", "90"), configs, configs.index(args))
@@ -90,13 +90,12 @@ def test_the_compiled_dispatch_and_combine_stay_exact_and_an_inf_row_gives_inf(j
 
 
 @pytest.mark.timeout(180)
-def test_the_live_form_sums_live_routes_only_in_chunks_so_an_inf_row_gives_inf_not_nan(jobs):
+def test_the_live_form_sums_live_routes_only_so_an_inf_row_gives_inf_not_nan(jobs):
     """The live form's combine groups arrivals by how many of their routes live on the rank (1..K at top-3, 3 experts
-    per rank) and sums exactly those rows, SUM_CHUNK arrivals a pass (256 in the library; 2 here: several passes
-    and a 1-arrival last one): a token whose live route reads a +inf expert row combines to +inf. The fixed form's
+    per rank) and sums exactly those rows, one batched matmul per group: a token whose live route reads a +inf
+    expert row combines to +inf. The fixed form's
     stand-in for a dead route slot (a live row of the token, weight 0) made that 0 * inf = NaN."""
-    job = _dispatch_combine(jobs, 2, ("--form", "live", "--top-k", "3", "--sum-chunk", "2", "--experts-per-rank", "3",
-                                      "--inf-row"))
+    job = _dispatch_combine(jobs, 2, ("--form", "live", "--top-k", "3", "--experts-per-rank", "3", "--inf-row"))
     _all_pass(job, 2, checks=12)
 
 

@@ -12,9 +12,9 @@ the second call, which passes it as `add`; the expert rows past recv.counts are 
 read), and recv.counts must equal the job's route counts per local expert; neither call may read data on the
 host. Exit 0 when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
 --steady keeps each rank's token count from call to call (the routing still changes), so calls from the fifth
-on replay, and checks that they do. --sum-chunk sets the live form's tokens per weighted-sum pass
-(dispatch_live.SUM_CHUNK on windows, dispatch_parts.SUM_CHUNK on collectives), so small jobs take several passes
-and a short last one.
+on replay, and checks that they do. --sum-chunk sets the collective form's tokens per weighted-sum pass
+(dispatch_parts.SUM_CHUNK), so small jobs take several passes and a short last one (the window form's live sums
+take each group of arrivals in one pass).
 --inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
 --tier (with --steady) builds the buffer and calls it with PYPTO_TIER=eager (replay.tier: the replays compiled and
@@ -33,7 +33,7 @@ import torch
 
 import pypto.language.distributed as pld
 from pypto_rt import config, run_stats
-from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_live, dispatch_parts
+from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_parts
 from pypto_rt.replay.policy import ReplayPolicy
 from pypto_rt.run_stats import REPLAYED
 
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # the module settings a configuration may change, as imported: each configuration starts from them
-DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch_live.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES)
+DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES)
 
 
 def check(args, buf) -> dict:
@@ -120,12 +120,10 @@ def check(args, buf) -> dict:
         if args.steady and not args.tier and call > ReplayPolicy().normal_runs + 1:   # (after the engine runs and
             # two recordings; compiled, a small kernel's trial turns run it on the engine now and then)
             # the signalling regions are recorded calls (replay.comm_block; the puts' extents are row counts read
-            # from data); the live form's expansion and sums touch the live rows only (shapes that follow data),
-            # so they are called as they are, which the first recording finds (it is refused inside them)
-            opaque = "called as they are" if buf.layout.fixed_shape else "and 1 kernel blocks called"
-            checks[f"call {call}: replayed"] = dispatched.replay.kind == combined.replay.kind == REPLAYED and (
-                (opaque in dispatched.replay.reason) == (opaque in combined.replay.reason) ==
-                (not buf.layout.fixed_shape))
+            # from data); the live form's expansion and sums take rows whose counts the call computed
+            # (replay.late_rows): recorded torch calls too, no block called as it is in either form
+            checks[f"call {call}: replayed"] = dispatched.replay.kind == combined.replay.kind == REPLAYED and not any(
+                "called as they are" in d.replay.reason for d in (dispatched, combined))
         mult = (idxs[me].float() + 1) * ws[me]
         want = xs[me].float() * (mult.sum(dim=1, keepdim=True) + (1 if call == 1 else 0))   # call 1 adds x
         if args.inf_row:
@@ -151,9 +149,9 @@ def _compiled(buf) -> bool:
 
 def _buffer(args) -> MoEBuffer:
     """The configuration's buffer, after its module settings."""
-    dispatch_parts.SUM_CHUNK, dispatch_live.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES = DEFAULTS
+    dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES = DEFAULTS
     if args.sum_chunk is not None:
-        dispatch_parts.SUM_CHUNK = dispatch_live.SUM_CHUNK = args.sum_chunk
+        dispatch_parts.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
         dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
     experts = args.experts_per_rank * pld.world_size()
