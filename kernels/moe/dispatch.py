@@ -256,9 +256,9 @@ def combine_send_kernel(layout: Layout):
     """The combine's first half as a kernel of its own, for a live layout run compiled (`WindowTransport`): the
     sums in the fixed form, over every arrival slot (its replay and compiled tier one loop over every route slot's
     row: 40 -> 15.6 ms a 2-rank prefill call when the live form's grouped sums were called as they are; compiled
-    too, they still take a 4-rank prefill call 41-47 -> 54 ms, and at 8-rank decode T=128 push the job past this
-    host's 24 GiB), and their return. Every shape is the layout's, none the call's token count: one specialisation per layout, compiled once
-    whatever prefill lengths follow (`combine_reduce_kernel` takes the rest)."""
+    too, they still take a 4-rank prefill call from 41-47 to 54 ms), and their return. Every shape is the
+    layout's, none the call's token count: one specialisation per layout, compiled once whatever prefill lengths
+    follow (`combine_reduce_kernel` takes the rest)."""
     world, n_experts, top_k, t_max, hidden = (layout.world, layout.num_experts, layout.top_k, layout.max_tokens,
                                               layout.hidden)
     e_local, lanes, dtype = layout.local_experts, layout.lanes, layout.pl_dtype

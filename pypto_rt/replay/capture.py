@@ -433,7 +433,8 @@ class Recorder(TorchFunctionMode):
         `torch.full(size, s)`) leave the shape alone, and a window's extents are guarded, so only its offset moves:
         which results have such an offset (`_moving`), views of moving windows included. `sizes_follow`: the
         traced sizes are a row count that follows data, which the result's rows follow (replay.late_rows)."""
-        sized = traced and not sizes_follow and name not in WINDOWS and name not in SCALAR_OPERANDS and name not in CONTENTS and not (
+        sized = traced and not sizes_follow and name not in WINDOWS and name not in SCALAR_OPERANDS and \
+            name not in CONTENTS and not (
             name == "full" and args and not traced_of((args[0],), []))
         if sized:
             self._pin(traced)

@@ -8,9 +8,10 @@ import torch
 from pypto_rt.replay.tier_source import Untierable
 
 
-def snapshot(args: list, max_bytes: int) -> list:
+def snapshot(args: list, max_bytes: int, held: list | None = None) -> list:
     """Copies of the tensor arguments: each memory copied once (arguments sharing memory still share it), each
-    argument a view with its own sizes, strides and offset into its copy."""
+    argument a view with its own sizes, strides and offset into its copy. `held`: [bytes of copies the caller
+    already holds for the same build], counted against `max_bytes` and increased by these."""
     memories: dict[int, torch.UntypedStorage] = {}
     total = 0
     for a in args:
@@ -19,9 +20,13 @@ def snapshot(args: list, max_bytes: int) -> list:
             if memory.data_ptr() not in memories:
                 total += memory.nbytes()
                 memories[memory.data_ptr()] = memory
-    if total > max_bytes:
-        raise Untierable(f"its arguments' memory ({total >> 20} MiB) is over policy.tier_max_copy_bytes to copy "
-                         "for the check: kept as a replay")
+    before = held[0] if held else 0
+    if before + total > max_bytes:
+        also = f", with the {before >> 20} MiB the build's earlier segments hold," if before else ""
+        raise Untierable(f"its arguments' memory ({total >> 20} MiB{also}) is over policy.tier_max_copy_bytes to "
+                         "copy for the check: kept as a replay")
+    if held:
+        held[0] += total
     copies = {key: memory.clone() for key, memory in memories.items()}
     return [None if a is None else _view(a, copies[a.untyped_storage().data_ptr()]) for a in args]
 

@@ -18,7 +18,8 @@ before the segment runs (memory shared between inputs stays shared). Then each s
 fresh copies of its own snapshot, replayed and compiled: results and inputs afterwards must agree (replay.tier's
 tolerance), results must have the replay's strides and alias the same inputs. Live memory and peers are never
 touched. A segment that fails to compile or to agree keeps the whole replay (FAILED, naming the segment); one taking
-a number that is not an integer, or inputs over `tier_max_copy_bytes`, stays replayed, and so does one whose traced
+a number that is not an integer, or inputs over `tier_max_copy_bytes` (with the copies of the segments before it),
+stays replayed, and so does one whose traced
 graph writes a window: the compiled graph may write a written input back whole, over what a peer wrote to another
 part of it meanwhile. A segment calls inductor's code without compile_fx's wrappers where its graph allows
 (replay.tier_graph's direct call), else, or where the direct call disagrees in the check, through them.
@@ -284,7 +285,8 @@ def capturing(tier, replay, policy, background: bool):
     segmented, threads, max_bytes = tier.segments, torch.get_num_threads(), policy.tier_max_copy_bytes
     timeout_s = policy.tier_timeout_s
     snapshots: dict = {}
-    run = segmented.function({s.index: _capture(s, snapshots, max_bytes) for s in segmented.segments})
+    held = [0]   # bytes of the segments' copies the capture call holds together, within tier_max_copy_bytes
+    run = segmented.function({s.index: _capture(s, snapshots, max_bytes, held) for s in segmented.segments})
     whole: list = []   # a long replay split by length (no communication): its call's inputs, checked as a whole
 
     def again():   # (the call did not get through: a later call captures)
@@ -316,9 +318,9 @@ def capturing(tier, replay, policy, background: bool):
     return call
 
 
-def _capture(segment: TorchRun, snapshots: dict, max_bytes: int):
+def _capture(segment: TorchRun, snapshots: dict, max_bytes: int, held: list):
     def capture(*inputs):
-        snapshots[segment.index] = _snapshot(segment, inputs, max_bytes)
+        snapshots[segment.index] = _snapshot(segment, inputs, max_bytes, held)
         return segment.replayed(*inputs)
     return capture
 
@@ -327,16 +329,18 @@ class _Kept(Untierable):
     """The segment stays replayed (not a failure of the whole build); the message says why."""
 
 
-def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int):
+def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int, held: list):
     """(copies of a segment's inputs, integers as they are; the names of those that are windows), or why it stays
-    replayed."""
+    replayed: also where the copies the capture call holds for the segments before it leave no room (`held`,
+    bytes; every segment's copies are held until the build: a MoE dispatch's per-expert segments each copy the whole
+    receive buffer, 1 GiB a rank at 8-rank prefill, and 8 ranks ran a 24 GiB host out of memory)."""
     from pypto_rt.replay import tier as base
 
     for name, value in zip(segment.inputs, inputs):
         if not isinstance(value, torch.Tensor) and type(value) is not int:
             return f"it takes a {type(value).__name__} ({name}); only tensors and integers go to a compiled graph"
     try:
-        copies = base._snapshot([v if isinstance(v, torch.Tensor) else None for v in inputs], max_bytes)
+        copies = base._snapshot([v if isinstance(v, torch.Tensor) else None for v in inputs], max_bytes, held)
     except Untierable as e:
         return str(e)
     windows = {n for n, v in zip(segment.inputs, inputs) if isinstance(v, torch.Tensor) and process.window_of(v)}
@@ -357,8 +361,8 @@ def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: 
     segmented, compiled = tier.segments, {}
     tiered, problem = None, None
     for segment in segmented.segments:
-        snapshot = snapshots[segment.index]
-        if isinstance(snapshot, str):
+        snapshot = snapshots.pop(segment.index)   # (its copies released once it is built: a MoE dispatch's
+        if isinstance(snapshot, str):             # per-expert segments each copy the whole receive buffer)
             segment.kept, compiled[segment.index] = snapshot, segment.replayed
             continue
         try:

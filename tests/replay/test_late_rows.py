@@ -82,7 +82,8 @@ def _record(fn, *inputs):
         result = fn(recorder, *inputs)
     if recorder.refused:
         return recorder, None
-    return recorder, compile_trace(recorder.source([recorder.name_of(result)]), recorder.constants)
+    recorder.made_source = recorder.source([recorder.name_of(result)])
+    return recorder, compile_trace(recorder.made_source, recorder.constants)
 
 
 def _late_count(recorder, counts: torch.Tensor):
@@ -171,3 +172,15 @@ def test_contiguity_is_answered_only_where_every_row_count_gives_the_same_course
         assert torch.equal(replayed(table, torch.tensor([6]))[0], table[0:6, 0:columns].reshape(-1))
     else:
         assert "`is_contiguous`" in recorder.refused, recorder.refused
+
+
+def test_a_count_is_not_read_before_a_write_to_its_data():
+    def f(recorder, counts, x):
+        made = counts * 1
+        first = recorder.read_scalar(made, (0,))
+        made.add_(10)
+        return x + first * 100 + recorder.read_scalar(made, (0,))
+
+    recorder, replayed = _record(f, torch.tensor([3]), torch.zeros(2))
+    assert replayed is not None, recorder.refused
+    assert torch.equal(replayed(torch.tensor([5]), torch.zeros(2))[0], torch.full((2,), 515.0))

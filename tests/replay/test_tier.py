@@ -578,3 +578,34 @@ def test_a_job_that_exits_while_a_thread_waits_for_an_eager_compile_exits_prompt
     process is killed when the main thread ends: the waiting call goes on replayed and the process exits."""
     _exits_promptly_and_quietly(EXITING_EAGER, "tier compiling (in a compile process at normal priority, the call "
                                                "waiting)")
+
+
+def test_the_check_compares_large_tensors_piecewise_and_still_finds_one_wrong_element():
+    # (8 ranks each checking a 128 MiB receive buffer at once: whole-tensor comparisons ran the host out of memory)
+    from pypto_rt.replay import tier as tier_module
+    size = 3 * tier_module._COMPARED + 5
+    want = torch.zeros(size, 2)
+    assert tier_module._differs(want, want.clone()) is None
+    got = want.clone()
+    got[size - 1, 1] = 1e-3
+    problem = tier_module._differs(want, got)
+    assert problem and f"of {2 * size}, flattened" in problem, problem
+    ints = torch.arange(size)
+    wrong = ints.clone()
+    wrong[2] = -1
+    problem = tier_module._differs(ints, wrong)
+    assert problem.startswith(f"1 of {size} elements differ"), problem
+
+
+def test_copies_a_build_holds_for_earlier_segments_count_against_the_copy_limit():
+    # (a MoE dispatch's per-expert segments each copied the whole receive buffer: 8 ranks ran out of memory)
+    from pypto_rt.replay.tier_copies import snapshot
+    from pypto_rt.replay.tier_source import Untierable
+    mib = torch.zeros(1 << 18)   # 1 MiB
+    held = [0]
+    first = snapshot([mib, mib[:10]], 3 << 20, held)
+    assert held == [1 << 20] and first[1].untyped_storage().data_ptr() == first[0].untyped_storage().data_ptr()
+    snapshot([mib.clone()], 3 << 20, held)
+    with pytest.raises(Untierable, match="with the 2 MiB the build's earlier segments hold"):
+        snapshot([torch.zeros(1 << 19)], 3 << 20, held)
+    assert held == [2 << 20]
