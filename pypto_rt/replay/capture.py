@@ -314,7 +314,8 @@ class Recorder(TorchFunctionMode):
             seen = out
             try:
                 if self.rows and args and not isinstance(out, torch.Tensor) and self.rows.of(args[0]) is not None:
-                    out = self.rows.answer(getattr(func, "__name__", ""), args, out)   # the traced row count
+                    out = self.rows.answer(getattr(func, "__name__", ""), args, out,   # the traced row count
+                                           getattr(getattr(func, "__self__", None), "__name__", ""))
                 self._record(func, args, kwargs, seen)
             except Refused as r:
                 self.refuse(str(r))

@@ -37,9 +37,9 @@ ELEMENTWISE = SCALAR_OPERANDS | {
 FULL_REDUCTIONS = {"all", "any", "sum", "amax", "amin", "max", "min", "mean", "prod"}
 RESHAPES = {"reshape", "view"}
 MATMULS = {"matmul", "bmm", "mm", "__matmul__"}
-SHAPE_READS = {"__get__", "size", "numel", "nelement"}
 _UNCHANGED = {"dim", "ndimension", "element_size", "is_floating_point", "is_complex", "is_signed", "get_device",
-              "__hash__", "is_inference", "is_neg", "is_conj", "type", "__get__"}   # static for any row count
+              "__hash__", "is_inference", "is_neg", "is_conj", "type", "ndim", "itemsize", "dtype", "device",
+              "layout", "is_cuda", "is_cpu", "requires_grad"}   # static for any row count (methods, properties)
 
 
 class LateRows:
@@ -71,21 +71,21 @@ class LateRows:
         return holds_always(Guard.of(a, "==", b, True), self.rec._int_names)
 
     # -- metadata reads ---------------------------------------------------------------------------------
-    def answer(self, name: str, args: tuple, out):
+    def answer(self, name: str, args: tuple, out, prop: str = ""):
         """The answer to a metadata read of a marked tensor (`args[0]`): the traced extent where it is asked;
         `out` itself for what no row count changes; contiguity where it holds for any row count, or where it does
         not hold now (the general course). Refused for other reads whose answer could differ with the rows
-        (strides, the place in memory)."""
+        (strides, the place in memory, `nbytes`). `prop`: the property a `__get__` reads."""
         extent = self.of(args[0])
         if extent is None:
             return out
         t = args[0]
-        if name in ("__get__", "size") and isinstance(out, torch.Size):
+        if (name == "size" or prop == "shape") and isinstance(out, torch.Size):
             return torch.Size([extent, *out[1:]])
-        if name == "size" and len(args) == 2 and isinstance(args[1], int) and args[1] in (0, -t.dim()):
-            return extent
-        if name in ("size", "__get__") and isinstance(out, int):
-            return out    # another axis, `ndim`
+        if name == "size" and len(args) == 2 and isinstance(args[1], int):
+            return extent if args[1] in (0, -t.dim()) else out   # (another axis)
+        if name == "__get__":
+            name = prop
         if name in ("numel", "nelement"):
             return extent * math.prod(t.shape[1:])
         if name == "is_contiguous" and len(args) == 1:
@@ -93,7 +93,7 @@ class LateRows:
                 return True
             if out is False:
                 return False   # the general course, right for any row count (c <= 1 makes a view contiguous)
-        if name in _UNCHANGED or not isinstance(out, (int, bool, torch.Size, tuple)):
+        if name in _UNCHANGED or (name != "nbytes" and not isinstance(out, (int, bool, torch.Size, tuple))):
             return out
         raise Refused(f"the run reads `{name}` of a tensor whose row count follows data it computed")
 

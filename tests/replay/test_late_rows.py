@@ -117,6 +117,7 @@ def test_gathered_rows_cast_reshaped_and_copied_follow_the_count_in_each_replay(
     (lambda t, rows: rows.reshape(2, -1), "`reshape` to"),              # moves rows into columns
     (lambda t, rows: rows.t(), "cannot size"),                          # rows become columns
     (lambda t, rows: t[0:len(rows)], "`__len__`"),                       # len() reads an int without asking
+    (lambda t, rows: t.reshape(-1)[0:rows.nbytes], "`nbytes`"),
     (lambda t, rows: rows.contiguous() if rows.stride(0) == 4 else rows, "`stride`"),
     (lambda t, rows: torch.zeros(rows.shape[0], 4), "data it computed"),   # a size from late data: pinned
 ])
