@@ -47,7 +47,9 @@ def mgather(mem, idx, coalesce="row", *, gather_oob="undefined", target_memory=N
     mode = {0: "row", 1: "elem"}.get(coalesce, coalesce)
     if mode not in ("row", "elem"):
         raise OpError(f"pl.mgather: coalesce must be 'row' or 'elem', got {coalesce!r}")
-    if idx.ndim != 2 or (mode == "row" and mem.ndim != 2) or (mode == "row" and idx.shape[-1] != 1 and idx.shape[0] != 1):
+    # (`[n, 1]` asked column first: n may be a row count that follows data, which a replay must not compare with 1)
+    if idx.ndim != 2 or (mode == "row" and mem.ndim != 2) or (
+            mode == "row" and idx.shape[-1] != 1 and idx.shape[0] != 1):
         raise OpError(f"pl.mgather: needs a 2-D index ([1, n] or [n, 1] for row mode) and, for row mode, a 2-D mem; "
                       f"got mem {_shape(mem)}, idx {_shape(idx)}")
     boxed = valid_mask(idx)   # None: every index entry is valid (no mask made, no pass over the gathered rows)

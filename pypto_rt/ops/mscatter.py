@@ -82,8 +82,8 @@ def mscatter(src, idx, output_tensor, coalesce="elem", *, scatter_oob="undefined
 def _mscatter_rows(src, idx, out, oob: str, conflict: str, some_kept: bool = False):
     """coalesce="row": out[idx[r], :] = src[r, :] over src's valid rows (idx [1, R] or [R, 1], out [rows, C])."""
     rows, cols = src.valid_shape if src.ndim == 2 else (None, None)
-    if src.ndim != 2 or out.ndim != 2 or idx.ndim != 2 or (idx.shape[-1] != 1 and idx.shape[0] != 1) or idx.data.numel() != src.shape[0] \
-            or cols != out.shape[1]:
+    if src.ndim != 2 or out.ndim != 2 or idx.ndim != 2 or (idx.shape[-1] != 1 and idx.shape[0] != 1) or \
+            idx.data.numel() != src.shape[0] or cols != out.shape[1]:
         raise OpError(f"pl.mscatter: coalesce='row' needs src [R, C] (C valid columns), idx [1, R] or [R, 1] and "
                       f"output_tensor [rows, C]; got src {_shape(src)}, idx {_shape(idx)}, output_tensor "
                       f"{_shape(out)}")
