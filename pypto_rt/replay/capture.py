@@ -50,13 +50,13 @@ from torch.overrides import TorchFunctionMode
 
 from pypto_rt.collective import process
 from pypto_rt.ops import recording
-from pypto_rt.replay import comm_block, opaque, passes
+from pypto_rt.replay import comm_block, opaque, passes, windows
 from pypto_rt.replay.calls import (COPY, CONTENTS, DATA_READS, DATA_SHAPED, GETITEM, IN_PLACE_DUNDERS,
                                    KEY_BOUNDS, METADATA, METADATA_TYPES, RANDOM, READABLE, SCALAR_OPERANDS,
                                    SETITEM, SIMPLE, WINDOWS, Refused, storage_id, tensors_of, traced_of,
                                    users_line)
 from pypto_rt.replay.guards import GUARD_MISS, Guard, holds_always
-from pypto_rt.replay.late_rows import LateRows, rows_inside
+from pypto_rt.replay.late_rows import LateRows
 from pypto_rt.replay.records import Call, Code, Lit, Ref, Sym, has_names, joined, text
 from pypto_rt.replay.policy import ReplayPolicy, current_policy
 from pypto_rt.replay.scalars import TRACED, TracedInt, code_of, traced, untraced
@@ -110,7 +110,6 @@ class Recorder(TorchFunctionMode):
         self.volatile: set[int] = set()                      # window storages: peers write them at any time
         self.signalling = False                              # a signalling block runs now (replay.comm_block)
         self.rows = LateRows(self)                           # tensors whose row count follows a late value
-        self._window_rows: TracedInt | None = None           # the late extent of the window being recorded
         for i, t in enumerate(inputs):
             name = f"a{i}"
             self.params.append(name)
@@ -263,50 +262,6 @@ class Recorder(TorchFunctionMode):
         for v in traced:
             v.pin()
 
-    def _guard_window(self, t: torch.Tensor, key, traced: list) -> None:
-        """A window of `t` at offsets computed from data (`t[s:s + 1, :]`, `t.narrow(0, s, 4)`): guards that
-        keep it inside `t` with the recorded extents, so only its offset varies between replays; values it
-        cannot bound this way are pinned. A row count computed from a late value (`t[a:a + c]`, c read from data
-        the run wrote) cannot be guarded in time: its bounds become an in-line check and the window's rows follow
-        it (`_window_rows`, replay.late_rows)."""
-        key = key if isinstance(key, tuple) else (key,)
-        if len(key) > t.dim() or any(
-                not (type(k) is slice or type(k) is int or type(k) is TracedInt) for k in key):
-            return self._pin(traced)
-        checks, rows = [], None
-        for axis, (k, n) in enumerate(zip(key, t.shape)):
-            if axis == 0 and self.rows.of(t) is not None:
-                n = self.rows.of(t)
-            if type(k) is slice:
-                bounds = (k.start, k.stop)
-                if k.step not in (None, 1) or any(type(b) not in (int, TracedInt, type(None)) for b in bounds):
-                    return self._pin(traced)
-                start, stop = (0 if k.start is None else k.start), (n if k.stop is None else k.stop)
-                if type(start) is TracedInt or type(stop) is TracedInt:
-                    a, b = untraced(start), untraced(stop)
-                    bounded = [(start, ">=", 0, 0 <= a), (stop, ">=", start, a <= b), (stop, "<=", n, b <= untraced(n))]
-                    if axis == 0 and self._is_late(stop - start) and not self._is_late(start):
-                        rows = (start, stop, n, bounded)
-                    else:
-                        checks += bounded + [(stop - start, "==", b - a, True)]   # (the extent: traced, as code)
-            elif type(k) is TracedInt:
-                checks += [(k, ">=", 0, 0 <= untraced(k)), (k, "<", n, untraced(k) < n)]
-        if not all(check[3] for check in checks + (rows[3] if rows else [])):   # outside when recorded: pin
-            return self._pin(traced)
-        for left, symbol, right, _ in checks:
-            self.guard(left, symbol, right, True)
-        if rows is not None:
-            start, stop, n, _ = rows
-            check = (self._const(rows_inside, "f"), "(") + joined(
-                [self._render(start), self._render(stop), self._render(n), self._render(users_line() or "?")]) + (")",)
-            self.recorded.append(Call(check, [], True, kind="check"))
-            self._window_rows = stop - start
-
-    def _is_late(self, value) -> bool:
-        """Whether a number is computed from a value read from data the run computed (a guard on it would come
-        too late)."""
-        return type(value) is TracedInt and not self._late.isdisjoint(value.symbols)
-
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -332,11 +287,10 @@ class Recorder(TorchFunctionMode):
             traced_of(tuple(kwargs.values()), traced)
         if self._screened(name, args, out, tensors_in, traced):
             return
-        window_rows = None
+        window_rows = None   # (a window's row count that follows a late value: replay.late_rows)
         if traced and name in WINDOWS and tensors_in and args and args[0] is tensors_in[0]:
-            self._guard_window(tensors_in[0], args[1] if name != "narrow" else
-                               (slice(None),) * untraced(args[1]) + (slice(args[2], args[2] + args[3]),), traced)
-            window_rows, self._window_rows = self._window_rows, None
+            window_rows = windows.guard_window(self, tensors_in[0], args[1] if name != "narrow" else (
+                slice(None),) * untraced(args[1]) + (slice(args[2], args[2] + args[3]),), traced)
         sizes_follow = self.rows.follow(name, args, kwargs, out, window_rows) \
             if self.rows or window_rows is not None else False
         line = self._line(func, name, args, kwargs, out, tensors_in, traced)

@@ -100,7 +100,7 @@ class LateRows:
     # -- calls ----------------------------------------------------------------------------------------
     def follow(self, name: str, args: tuple, kwargs: dict, out, window: TracedInt | None) -> bool:
         """Mark `out` (a recorded call's result) where its rows follow a marked input's, or a window's extent
-        (`window`: the late extent of the window this call makes, see replay.capture's `_guard_window`); Refused
+        (`window`: the late extent of the window this call makes, see replay.windows); Refused
         for a call on marked tensors that no rule sizes exactly. True where the call's traced arguments are sizes
         the rule accounts for (a reshape to `[c, ...]`: not to be pinned)."""
         if window is not None:

@@ -18,11 +18,10 @@ before the segment runs (memory shared between inputs stays shared). Then each s
 fresh copies of its own snapshot, replayed and compiled: results and inputs afterwards must agree (replay.tier's
 tolerance), results must have the replay's strides and alias the same inputs. Live memory and peers are never
 touched. A segment that fails to compile or to agree keeps the whole replay (FAILED, naming the segment); one taking
-a number that is not an integer, or inputs over `tier_max_copy_bytes` (with the copies of the segments before it),
-stays replayed, and so does one whose traced
-graph writes a window: the compiled graph may write a written input back whole, over what a peer wrote to another
-part of it meanwhile. A segment calls inductor's code without compile_fx's wrappers where its graph allows
-(replay.tier_graph's direct call), else, or where the direct call disagrees in the check, through them.
+a number that is not an integer, or inputs over `tier_max_copy_bytes` (with the copies held for earlier segments),
+stays replayed, and so does one whose traced graph writes a window (it may write an input back whole, over a peer's).
+A segment calls inductor's code without compile_fx's wrappers where its graph allows (replay.tier_graph's direct
+call), else, or where the direct call disagrees in the check, through them.
 replay.tier's trial then times whole calls (waits for peers included; the minimum over its calls counts) and keeps
 the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in the same order.
 
@@ -331,9 +330,7 @@ class _Kept(Untierable):
 
 def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int, held: list):
     """(copies of a segment's inputs, integers as they are; the names of those that are windows), or why it stays
-    replayed: also where the copies the capture call holds for the segments before it leave no room (`held`,
-    bytes; every segment's copies are held until the build: a MoE dispatch's per-expert segments each copy the whole
-    receive buffer, 1 GiB a rank at 8-rank prefill, and 8 ranks ran a 24 GiB host out of memory)."""
+    replayed, also where the copies held for the segments before it (`held`: bytes, till the build) leave no room."""
     from pypto_rt.replay import tier as base
 
     for name, value in zip(segment.inputs, inputs):
@@ -361,8 +358,8 @@ def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: 
     segmented, compiled = tier.segments, {}
     tiered, problem = None, None
     for segment in segmented.segments:
-        snapshot = snapshots.pop(segment.index)   # (its copies released once it is built: a MoE dispatch's
-        if isinstance(snapshot, str):             # per-expert segments each copy the whole receive buffer)
+        snapshot = snapshots.pop(segment.index)   # (its copies released once it is built)
+        if isinstance(snapshot, str):
             segment.kept, compiled[segment.index] = snapshot, segment.replayed
             continue
         try:
