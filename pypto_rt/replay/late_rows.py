@@ -120,8 +120,8 @@ class LateRows:
             return False
         first = marked[0]
         extent = self.of(first)
-        if name in ("copy_", "__setitem__"):
-            return self._copied(name, args, extent)
+        if name == "copy_":
+            return self._copied(args)
         if name == "index_copy_" and len(args) == 4 and args[1] == 0 and self.of(args[0]) is None and \
                 self.of(args[2]) is not None and args[2].dim() == 1 and self.same(self.of(args[2]), self.of(args[3])):
             return False   # rows written to a fixed tensor, one per index entry
@@ -181,7 +181,8 @@ class LateRows:
     def _indexed(self, name, args, kwargs, out, extent) -> bool:
         src = args[0]
         if name == "index_select":
-            dim, index = (args[1], args[2]) if len(args) == 3 else (kwargs.get("dim"), kwargs.get("index"))
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            index = args[2] if len(args) > 2 else kwargs.get("index")
             rows = self.of(index)
             if dim == 0 and rows is not None and index.dim() == 1 and self.of(src) is None:
                 self.mark(out, rows)
@@ -216,11 +217,10 @@ class LateRows:
         self.mark(out, extent)   # [c, k] @ [k, n], or batched over axis 0
         return False
 
-    def _copied(self, name, args, extent) -> bool:
+    def _copied(self, args) -> bool:
         dst, src = args[0], args[-1]
-        if not isinstance(src, torch.Tensor) or name == "__setitem__" or dst.dim() != src.dim() or \
-                not self.same(self.of(dst), self.of(src)):
-            raise Refused(f"`{name}` copies between row counts that follow data and differ")
+        if not isinstance(src, torch.Tensor) or dst.dim() != src.dim() or not self.same(self.of(dst), self.of(src)):
+            raise Refused("`copy_` copies between row counts that follow data and differ")
         return False
 
 

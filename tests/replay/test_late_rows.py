@@ -116,6 +116,7 @@ def test_gathered_rows_cast_reshaped_and_copied_follow_the_count_in_each_replay(
     (lambda t, rows: rows + t, "a fixed number of rows"),                 # [c, 4] + [8, 4]: c == 8 when recorded
     (lambda t, rows: rows.reshape(2, -1), "`reshape` to"),              # moves rows into columns
     (lambda t, rows: rows.t(), "cannot size"),                          # rows become columns
+    (lambda t, rows: rows + rows.index_select(0, index=torch.arange(8)), "`index_select`"),   # 8 rows, fixed
     (lambda t, rows: t[0:len(rows)], "`__len__`"),                       # len() reads an int without asking
     (lambda t, rows: t.reshape(-1)[0:rows.nbytes], "`nbytes`"),
     (lambda t, rows: rows.contiguous() if rows.stride(0) == 4 else rows, "`stride`"),
