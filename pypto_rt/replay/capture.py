@@ -265,16 +265,16 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        answer = out   # what the run sees: a marked tensor's metadata as its traced row count (replay.late_rows)
         if self.refused is None and not self._muted:
-            seen = out
             try:
                 if self.rows and args and not isinstance(out, torch.Tensor) and self.rows.of(args[0]) is not None:
-                    out = self.rows.answer(getattr(func, "__name__", ""), args, out,   # the traced row count
-                                           getattr(getattr(func, "__self__", None), "__name__", ""))
-                self._record(func, args, kwargs, seen)
+                    answer = self.rows.answer(getattr(func, "__name__", ""), args, out,
+                                              getattr(getattr(func, "__self__", None), "__name__", ""))
+                self._record(func, args, kwargs, out)
             except Refused as r:
                 self.refuse(str(r))
-        return out
+        return answer
 
     # -- recording ------------------------------------------------------------------------------------
     def _record(self, func, args, kwargs, out) -> None:

@@ -17,14 +17,14 @@ def guard_window(rec, t: torch.Tensor, key, traced: list) -> TracedInt | None:
     this way; the window's late row count where it has one (its bounds then an in-line check), else None."""
     key = key if isinstance(key, tuple) else (key,)
     if len(key) > t.dim() or any(not (type(k) is slice or type(k) is int or type(k) is TracedInt) for k in key):
-        return _pin(traced)
+        return rec._pin(traced)
     checks, rows = [], None
     for axis, (k, n) in enumerate(zip(key, t.shape)):
         if axis == 0 and rec.rows.of(t) is not None:
             n = rec.rows.of(t)
         if type(k) is slice:
             if k.step not in (None, 1) or any(type(b) not in (int, TracedInt, type(None)) for b in (k.start, k.stop)):
-                return _pin(traced)
+                return rec._pin(traced)
             start, stop = (0 if k.start is None else k.start), (n if k.stop is None else k.stop)
             if type(start) is TracedInt or type(stop) is TracedInt:
                 a, b = untraced(start), untraced(stop)
@@ -36,7 +36,7 @@ def guard_window(rec, t: torch.Tensor, key, traced: list) -> TracedInt | None:
         elif type(k) is TracedInt:
             checks += [(k, ">=", 0, 0 <= untraced(k)), (k, "<", n, untraced(k) < n)]
     if not all(check[3] for check in checks + (rows[3] if rows else [])):   # outside when recorded: pin instead
-        return _pin(traced)
+        return rec._pin(traced)
     for left, symbol, right, _ in checks:
         rec.guard(left, symbol, right, True)
     if rows is None:
@@ -51,8 +51,3 @@ def guard_window(rec, t: torch.Tensor, key, traced: list) -> TracedInt | None:
 def _late(rec, value) -> bool:
     """Whether a number is computed from a value read from data the run computed (a guard on it comes too late)."""
     return type(value) is TracedInt and not rec._late.isdisjoint(value.symbols)
-
-
-def _pin(traced: list) -> None:
-    for v in traced:
-        v.pin()

@@ -220,7 +220,7 @@ def test_the_split_keeps_communication_numbers_and_short_runs_as_python_lines_in
 
 
 def test_a_kernel_block_called_as_it_is_ends_a_run_as_a_communication_line_does():
-    """A block whose course follows data (replay.opaque: a MoE dispatch's gathers of each expert's counted rows)
+    """A block whose course follows data (replay.opaque: e.g. a loop bounded by a count the call computed)
     runs in place, once, in order; the torch lines around it are segments, with or without communication."""
     calls = []
     constants = {"f0": torch.as_strided, "add_1": torch.add, "mul_2": torch.mul, "k9": torch.full((2, 2), 3.0),
