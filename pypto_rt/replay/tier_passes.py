@@ -354,8 +354,8 @@ def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
         a, b = node.args
         va, vb = _val(a), _val(b)
         if not all(isinstance(v, torch.Tensor) and v.dim() == 3 and v.dtype in (torch.float32, torch.float64)
-                   and all(type(n) is int for n in v.shape) for v in (va, vb)):
-            continue
+                   and all(type(n) is int for n in v.shape[1:]) for v in (va, vb)):
+            continue   # (the batch may be a symbolic size: a group of rows the call counted, replay.late_rows)
         width, rows = va.shape[2], vb.shape[2]
         if not (2 <= width <= NARROW_WIDTH and rows >= WIDE_ROWS):
             continue
@@ -383,11 +383,11 @@ def _term_rows(graph: torch.fx.Graph, b, j: int):
         if node.target in _CASTS_AND_COPIES and len(node.args) == 1:
             ops.append(node)
         elif not (node.target in (aten.expand.default, *_VIEWS_3D) and isinstance(node.args[0], torch.fx.Node)
-                  and tuple(_val(node.args[0]).shape) == (n, w, h)):   # (an expand or a view to its own shape)
+                  and _sizes_equal(_val(node.args[0]).shape, (n, w, h))):   # (an expand or a view to its own shape)
             break
         node = node.args[0]
     source = _val(node.args[0]) if node.op == "call_function" and node.target in _VIEWS_3D else None
-    if not isinstance(source, torch.Tensor) or tuple(source.shape) != (n * w, h):
+    if not isinstance(source, torch.Tensor) or not _sizes_equal(source.shape, (n * w, h)):
         return graph.call_function(aten.slice.Tensor, (b, 1, j, j + 1))
     casts = [op for op in ops if op.target is aten._to_copy.default]
     widen = casts[0].kwargs.get("dtype") if len(casts) == 1 and set(casts[0].kwargs) == {"dtype"} else None
@@ -397,7 +397,7 @@ def _term_rows(graph: torch.fx.Graph, b, j: int):
     for op in reversed(ops):   # (the casts and copies, reapplied to the term's rows, but the widening one made)
         if widen is None or op.target is not aten._to_copy.default:
             rows = graph.call_function(op.target, (rows,), dict(op.kwargs))
-    return graph.call_function(aten.view.default, (rows, [n, 1, h]))
+    return graph.call_function(aten.view.default, (rows, [-1, 1, h]))   # (n rows: n may be symbolic)
 
 
 def _rows_every(graph: torch.fx.Graph, node, j: int, w: int, widen=None):
@@ -416,7 +416,7 @@ def _rows_every(graph: torch.fx.Graph, node, j: int, w: int, widen=None):
             return _rows_every(graph, node.args[0], j, w, widen)
         if node.target is aten.index_select.default and node.args[1] == 0 and _val(node.args[2]) is not None \
                 and _val(node.args[2]).dim() == 1:
-            index = graph.call_function(aten.slice.Tensor, (node.args[2], 0, j, rows, w))
+            index = graph.call_function(aten.slice.Tensor, (node.args[2], 0, j, _TO_END, w))
             return cast(graph.call_function(aten.index_select.default, (node.args[0], 0, index)))
         if node.target is aten.where.self and not node.kwargs and all(_per_row(a, rows) is not None
                                                                        for a in node.args):
@@ -427,13 +427,26 @@ def _rows_every(graph: torch.fx.Graph, node, j: int, w: int, widen=None):
         if node.target in _PER_ELEMENT and all(_per_row(a, rows) is not None for a in node.args):
             args = tuple(_rows_every(graph, a, j, w) if _per_row(a, rows) else a for a in node.args)
             return cast(graph.call_function(node.target, args, dict(node.kwargs)))
-    return cast(graph.call_function(aten.slice.Tensor, (node, 0, j, rows, w)))
+    return cast(graph.call_function(aten.slice.Tensor, (node, 0, j, _TO_END, w)))
 
 
 _PER_ELEMENT = (aten._to_copy.default, aten.mul.Tensor, aten.add.Tensor)
 
 
-def _per_row(arg, rows: int):
+_TO_END = 2**63 - 1   # a slice's end past any size (a symbolic size has no constant to write)
+
+
+def _sizes_equal(sizes, expected) -> bool:
+    """Whether two lists of sizes are equal for every value of their symbolic sizes (a symbolic size is never
+    evaluated: that would guard the graph on it)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return len(sizes) == len(expected) and all(
+        x == y if type(x) is int and type(y) is int else statically_known_true(x == y)
+        for x, y in zip(sizes, expected))
+
+
+def _per_row(arg, rows):
     """True: `arg` has a row per row (sliced with them); False: a value every row shares (0-d, one row, not a
     tensor); None: neither."""
     if not isinstance(arg, torch.fx.Node):
@@ -441,6 +454,6 @@ def _per_row(arg, rows: int):
     val = _val(arg)
     if not isinstance(val, torch.Tensor):
         return None
-    if val.dim() == 0 or (val.dim() == 2 and val.shape[0] == 1):
+    if val.dim() == 0 or (val.dim() == 2 and _sizes_equal(val.shape[:1], (1,))):
         return False
-    return True if val.dim() == 2 and val.shape[0] == rows else None
+    return True if val.dim() == 2 and _sizes_equal(val.shape[:1], (rows,)) else None

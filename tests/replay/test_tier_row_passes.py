@@ -95,6 +95,42 @@ def test_a_narrow_product_of_gathered_rows_sums_terms_that_gather_their_own_rows
     assert torch.isinf(got[[0, 4]]).all() and not torch.isnan(got).any()   # +inf behind a live slot, no 0 * inf
 
 
+def grouped_rows(table, slots, weights, lines):
+    """The MoE combine's live form for one group: its first `lines` slots (a count the call computed, carried into
+    the compiled graph as a symbolic integer: replay.late_rows), all live, one gather of their rows and one batched
+    product."""
+    slots, weights = slots[0:lines], weights[0:lines]
+    picked = gathered_selected(table, slots.reshape(-1).long(), torch.ones(lines * WIDTH, 1, dtype=torch.bool))[0]
+    product = torch.matmul(weights.reshape(lines, 1, WIDTH), picked.reshape(lines, WIDTH, HIDDEN).float())
+    return (product.reshape(lines, HIDDEN).to(torch.bfloat16),)
+
+
+def traced_with_a_counted_size(fn, tensors, count):
+    """`fn` traced as the compiled tier traces a segment (replay.tier_inductor): tensors of static sizes, the
+    integer symbolic (never specialised for 0 or 1)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake = FakeTensorMode(shape_env=ShapeEnv(specialize_zero_one=False, duck_shape=False), static_shapes=True,
+                          allow_non_fake_inputs=True)
+    with tracing(TracingContext(fake)):
+        return make_fx(fn, tracing_mode="symbolic")(*tensors, count)
+
+
+def test_a_narrow_product_over_a_counted_number_of_lines_is_unrolled_for_every_count():
+    table = torch.randn(ROWS, HIDDEN).to(torch.bfloat16)
+    slots, weights = torch.randint(0, ROWS, (LANES, WIDTH), dtype=torch.int32), torch.rand(LANES, WIDTH)
+    graph = traced_with_a_counted_size(grouped_rows, (table, slots, weights), 3)
+    product = next(n for n in graph.graph.nodes if n.target is aten.bmm.default)
+    assert not isinstance(product.meta["val"].shape[0], int)   # (the lines are a symbolic size)
+    assert rewrite(graph, join=False) == 1
+    assert count(graph, aten.bmm.default) == 0
+    for lines in (3, 1, LANES):
+        torch.testing.assert_close(graph(table, slots, weights, lines)[0],
+                                   grouped_rows(table, slots, weights, lines)[0])
+
+
 def test_wide_or_short_products_are_left_to_the_compiler():
     def products(a, b, c, d):
         return (torch.bmm(a, b), torch.bmm(c, d))
