@@ -45,6 +45,7 @@ from pypto_rt.collective import process
 from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay import tier_process, tier_rows
+from pypto_rt.replay.tier_copies import Held, snapshot
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.tier_passes import rewrite
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
@@ -284,7 +285,7 @@ def capturing(tier, replay, policy, background: bool):
     segmented, threads, max_bytes = tier.segments, torch.get_num_threads(), policy.tier_max_copy_bytes
     timeout_s = policy.tier_timeout_s
     snapshots: dict = {}
-    held = [0]   # bytes of the segments' copies the capture call holds together, within tier_max_copy_bytes
+    held = Held()   # the segments' copies the capture call holds together, within tier_max_copy_bytes
     run = segmented.function({s.index: _capture(s, snapshots, max_bytes, held) for s in segmented.segments})
     whole: list = []   # a long replay split by length (no communication): its call's inputs, checked as a whole
 
@@ -317,7 +318,7 @@ def capturing(tier, replay, policy, background: bool):
     return call
 
 
-def _capture(segment: TorchRun, snapshots: dict, max_bytes: int, held: list):
+def _capture(segment: TorchRun, snapshots: dict, max_bytes: int, held: Held):
     def capture(*inputs):
         snapshots[segment.index] = _snapshot(segment, inputs, max_bytes, held)
         return segment.replayed(*inputs)
@@ -328,20 +329,19 @@ class _Kept(Untierable):
     """The segment stays replayed (not a failure of the whole build); the message says why."""
 
 
-def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int, held: list):
+def _snapshot(segment: TorchRun, inputs: tuple, max_bytes: int, held: Held):
     """(copies of a segment's inputs, integers as they are; the names of those that are windows), or why it stays
-    replayed, also where the copies held for the segments before it (`held`: bytes, till the build) leave no room."""
-    from pypto_rt.replay import tier as base
-
+    replayed: no room left by the copies held for earlier segments (`held`; an unwritten tensor shares its copy)."""
     for name, value in zip(segment.inputs, inputs):
         if not isinstance(value, torch.Tensor) and type(value) is not int:
             return f"it takes a {type(value).__name__} ({name}); only tensors and integers go to a compiled graph"
+    window = [isinstance(v, torch.Tensor) and bool(process.window_of(v)) for v in inputs]
     try:
-        copies = base._snapshot([v if isinstance(v, torch.Tensor) else None for v in inputs], max_bytes, held)
+        copies = snapshot([v if isinstance(v, torch.Tensor) else None for v in inputs], max_bytes, held,
+                          shared=[not w for w in window])
     except Untierable as e:
         return str(e)
-    windows = {n for n, v in zip(segment.inputs, inputs) if isinstance(v, torch.Tensor) and process.window_of(v)}
-    return [v if c is None else c for v, c in zip(inputs, copies)], windows
+    return [v if c is None else c for v, c in zip(inputs, copies)], {n for n, w in zip(segment.inputs, window) if w}
 
 
 def _build(tier, replay, snapshots: dict, threads: int, timeout_s: float, idle: bool, whole: list = ()) -> None:

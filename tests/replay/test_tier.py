@@ -599,13 +599,31 @@ def test_the_check_compares_large_tensors_piecewise_and_still_finds_one_wrong_el
 
 def test_copies_a_build_holds_for_earlier_segments_count_against_the_copy_limit():
     # (a MoE dispatch's per-expert segments each copied the whole receive buffer: 8 ranks ran out of memory)
-    from pypto_rt.replay.tier_copies import snapshot
+    from pypto_rt.replay.tier_copies import Held, snapshot
     from pypto_rt.replay.tier_source import Untierable
     mib = torch.zeros(1 << 18)   # 1 MiB
-    held = [0]
+    held = Held()
     first = snapshot([mib, mib[:10]], 3 << 20, held)
-    assert held == [1 << 20] and first[1].untyped_storage().data_ptr() == first[0].untyped_storage().data_ptr()
+    assert held.bytes == 1 << 20 and first[1].untyped_storage().data_ptr() == first[0].untyped_storage().data_ptr()
     snapshot([mib.clone()], 3 << 20, held)
     with pytest.raises(Untierable, match="with the 2 MiB the build's earlier segments hold"):
         snapshot([torch.zeros(1 << 19)], 3 << 20, held)
-    assert held == [2 << 20]
+    assert held.bytes == 2 << 20
+
+
+def test_a_tensor_no_one_wrote_since_an_earlier_segment_copied_it_shares_that_copy():
+    # (an 8-rank skewed MoE combine: each live-sums segment copied the same 64 MiB of expert rows, and the copy
+    # limit left three of them replayed)
+    from pypto_rt.replay.tier_copies import Held, snapshot
+    rows, sums, window = torch.ones(1 << 18), torch.zeros(1 << 10), torch.zeros(1 << 10)
+    held = Held()
+    first = snapshot([rows, sums, window], 4 << 20, held, shared=[True, True, False])
+    sums.add_(1)   # (the segment wrote it: the next copies it again)
+    second = snapshot([rows, sums, window], 4 << 20, held, shared=[True, True, False])
+    assert held.bytes == (1 << 20) + 4 * (4 << 10)   # the rows once; the sums and the window twice each
+    assert second[0].untyped_storage().data_ptr() == first[0].untyped_storage().data_ptr()
+    assert second[1].untyped_storage().data_ptr() != first[1].untyped_storage().data_ptr()
+    assert torch.equal(first[1], torch.zeros(1 << 10)) and torch.equal(second[1], torch.ones(1 << 10))
+    assert second[2].untyped_storage().data_ptr() != first[2].untyped_storage().data_ptr()   # (peers write it)
+    assert snapshot([rows.clone()], 4 << 20, held)[0].untyped_storage().data_ptr() != \
+        first[0].untyped_storage().data_ptr()   # (another tensor, though equal)

@@ -21,6 +21,7 @@ import torch
 
 from pypto_rt import config
 from pypto_rt.replay import tier_inductor, tier_process, tier_segments
+from pypto_rt.replay.tier_copies import Held
 from pypto_rt.replay.tier_source import Untierable
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.policy import policy_scope
@@ -254,7 +255,7 @@ def test_a_segment_writing_a_window_stays_replayed(monkeypatch):
     monkeypatch.setattr(tier_segments.process, "window_of",
                         lambda t: t.untyped_storage().data_ptr() == a1.untyped_storage().data_ptr())
     snapshots = {}
-    split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20, [0]) for s in split.segments})(a0, a1, a2)
+    split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20, Held()) for s in split.segments})(a0, a1, a2)
     (writes, windows), (reads, read_windows) = snapshots[0], snapshots[1]
     assert windows == read_windows == {"a1"}
     with pytest.raises(Untierable, match="it writes the window a1, which peers write meanwhile"):   # (as _Kept)
@@ -277,7 +278,7 @@ def test_a_segment_calls_inductors_code_directly_and_falls_back_to_the_wrapped_c
     a0, a1, a2 = torch.randn(2, 2), torch.zeros(2, 2), torch.tensor([5])
     monkeypatch.setattr(tier_segments.process, "window_of", lambda t: False)
     snapshots = {}
-    split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20, [0]) for s in split.segments})(a0, a1, a2)
+    split.function({s.index: tier_segments._capture(s, snapshots, 1 << 20, Held()) for s in split.segments})(a0, a1, a2)
     segment = split.segments[1]   # (v3, a1, v2, c0) -> v7: an integer among its inputs
     compiled = tier_segments._compile(segment, *snapshots[1], 1, time.perf_counter() + 600, False)
     assert compiled.wrapped is not None
