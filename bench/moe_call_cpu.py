@@ -3,7 +3,7 @@ cProfile's top functions, inside a launched job with the bench's shape and MoEBu
 
     .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
         [--sort tottime|cumulative] [--shape decode|decode128|prefill] [--skewed] [--poll-ab 0,auto,3000 [--rounds 8]]
-        [--barrier]
+        [--barrier] [--sums every|live]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
@@ -15,7 +15,9 @@ its live form is not compiled, so both forms run the replays), `--skewed` its sk
 adaptive policy) in blocks of `--calls // --rounds` calls inside the one job, every rank switching at the same call,
 and prints each setting's wall and CPU per call summed over its blocks (an A/B under the same load). `--barrier`
 also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right
-after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call.
+after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets
+which sums a compiled live layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot, the
+default, or the live routes only).
 """
 from __future__ import annotations
 
@@ -141,7 +143,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="blocks per setting with --poll-ab")
     parser.add_argument("--barrier", action="store_true",
                         help="also time calls each after a barrier (gloo's or shm's), alone and after a baseline call")
+    parser.add_argument("--sums", choices=["every", "live"], default=None,
+                        help="a compiled live layout's combine sums (default: the module's)")
     args = parser.parse_args(argv)
+    if args.sums:
+        from pypto_rt.kernels.moe import dispatch
+        dispatch.COMPILED_SUMS = args.sums
     torch.set_num_threads(1)
     _count_waits()
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))

@@ -54,10 +54,11 @@ only, the slots grouped by their live-route count, one batched matmul per group.
 source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows) gathers, per token, the row
 each of its ranks sent back and sums them (the same batched matmul, weights 0/1) with the token's row of `addend`
 (e.g. the shared expert's output; zeros when there is none), rounding once. A live layout built under
-PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead: `combine_send_kernel` (the sums in
-the fixed form, whose compiled tier is one vectorised loop over every route slot, and `moe_return`; its shapes are
-the layout's, so one specialisation serves every token count) and `combine_reduce_kernel` (`moe_reduce`). Replayed
-or on the engine the fixed sums cost ~2.3x the live ones, so without that tier the live form stays.
+PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead (`COMPILED_SUMS`):
+`combine_send_kernel` (the sums in the fixed form, whose compiled tier is one vectorised loop over every route
+slot, and `moe_return`; its shapes are the layout's, so one specialisation serves every token count) and
+`combine_reduce_kernel` (`moe_reduce`). Replayed or on the engine the fixed sums cost ~2.3x the live ones, so
+without that tier the live form stays.
 
 Only live rows cross: a put carries exactly the rows a destination needs, plus the [1, E + W] count row (the row
 counts are read inside the regions, never by the host program). The host program reads no data, so repeated
@@ -80,6 +81,7 @@ T_DYN = pl.dynamic("T_DYN")
 PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
 SIGNALS = 2
 FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
+COMPILED_SUMS = "every"   # a compiled live layout's sums: "every" route slot or its "live" routes (WindowTransport)
 
 
 @dataclass(frozen=True)
@@ -342,9 +344,14 @@ class WindowTransport:
         self._sums = torch.zeros(lanes, hidden, dtype=layout.dtype)      # combine: per arrival slot, its rows' sum
         self._routes = torch.zeros(lanes, k, dtype=torch.int32)     # arrival slots' receive rows
         # a live layout compiled at the first replay (PYPTO_TIER=eager) combines in two kernels, the fixed-form sums
-        # in the first (combine_send_kernel): compiled they are the fastest, replayed or on the engine 2.3x slower
-        # than the live form's (the background tier compiles late, after many calls: those keep the live form)
-        self.split_combine = not layout.fixed_shape and config.TIER.get() == "eager"
+        # in the first (combine_send_kernel): compiled, one loop over every route slot; replayed or on the engine
+        # 2.3x slower than the live form's (the background tier compiles late, after many calls: those keep the live
+        # form). The live sums compiled (COMPILED_SUMS = "live") touch live rows only and win under uniform routing
+        # from 4 ranks (T=128 decode: 1.22-1.29x the baseline at 4 ranks against 1.00x, 0.88-0.92x at 8 against
+        # 0.81x), lose at 2 (prefill 21-22 against 14-18 ms of CPU), and each group's compiled segment holds for the
+        # line counts it was built on (0 or 1 lines, or 2 and more: each its own graph): a call whose routing moves
+        # a group across runs that group replayed (8-rank skewed T=128 after uniform: 122-180 ms against 72)
+        self.split_combine = not layout.fixed_shape and config.TIER.get() == "eager" and COMPILED_SUMS == "every"
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
         dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, self._epoch, route_pos, slots, members,

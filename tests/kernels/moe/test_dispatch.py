@@ -27,10 +27,11 @@ TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
 STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
           for form, hidden in (("fixed", ()), ("live", ("--hidden", "16")))}
 LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
-# the compiled tier's checks, one job: each form with rows wide enough for its narrow products to be unrolled (the
-# live one at another hidden size: layouts differ)
+# the compiled tier's checks, one job: each form with rows wide enough for its narrow products to be unrolled, the
+# live one with each of its sums (each at another hidden size: layouts differ)
 TIERED = tuple(("--form", form, "--steady", "--calls", "8", "--hidden", hidden, "--top-k", "3", "--experts-per-rank",
-                "3", "--inf-row", "--tier") for form, hidden in (("fixed", "64"), ("live", "128")))
+                "3", "--inf-row", "--tier", "--sums", sums)
+               for form, hidden, sums in (("fixed", "64", "default"), ("live", "128", "every"), ("live", "96", "live")))
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +79,14 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(j
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("form", [0, 1], ids=["fixed", "live"])
+@pytest.mark.parametrize("form", [0, 1, 2], ids=["fixed", "live-every-slot", "live-sums"])
 def test_the_compiled_dispatch_and_combine_stay_exact_and_an_inf_row_gives_inf(jobs, form):
-    """Under PYPTO_TIER=eager both kernels compiled (replay.tier: the word views undone, the weighted sums of
+    """Under PYPTO_TIER=eager every kernel compiled (replay.tier: the word views undone, the weighted sums of
     gathered rows unrolled into one loop, replay.tier_passes) and swapped in from the sixth call; a live layout's
-    combine is then two kernels (its sums in the fixed form, dispatch.combine_send_kernel), both compiled. Every call
-    still matches the golden, and the token whose live route reads a +inf expert row combines to +inf (the select
-    that zeroes a dead slot's stand-in row survives the passes; 0 * inf would be NaN)."""
+    combine is either two kernels (its sums over every route slot, dispatch.combine_send_kernel: the default) or
+    one summing live routes only (its rows counted by the call: replay.late_rows), all compiled. Every call still
+    matches the golden, and the token whose live route reads a +inf expert row combines to +inf (the select that
+    zeroes a dead slot's stand-in row survives the passes; 0 * inf would be NaN)."""
     job = jobs.job(2, DISPATCH_COMBINE, ("--timeout-s", "150"), TIERED, form)
     _all_pass(job, 2, checks=8 * 4 + 1)
 

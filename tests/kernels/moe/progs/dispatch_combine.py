@@ -3,6 +3,7 @@
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed] [--dtype bf16|fp32]
                                                [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
+                                               [--sums every|live]
                                                [--tier] [--then <another configuration's options> ...]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
@@ -19,8 +20,9 @@ take each group of arrivals in one pass).
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
 --tier (with --steady) builds the buffer and calls it with PYPTO_TIER=eager (replay.tier: the replays compiled and
 checked against the replay when recorded; a live layout then combines in two kernels, dispatch.combine_send_kernel's
-sums in the fixed form) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed calls), checking
-that both kernels have a compiled tier and that those calls stay exact.
+sums over every route slot) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed
+calls), checking that every kernel has a compiled tier and that those calls stay exact.
+--sums every|live sets which sums a compiled live layout takes (dispatch.COMPILED_SUMS; default: the module's).
 --then runs one more configuration in the same job, on a buffer of its own (a rank's start-up, mostly the torch import,
 is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each configuration's lines lie between
 "rank r/n: CONFIG i begins" and "rank r/n: CONFIG i ends ok" (or "... ends not ok"); the compiled dispatch and combine
@@ -71,13 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--sum-chunk", type=int, default=None)
+    ap.add_argument("--sums", choices=["default", "every", "live"], default="default")
     ap.add_argument("--inf-row", action="store_true")
     ap.add_argument("--tier", action="store_true")
     return ap
 
 
 # the module settings a configuration may change, as imported: each configuration starts from them
-DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES)
+DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS)
 
 
 def check(args, buf) -> dict:
@@ -135,25 +138,28 @@ def check(args, buf) -> dict:
 
 
 def _compiled(buf) -> bool:
-    """Swap in the compiled tier of the buffer's kernels where built; whether both are: the dispatch and the combine
-    (fixed form), or the combine's two kernels (live form: its dispatch calls a block as it is)."""
+    """Swap in the compiled tier of the buffer's kernels where built; whether every one is: the dispatch and the
+    combine, or the combine's two kernels in its place (a live layout summing over every route slot)."""
     layout = buf.layout
-    kernels = (dispatch.dispatch_kernel(layout), dispatch.combine_kernel(layout)) if layout.fixed_shape else \
-        (dispatch.combine_send_kernel(layout), dispatch.combine_reduce_kernel(layout))
+    combine = (dispatch.combine_send_kernel(layout), dispatch.combine_reduce_kernel(layout)) \
+        if buf.transport.split_combine else (dispatch.combine_kernel(layout),)
+    kernels = (dispatch.dispatch_kernel(layout), *combine)
     tiers = [spec.tier for k in kernels for spec in k.state.replay.values() if spec.tier is not None]
     for tier in tiers:
         if tier.tiered is not None:
             tier.chosen = tier.tiered
-    return len(tiers) == 2 and all(tier.tiered is not None for tier in tiers)
+    return len(tiers) == len(kernels) and all(tier.tiered is not None for tier in tiers)
 
 
 def _buffer(args) -> MoEBuffer:
     """The configuration's buffer, after its module settings."""
-    dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES = DEFAULTS
+    dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS = DEFAULTS
     if args.sum_chunk is not None:
         dispatch_parts.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
         dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
+    if args.sums != "default":
+        dispatch.COMPILED_SUMS = args.sums
     experts = args.experts_per_rank * pld.world_size()
     return MoEBuffer(MoEConfig(hidden=args.hidden, num_experts=experts, top_k=args.top_k,
                                max_tokens_per_rank=args.max_tokens, dtype=DTYPES[args.dtype]))
