@@ -16,8 +16,8 @@ adaptive policy) in blocks of `--calls // --rounds` calls inside the one job, ev
 and prints each setting's wall and CPU per call summed over its blocks (an A/B under the same load). `--barrier`
 also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right
 after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets
-which sums a compiled live layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot, the
-default, or the live routes only).
+which sums a compiled live layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot or the
+live routes only; default: by the ranks, Layout.live_sums).
 """
 from __future__ import annotations
 

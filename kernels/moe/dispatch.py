@@ -53,8 +53,8 @@ row past the counts, which may hold anything). Live form (`dispatch_live.sums_li
 only, the slots grouped by their live-route count, one batched matmul per group. `moe_return` (signals) puts each
 source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows) gathers, per token, the row
 each of its ranks sent back and sums them (the same batched matmul, weights 0/1) with the token's row of `addend`
-(e.g. the shared expert's output; zeros when there is none), rounding once. A live layout built under
-PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead (`COMPILED_SUMS`):
+(e.g. the shared expert's output; zeros when there is none), rounding once. A live layout on 2 ranks built
+under PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead (`Layout.live_sums`):
 `combine_send_kernel` (the sums in the fixed form, whose compiled tier is one vectorised loop over every route
 slot, and `moe_return`; its shapes are the layout's, so one specialisation serves every token count) and
 `combine_reduce_kernel` (`moe_reduce`). Replayed or on the engine the fixed sums cost ~2.3x the live ones, so
@@ -81,7 +81,7 @@ T_DYN = pl.dynamic("T_DYN")
 PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
 SIGNALS = 2
 FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
-COMPILED_SUMS = "every"   # a compiled live layout's sums: "every" route slot or its "live" routes (WindowTransport)
+COMPILED_SUMS = "auto"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,16 @@ class Layout:
         the fixed form when all route slots' rows are small (decode sizes), as DeepEP's low-latency kernels use
         fixed-size buffers and its normal kernels sized ones."""
         return self.lanes * self.top_k * self.hidden * self.dtype.itemsize <= FIXED_SHAPE_BYTES
+
+    @property
+    def live_sums(self) -> bool:
+        """Whether a compiled live layout sums its live routes only (`sums_live`) rather than every route slot
+        (`combine_send_kernel`): COMPILED_SUMS, or by the ranks ("auto"). Under uniform routing 1 / world of the
+        route slots live on a rank; the pass over every slot is one loop, the live sums one per live-route count.
+        Measured compiled: 2-rank prefill 14-16 ms of CPU a call every slot against 21-22 live; decode T=128
+        (bench.moe_dispatch) 1.25x / 1.40x the baseline at 4 ranks (uniform / skewed) against 1.00x / 1.35x, 0.88x
+        / 0.96x at 8 against 0.81x / 0.94x. So every slot while half of them live."""
+        return self.world > 2 if COMPILED_SUMS == "auto" else COMPILED_SUMS == "live"
 
     @property
     def pl_dtype(self):
@@ -211,7 +221,7 @@ def combine_kernel(layout: Layout):
         members: pl.Tensor[[T_DYN, world], pl.FP32],
         addend: pl.Tensor[[T_DYN, hidden], dtype],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
-        sums: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
+        sums: pl.InOut[pl.Tensor[[lanes + 1, hidden], dtype]],
         routes: pl.Tensor[[lanes, top_k], pl.INT32],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
@@ -225,7 +235,7 @@ def combine_kernel(layout: Layout):
         t_dim = pl.tensor.dim(out, 0)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only (fixed: replayed as torch calls)
             if fixed:
-                sums[:, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
+                sums[0:lanes, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
             else:
                 sums = sums_live(sums, y, meta_in, routes, lanes, top_k, hidden, dtype)
 
@@ -270,7 +280,7 @@ def combine_send_kernel(layout: Layout):
         y: pl.Tensor[[e_local * lanes, hidden], dtype],
         me: pl.Scalar[pl.INT32],
         epoch: pl.Tensor[[1, 1], pl.INT32],
-        sums: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
+        sums: pl.InOut[pl.Tensor[[lanes + 1, hidden], dtype]],
         routes: pl.Tensor[[lanes, top_k], pl.INT32],
         counts_in: pld.DistributedTensor[[world, n_experts + world], pl.INT32],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
@@ -278,7 +288,7 @@ def combine_send_kernel(layout: Layout):
         signals: pld.DistributedTensor[[world, SIGNALS], pl.INT32],
     ):
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
-            sums[:, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
+            sums[0:lanes, :] = pl.cast(weighted_all(y, meta_in, routes, lanes, top_k, hidden), dtype, mode="rint")
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_return"):
             return_sums(sums, me, epoch, counts_in, back_in, signals, world, n_experts, t_max, hidden)
         return sums
@@ -341,17 +351,14 @@ class WindowTransport:
         self._send_x = torch.zeros(lanes + 1, hidden, dtype=layout.dtype)     # staged by destination + a spill row
         self._send_meta = torch.zeros(lanes + 1, 2 * k, dtype=torch.float32)
         self._count_row = torch.zeros(1, n_counts, dtype=torch.int32)
-        self._sums = torch.zeros(lanes, hidden, dtype=layout.dtype)      # combine: per arrival slot, its rows' sum
+        self._sums = torch.zeros(lanes + 1, hidden, dtype=layout.dtype)  # combine: per arrival slot, its rows' sum
+        #                                                                   (+ the live sums' spill line)
         self._routes = torch.zeros(lanes, k, dtype=torch.int32)     # arrival slots' receive rows
-        # a live layout compiled at the first replay (PYPTO_TIER=eager) combines in two kernels, the fixed-form sums
-        # in the first (combine_send_kernel): compiled, one loop over every route slot; replayed or on the engine
-        # 2.3x slower than the live form's (the background tier compiles late, after many calls: those keep the live
-        # form). The live sums compiled (COMPILED_SUMS = "live") touch live rows only and win under uniform routing
-        # from 4 ranks (T=128 decode: 1.22-1.29x the baseline at 4 ranks against 1.00x, 0.88-0.92x at 8 against
-        # 0.81x), lose at 2 (prefill 21-22 against 14-18 ms of CPU), and each group's compiled segment holds for the
-        # line counts it was built on (0 or 1 lines, or 2 and more: each its own graph): a call whose routing moves
-        # a group across runs that group replayed (8-rank skewed T=128 after uniform: 122-180 ms against 72)
-        self.split_combine = not layout.fixed_shape and config.TIER.get() == "eager" and COMPILED_SUMS == "every"
+        # a live layout compiled at the first replay (PYPTO_TIER=eager) on 2 ranks combines in two kernels, the
+        # fixed-form sums in the first (combine_send_kernel): compiled they are the fastest there (Layout.live_sums),
+        # replayed or on the engine 2.3x slower than the live form's (the background tier compiles late, after many
+        # calls: those keep the live form)
+        self.split_combine = not layout.fixed_shape and config.TIER.get() == "eager" and not layout.live_sums
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
         dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, self._epoch, route_pos, slots, members,

@@ -19,10 +19,10 @@ take each group of arrivals in one pass).
 --inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
 --tier (with --steady) builds the buffer and calls it with PYPTO_TIER=eager (replay.tier: the replays compiled and
-checked against the replay when recorded; a live layout then combines in two kernels, dispatch.combine_send_kernel's
-sums over every route slot) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed
+checked against the replay when recorded; a live layout on 2 ranks then combines in two kernels,
+dispatch.combine_send_kernel's sums over every route slot) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed
 calls), checking that every kernel has a compiled tier and that those calls stay exact.
---sums every|live sets which sums a compiled live layout takes (dispatch.COMPILED_SUMS; default: the module's).
+--sums every|live sets which sums a compiled live layout takes (dispatch.COMPILED_SUMS; default: by its ranks).
 --then runs one more configuration in the same job, on a buffer of its own (a rank's start-up, mostly the torch import,
 is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each configuration's lines lie between
 "rank r/n: CONFIG i begins" and "rank r/n: CONFIG i ends ok" (or "... ends not ok"); the compiled dispatch and combine
