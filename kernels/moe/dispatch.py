@@ -53,8 +53,8 @@ row past the counts, which may hold anything). Live form (`dispatch_live.sums_li
 only, the slots grouped by their live-route count, one batched matmul per group. `moe_return` (signals) puts each
 source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows) gathers, per token, the row
 each of its ranks sent back and sums them (the same batched matmul, weights 0/1) with the token's row of `addend`
-(e.g. the shared expert's output; zeros when there is none), rounding once. A live layout on 2 ranks built
-under PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead (`Layout.live_sums`):
+(e.g. the shared expert's output; zeros when there is none), rounding once. A live layout built under
+PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead (unless `Layout.live_sums`):
 `combine_send_kernel` (the sums in the fixed form, whose compiled tier is one vectorised loop over every route
 slot, and `moe_return`; its shapes are the layout's, so one specialisation serves every token count) and
 `combine_reduce_kernel` (`moe_reduce`). Replayed or on the engine the fixed sums cost ~2.3x the live ones, so
@@ -81,7 +81,7 @@ T_DYN = pl.dynamic("T_DYN")
 PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
 SIGNALS = 2
 FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
-COMPILED_SUMS = "auto"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
+COMPILED_SUMS = "every"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,8 @@ class Layout:
         route slots live on a rank; the pass over every slot is one loop, the live sums one per live-route count.
         Measured compiled: 2-rank prefill 14-16 ms of CPU a call every slot against 21-22 live; decode T=128
         (bench.moe_dispatch) 1.25x / 1.40x the baseline at 4 ranks (uniform / skewed) against 1.00x / 1.35x, 0.88x
-        / 0.96x at 8 against 0.81x / 0.94x. So every slot while half of them live."""
+        / 0.96x at 8 against 0.81x / 0.94x; but 4-rank prefill (H=1024, top-8) 1.05x / 1.14x against 1.27x /
+        2.21x. So the default (COMPILED_SUMS = "every") keeps every slot; "auto" takes the live sums from 4 ranks."""
         return self.world > 2 if COMPILED_SUMS == "auto" else COMPILED_SUMS == "live"
 
     @property
@@ -354,8 +355,8 @@ class WindowTransport:
         self._sums = torch.zeros(lanes + 1, hidden, dtype=layout.dtype)  # combine: per arrival slot, its rows' sum
         #                                                                   (+ the live sums' spill line)
         self._routes = torch.zeros(lanes, k, dtype=torch.int32)     # arrival slots' receive rows
-        # a live layout compiled at the first replay (PYPTO_TIER=eager) on 2 ranks combines in two kernels, the
-        # fixed-form sums in the first (combine_send_kernel): compiled they are the fastest there (Layout.live_sums),
+        # a live layout compiled at the first replay (PYPTO_TIER=eager) combines in two kernels (unless
+        # Layout.live_sums), the fixed-form sums in the first (combine_send_kernel): compiled, one loop;
         # replayed or on the engine 2.3x slower than the live form's (the background tier compiles late, after many
         # calls: those keep the live form)
         self.split_combine = not layout.fixed_shape and config.TIER.get() == "eager" and not layout.live_sums
