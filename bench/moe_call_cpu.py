@@ -3,7 +3,7 @@ cProfile's top functions, inside a launched job with the bench's shape and MoEBu
 
     .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
         [--sort tottime|cumulative] [--shape decode|decode128|prefill] [--skewed] [--poll-ab 0,auto,3000 [--rounds 8]]
-        [--barrier] [--sums every|live]
+        [--barrier] [--sums every|live|auto]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
@@ -17,7 +17,7 @@ and prints each setting's wall and CPU per call summed over its blocks (an A/B u
 also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right
 after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets
 which sums a compiled live layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot or the
-live routes only; default: by the ranks, Layout.live_sums).
+live routes only, or "auto": by the ranks, Layout.live_sums; default: the module's, every slot).
 """
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="blocks per setting with --poll-ab")
     parser.add_argument("--barrier", action="store_true",
                         help="also time calls each after a barrier (gloo's or shm's), alone and after a baseline call")
-    parser.add_argument("--sums", choices=["every", "live"], default=None,
+    parser.add_argument("--sums", choices=["every", "live", "auto"], default=None,
                         help="a compiled live layout's combine sums (default: the module's)")
     args = parser.parse_args(argv)
     if args.sums:

@@ -298,7 +298,7 @@ def capturing(tier, replay, policy, background: bool):
     def call(*args):
         if not segmented.communicates:
             try:
-                whole[:] = [base._snapshot(list(args), max_bytes)]
+                whole[:] = [snapshot(list(args), max_bytes)]
             except Untierable as e:
                 whole[:] = [str(e)]
         try:

@@ -83,7 +83,7 @@ def test_both_forms_replay_with_the_routing_changing_every_call_and_stay_exact(j
 def test_the_compiled_dispatch_and_combine_stay_exact_and_an_inf_row_gives_inf(jobs, form):
     """Under PYPTO_TIER=eager every kernel compiled (replay.tier: the word views undone, the weighted sums of
     gathered rows unrolled into one loop, replay.tier_passes) and swapped in from the sixth call; a live layout's
-    combine is either two kernels (its sums over every route slot, dispatch.combine_send_kernel: 2 ranks) or
+    combine is either two kernels (its sums over every route slot, dispatch.combine_send_kernel: the default) or
     one summing live routes only (its rows counted by the call: replay.late_rows), all compiled. Every call still
     matches the golden, and the token whose live route reads a +inf expert row combines to +inf (the select that
     zeroes a dead slot's stand-in row survives the passes; 0 * inf would be NaN)."""

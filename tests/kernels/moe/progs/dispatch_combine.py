@@ -3,7 +3,7 @@
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed] [--dtype bf16|fp32]
                                                [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
-                                               [--sums every|live]
+                                               [--sums every|live|auto]
                                                [--tier] [--then <another configuration's options> ...]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
@@ -19,10 +19,10 @@ take each group of arrivals in one pass).
 --inf-row sets the first row of each rank's last local expert to +inf: the token whose route it is must combine to
 +inf (a sum over its live routes), never NaN (a dead route slot read as that row with weight 0: 0 * inf).
 --tier (with --steady) builds the buffer and calls it with PYPTO_TIER=eager (replay.tier: the replays compiled and
-checked against the replay when recorded; a live layout on 2 ranks then combines in two kernels,
-dispatch.combine_send_kernel's sums over every route slot) and runs every later call compiled (the tiers swapped in, as bench.moe_rank's timed
-calls), checking that every kernel has a compiled tier and that those calls stay exact.
---sums every|live sets which sums a compiled live layout takes (dispatch.COMPILED_SUMS; default: by its ranks).
+checked against the replay when recorded; a live layout then combines in two kernels, dispatch.combine_send_kernel's
+sums over every route slot, unless dispatch.Layout.live_sums) and runs every later call compiled (the tiers swapped
+in, as bench.moe_rank's timed calls), checking that every kernel has a compiled tier and that those calls stay exact.
+--sums every|live|auto sets which sums a compiled live layout takes (dispatch.COMPILED_SUMS; default: the module's).
 --then runs one more configuration in the same job, on a buffer of its own (a rank's start-up, mostly the torch import,
 is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each configuration's lines lie between
 "rank r/n: CONFIG i begins" and "rank r/n: CONFIG i ends ok" (or "... ends not ok"); the compiled dispatch and combine
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--sum-chunk", type=int, default=None)
-    ap.add_argument("--sums", choices=["default", "every", "live"], default="default")
+    ap.add_argument("--sums", choices=["default", "every", "live", "auto"], default="default")
     ap.add_argument("--inf-row", action="store_true")
     ap.add_argument("--tier", action="store_true")
     return ap
