@@ -73,8 +73,9 @@ import pypto.language as pl
 import pypto.language.distributed as pld
 from pypto_rt import config
 from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
-from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, receive_sources, route_layout,
-                                                 route_rows, stage_by_destination, sum_returned, weighted_all)
+from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_bounded, receive_sources,
+                                                 route_layout, route_rows, stage_by_destination, sum_returned,
+                                                 weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -196,7 +197,7 @@ def dispatch_kernel(layout: Layout):
             sources = receive_sources(routes, lanes, e_local * lanes, top_k)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only (fixed: replayed as torch calls)
             if fixed:
-                recv_rows = expand_all(recv_rows, tokens_in, sources, e_local * lanes)
+                recv_rows = expand_bounded(recv_rows, tokens_in, sources, recv_counts, e_local, lanes)
             else:
                 recv_rows = expand_live(recv_rows, tokens_in, sources, recv_counts, e_local, lanes)
         return recv_rows, recv_counts

@@ -1,13 +1,14 @@
 """Launched MoE dispatch + combine, checked on every rank against torch (prints PASS / FAIL per check).
 
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
-                                               [--routing uniform|skewed] [--dtype bf16|fp32]
+                                               [--routing uniform|skewed|mixed] [--dtype bf16|fp32]
                                                [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
                                                [--sums every|live|auto]
                                                [--tier] [--then <another configuration's options> ...]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
-Token counts differ per rank and per call (rank 1 has none on the first call). The "expert" multiplies its
+Token counts differ per rank and per call (rank 1 has none on the first call); --routing mixed takes skewed
+routing on odd calls (the largest expert count jumps between a few rows and every arrival slot). The "expert" multiplies its
 rows by (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1) (+ x[t] on
 the second call, which passes it as `add`; the expert rows past recv.counts are NaN, which combine must not
 read), and recv.counts must equal the job's route counts per local expert; neither call may read data on the
@@ -68,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=6)
     ap.add_argument("--calls", type=int, default=3)
-    ap.add_argument("--routing", choices=["uniform", "skewed"], default="uniform")
+    ap.add_argument("--routing", choices=["uniform", "skewed", "mixed"], default="uniform")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
     ap.add_argument("--steady", action="store_true")
@@ -95,7 +96,8 @@ def check(args, buf) -> dict:
         if call == 0 and world > 1 and not args.steady:
             counts[1] = 0
         xs = [torch.randn(n, args.hidden, generator=gen).to(dtype) for n in counts]
-        idxs = [routing(world, experts, args.top_k, n, args.routing == "skewed", gen) for n in counts]
+        skewed = args.routing == "skewed" or (args.routing == "mixed" and call % 2 == 1)
+        idxs = [routing(world, experts, args.top_k, n, skewed, gen) for n in counts]
         ws = [torch.rand(n, args.top_k, generator=gen) for n in counts]
         compiled = args.tier and _compiled(buf)
         if args.tier and call == args.calls - 1:
