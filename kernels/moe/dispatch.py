@@ -73,9 +73,8 @@ import pypto.language as pl
 import pypto.language.distributed as pld
 from pypto_rt import config
 from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
-from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_bounded, receive_sources,
-                                                 route_layout, route_rows, stage_by_destination, sum_returned,
-                                                 weighted_all)
+from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, receive_sources, route_layout,
+                                                 route_rows, stage_by_destination, sum_returned, weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -83,7 +82,6 @@ PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
 SIGNALS = 2
 FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
 COMPILED_SUMS = "every"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
-BOUNDED_EXPAND_ROWS = 256   # a live layout expands bounded by the largest count up to these rows per expert
 
 
 @dataclass(frozen=True)
@@ -123,16 +121,6 @@ class Layout:
         / 0.96x at 8 against 0.81x / 0.94x; but 4-rank prefill (H=1024, top-8) 1.05x / 1.14x against 1.27x /
         2.21x. So the default (COMPILED_SUMS = "every") keeps every slot; "auto" takes the live sums from 4 ranks."""
         return self.world > 2 if COMPILED_SUMS == "auto" else COMPILED_SUMS == "live"
-
-    @property
-    def bounded_expand(self) -> bool:
-        """Whether the dispatch expands each local expert's first m rows (m: the call's largest count) in one gather
-        and one row scatter (`expand_bounded`) rather than each expert's own count in a gather per expert
-        (`expand_live`): the fixed form always (it would fill every row), the live form while an expert expects
-        few rows under uniform routing (T_MAX * K / E_local up to BOUNDED_EXPAND_ROWS), where a pass per expert costs
-        more than the rows past a count. Measured compiled, CPU a call: 8-rank decode T=128 (96 rows, H=4096) 10.8
-        -> 9.1 ms; 4-rank prefill T=1024 (1024 rows, H=1024) 13.6 -> 15.9 ms (the scatter costs more per row)."""
-        return self.fixed_shape or self.max_tokens * self.top_k <= BOUNDED_EXPAND_ROWS * self.local_experts
 
     @property
     def pl_dtype(self):
@@ -207,8 +195,8 @@ def dispatch_kernel(layout: Layout):
             routes[:, :] = arrived_routes(meta_in, counts_in, me, world, t_max, n_experts, e_local, top_k)
             sources = receive_sources(routes, lanes, e_local * lanes, top_k)
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_expand"):   # windows only (fixed: replayed as torch calls)
-            if layout.bounded_expand:
-                recv_rows = expand_bounded(recv_rows, tokens_in, sources, recv_counts, e_local, lanes)
+            if fixed:
+                recv_rows = expand_all(recv_rows, tokens_in, sources, e_local * lanes)
             else:
                 recv_rows = expand_live(recv_rows, tokens_in, sources, recv_counts, e_local, lanes)
         return recv_rows, recv_counts

@@ -304,25 +304,6 @@ def expand_all(recv_rows, tokens, sources, layout_rows):
 
 
 @pl.jit.inline
-def expand_bounded(recv_rows, tokens, sources, recv_counts, e_local, lanes):
-    """The fixed form's expansion bounded by the call's largest expert count m (at least 2; read from data, with no
-    `if` on it, so a replay's rows follow it): every local expert's first m receive rows (sources from
-    `receive_sources`) in one gather from their arrival slots and one row scatter; rows between an expert's count
-    and m get slot 0's row, rows past m keep an older call's. Under uniform routing m is a small part of LANES (8
-    ranks, decode T=8: ~1/5), where `expand_all` writes every row. Returns recv_rows."""
-    m = pl.read(pl.maxs(pl.row_max(recv_counts), 2), [0, 0])
-    # [LANES, E_local]: row r, column j: expert j's r-th receive row, and the arrival slot it takes
-    rank_in_expert = pl.reshape(pl.arange(0, [1, lanes], dtype=pl.INT32), [lanes, 1])
-    expert_first = pl.muls(pl.arange(0, [1, e_local], dtype=pl.INT32), lanes)
-    targets = pl.add(pl.row_expand(pl.full([lanes, e_local], dtype=pl.INT32, value=0), rank_in_expert),
-                     pl.col_expand(pl.full([lanes, e_local], dtype=pl.INT32, value=0), expert_first))
-    slots = pl.transpose(pl.reshape(sources[0 : e_local * lanes, :], [e_local, lanes]), 0, 1)
-    picked = pl.mgather(tokens, pl.reshape(slots[0:m, :], [m * e_local, 1]), coalesce="row")
-    return pl.mscatter(picked, pl.reshape(targets[0:m, :], [m * e_local, 1]), recv_rows, coalesce="row",
-                       scatter_conflict="default")   # distinct targets: no last-writer pass
-
-
-@pl.jit.inline
 def weighted_all(y, meta, rows, lanes, top_k, hidden):
     """The fixed-shape form of `sums_by_chunk`, over every arrival slot (`rows`: the dispatch's `arrived_routes`):
     [LANES, H] FP32 (rows of dead slots hold anything: no one reads them). Slots that do not live here weigh 0

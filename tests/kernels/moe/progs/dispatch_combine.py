@@ -2,19 +2,17 @@
 
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed|mixed] [--dtype bf16|fp32]
-                                               [--form auto|fixed|live|live-bounded] [--steady] [--sum-chunk N]
-                                               [--inf-row]
+                                               [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
                                                [--sums every|live|auto]
                                                [--tier] [--then <another configuration's options> ...]
 
-Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other.
-Token counts differ per rank and per call (rank 1 has none on the first call); --routing mixed takes skewed
-routing on odd calls (the largest expert count jumps between a few rows and every arrival slot). The "expert" multiplies its
-rows by (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1) (+ x[t] on
-the second call, which passes it as `add`; the expert rows past recv.counts are NaN, which combine must not
-read), and recv.counts must equal the job's route counts per local expert; neither call may read data on the
-host. Exit 0 when every check passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size;
-live: its expansion per expert, live-bounded: bounded by the largest count, dispatch.Layout.bounded_expand);
+Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other. Token
+counts differ per rank and per call (rank 1 has none on the first call); --routing mixed takes skewed routing on odd
+calls (an expert's row count jumps between a few rows and every arrival slot). The "expert" multiplies its rows by
+(global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1) (+ x[t] on the second call,
+which passes it as `add`; the expert rows past recv.counts are NaN, which combine must not read), and recv.counts must
+equal the job's route counts per local expert; neither call may read data on the host. Exit 0 when every check
+passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
 --steady keeps each rank's token count from call to call (the routing still changes), so calls from the fifth
 on replay, and checks that they do. --sum-chunk sets the collective form's tokens per weighted-sum pass
 (dispatch_parts.SUM_CHUNK), so small jobs take several passes and a short last one (the window form's live sums
@@ -73,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--routing", choices=["uniform", "skewed", "mixed"], default="uniform")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    ap.add_argument("--form", choices=["auto", "fixed", "live", "live-bounded"], default="auto")
+    ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--sum-chunk", type=int, default=None)
     ap.add_argument("--sums", choices=["default", "every", "live", "auto"], default="default")
@@ -83,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # the module settings a configuration may change, as imported: each configuration starts from them
-DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS, dispatch.BOUNDED_EXPAND_ROWS)
+DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS)
 
 
 def check(args, buf) -> dict:
@@ -157,13 +155,11 @@ def _compiled(buf) -> bool:
 
 def _buffer(args) -> MoEBuffer:
     """The configuration's buffer, after its module settings."""
-    (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS,
-     dispatch.BOUNDED_EXPAND_ROWS) = DEFAULTS
+    dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS = DEFAULTS
     if args.sum_chunk is not None:
         dispatch_parts.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
         dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
-        dispatch.BOUNDED_EXPAND_ROWS = 1 << 30 if args.form == "live-bounded" else 0
     if args.sums != "default":
         dispatch.COMPILED_SUMS = args.sums
     experts = args.experts_per_rank * pld.world_size()
