@@ -125,15 +125,18 @@ def plan_calls(contenders: dict, iters: int, warmup: int, budget_s: float) -> tu
 
 
 def time_interleaved(contenders: dict, iters: int, warmup: int,
-                     block: int = INTERLEAVE_BLOCK) -> dict[str, list[float]]:
-    """Seconds of each call, `iters` per contender, each call after a barrier; the contenders take turns in blocks
-    of `block` calls, in the opposite order every other round. (One call each per round put every MoEBuffer call
-    right after a gloo all_to_all, which slowed it by ~0.4 ms at 2-rank decode against one after its own kind:
-    blocks leave that to a block's first call, and the order swap to either contender alike.)"""
+                     block: int = INTERLEAVE_BLOCK) -> tuple[dict[str, list[float]], dict[str, list[tuple]]]:
+    """Seconds of each call, `iters` per contender, each call after a barrier, and each call's (entry, exit) on the
+    host's monotonic clock (perf_counter: one clock for every process of a host, so the job's span of a call can be
+    told); the contenders take turns in blocks of `block` calls, in the opposite order every other round. (One call
+    each per round put every MoEBuffer call right after a gloo all_to_all, which slowed it by ~0.4 ms at 2-rank
+    decode against one after its own kind: blocks leave that to a block's first call, and the order swap to either
+    contender alike.)"""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
+    spans: dict[str, list[tuple]] = {name: [] for name in contenders}
     names = list(contenders)
     for first in range(0, iters, block):
         for name in (names if first // block % 2 == 0 else names[::-1]):
@@ -142,8 +145,10 @@ def time_interleaved(contenders: dict, iters: int, warmup: int,
                 dist.barrier()
                 start = time.perf_counter()
                 fn()
-                samples[name].append(time.perf_counter() - start)
-    return samples
+                end = time.perf_counter()
+                samples[name].append(end - start)
+                spans[name].append((start, end))
+    return samples, spans
 
 
 def time_consecutive(contenders: dict, rounds: int, burst: int) -> dict[str, list[float]]:
@@ -260,7 +265,7 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
             contenders["ours"], contenders["ours_replayed"] = tiered(call, buf, True), tiered(call, buf, False)
     base.host_reads = 0
     warmup, iters = plan_calls(contenders, iters, warmup, budget_s) if iters else (warmup, 0)
-    samples = time_interleaved(contenders, iters, warmup)
+    samples, spans = time_interleaved(contenders, iters, warmup)
     # runs of consecutive calls: about twice the timed calls' count, 2 to CONSECUTIVE_ROUNDS runs
     rounds = max(2, min(CONSECUTIVE_ROUNDS, 2 * iters // CONSECUTIVE_BURST)) if iters else 0
     consecutive = time_consecutive(contenders, rounds, CONSECUTIVE_BURST)
@@ -269,9 +274,9 @@ def measure_shape(shape: MoEShape, iters: int, warmup: int, ours, budget_s: floa
         row.update(ours_counters(buf, x, idx32, topk_weights))
         getattr(buf, "close", lambda: None)()    # one buffer per shape: free its windows if it can
     return {"shape": dataclasses.asdict(shape), "rank": rank, "calls": calls,
-            "baseline": {"samples": samples["baseline"], "consecutive": consecutive["baseline"],
-                         "host_reads": base.host_reads},
-            "ours": {**row, "samples": samples.get("ours", []),
+            "baseline": {"samples": samples["baseline"], "spans": spans["baseline"],
+                         "consecutive": consecutive["baseline"], "host_reads": base.host_reads},
+            "ours": {**row, "samples": samples.get("ours", []), "spans": spans.get("ours", []),
                      "consecutive": consecutive.get("ours", []), "replayed_samples": samples.get("ours_replayed")},
             "bytes": accounting(shape, world, rank)}
 

@@ -132,8 +132,19 @@ def test_consecutive_calls_give_a_second_speed_up_and_verdict():
     # per run the slowest rank: baseline 5, 6 ms, ours 2, 3 ms -> medians 5.5 against 2.5 ms
     cells = moe_dispatch._timing_row([row([5e-3, 6e-3], [2e-3, 1e-3]), row([4e-3, 5e-3], [1e-3, 3e-3])], 2)
     assert cells[8] == "1.33x" and cells[9].endswith("misses"), cells          # barrier before each call: 4 / 3 ms
-    assert cells[10] == "5.50 ms / 2.50 ms: 2.20x" and cells[11].endswith("meets"), cells
-    assert moe_dispatch._timing_row([row([], [])], 2)[10:] == ["-", "-"]     # results without consecutive runs
+    assert cells[11] == "5.50 ms / 2.50 ms: 2.20x" and cells[12].endswith("meets"), cells
+    assert moe_dispatch._timing_row([row([], [])], 2)[10:] == ["-", "-", "-"]   # no spans, no consecutive runs
+
+
+def test_the_span_from_the_last_entry_leaves_the_barriers_stagger_out():
+    """Per call: the latest exit minus the latest entry over the ranks (one clock), so a rank that left the barrier
+    early and waited in the call for a late one adds nothing; the median over calls."""
+    rows = [{"baseline": {"spans": [(0.0, 5.0), (10.0, 12.0), (20.0, 30.0)]}},    # rank 0 entered first each time
+            {"baseline": {"spans": [(3.0, 5.5), (10.5, 12.0), (29.0, 30.5)]}}]
+    assert moe_dispatch.from_last_entry(rows, "baseline") == 1.5      # per call: 2.5, 1.5, 1.5
+    assert moe_dispatch.latency([{"baseline": {"samples": [e - s for s, e in r["baseline"]["spans"]]}}
+                                 for r in rows], "baseline")[0] == 5.0  # the slowest rank's own time: 5, 2, 10
+    assert moe_dispatch.from_last_entry([{"baseline": {}}], "baseline") is None
 
 
 def test_launched_job_runs_the_baseline_alone_when_asked():

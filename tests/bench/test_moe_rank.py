@@ -33,7 +33,8 @@ def _orders(ctx):
                             world_size=ctx.world_size, timeout=datetime.timedelta(seconds=20))
     calls = []
     contenders = {name: (lambda name=name: calls.append(name)) for name in ("base", "ours")}
-    samples = moe_rank.time_interleaved(contenders, iters=7, warmup=0, block=3)
+    samples, spans = moe_rank.time_interleaved(contenders, iters=7, warmup=0, block=3)
+    assert all(len(spans[name]) == 7 and all(start <= end for start, end in spans[name]) for name in spans)
     interleaved, calls[:] = list(calls), []
     runs = moe_rank.time_consecutive(contenders, rounds=2, burst=4)
     dist.destroy_process_group()
