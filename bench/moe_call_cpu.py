@@ -12,7 +12,8 @@ PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls`
 thread CPU time) of as many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8;
 its live form is not compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank
 0's experts). `--poll-ab` alternates the shm waits' poll settings (microseconds as PYPTO_SHM_POLL_US, `auto`: the
-adaptive policy) in blocks of `--calls // --rounds` calls inside the one job, every rank switching at the same call,
+adaptive policy; `y<N>s<US>`: N yields, then sleeps doubling up to US microseconds, the oversubscribed waits'
+backoff) in blocks of `--calls // --rounds` calls inside the one job, every rank switching at the same call,
 and prints each setting's wall and CPU per call summed over its blocks (an A/B under the same load). `--barrier`
 also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right
 after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets
@@ -40,6 +41,7 @@ SHAPES = {"decode": ("decode", 8, 4096, 6), "decode128": ("decode", 128, 4096, 6
           "prefill": ("prefill", 1024, 1024, 8)}
 _waits_wall = [0.0]   # wall seconds spent inside the shm communicator's waits
 _in_waits = [0.0]   # CPU seconds spent inside the shm communicator's waits (their spins, yields and sleeps)
+_wait_override: dict = {}   # backoff_wait arguments a --poll-ab setting `y<yields>s<max sleep us>` sets
 
 
 def _count_waits() -> None:
@@ -50,6 +52,7 @@ def _count_waits() -> None:
     real = shm_communicator.backoff_wait
 
     def counted(*args, **kwargs):
+        kwargs.update(_wait_override)
         start, wall = time.thread_time(), time.perf_counter()
         try:
             return real(*args, **kwargs)
@@ -87,12 +90,18 @@ def poll_ab(run, settings: list[str], calls: int, rounds: int, rank: int) -> Non
     sums = {s: [0.0, 0.0, 0.0] for s in settings}
     for _ in range(rounds):
         for setting in settings:
-            comm.set_poll_us(None if setting == "auto" else int(setting))
+            if setting.startswith("y"):   # the waits' yields and longest sleep (oversubscribed: no futex)
+                yields, sleep_us = setting[1:].split("s")
+                _wait_override.update(yields=int(yields), max_sleep=int(sleep_us) * 1e-6)
+            else:
+                _wait_override.clear()
+                comm.set_poll_us(None if setting == "auto" else int(setting))
             per_call(run, 2)   # the switch's own calls are not counted
             wall, cpu, waits, _ = per_call(run, block)
             total = sums[setting]
             total[0], total[1], total[2] = total[0] + wall / rounds, total[1] + cpu / rounds, total[2] + waits / rounds
     comm.set_poll_us(None)
+    _wait_override.clear()
     for setting, (wall, cpu, waits) in sums.items():
         print(f"rank {rank} poll {setting}: wall {wall:.3f} ms, CPU {cpu:.3f} ms per call ({cpu - waits:.3f} ms "
               f"outside the waits' polls), {rounds} blocks of {block} calls", flush=True)

@@ -37,9 +37,10 @@ from .control import SIZE as CONTROL_SIZE
 from .poll_policy import PollPolicy
 from .segments import Segment, SegmentMissing, check_prefix, removed_error, segment_name
 from .shm_collectives import StagedCollectives
-from .waits import SPIN_POLLS, backoff_wait, describe, timeout_error, wait_record
+from .waits import MAX_SLEEP_S, SPIN_POLLS, backoff_wait, describe, timeout_error, wait_record
 
 _ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+OVERSUBSCRIBED_MAX_SLEEP_S = 250e-6   # a wait's longest sleep where the job has more ranks than cores
 
 
 def _wrap32(v: int) -> int:
@@ -122,6 +123,9 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
         # futex waits where every rank has a core; oversubscribed, yields and sleeps measured faster (bench/shm_wake.py)
         self._futex = futex.AVAILABLE and comm_settings.shm_block() and world_size <= (os.cpu_count() or 1)
+        # oversubscribed, a sleep's overshoot past the signal is on the call's path: shorter longest sleeps (8-rank
+        # decode MoE, one job's blocks alternated: 6.28 against 6.63 ms a call with 1 ms, bench/moe_call_cpu.py)
+        self._max_sleep = MAX_SLEEP_S if world_size <= (os.cpu_count() or 1) else OVERSUBSCRIBED_MAX_SLEEP_S
         self._poll: PollPolicy | None = None   # None: a fixed poll `_poll_s` (or none)
         self._set_poll(comm_settings.shm_poll_s() if self._futex else 0.0)
         self._init_staging()
@@ -276,7 +280,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         start = time.monotonic()
         watch = self._watcher(pending, op, label, lambda: record(time.monotonic() - start))
         if self._waited("barrier", backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
-                                                block=block if self._futex else None,
+                                                max_sleep=self._max_sleep, block=block if self._futex else None,
                                                 poll_s=self._poll_budget("barrier"))) is None:
             raise timeout_error(record(time.monotonic() - start), hint=(
                 f"the listed ranks never reached this rank's barrier #{e} (in {op}): they are stuck elsewhere "
@@ -365,7 +369,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         start = time.monotonic()
         watch = self._watcher(peers, "wait", label, lambda: record(time.monotonic() - start))
         site = (window.index, index)
-        if self._waited(site, backoff_wait(ready, self.timeout_s, watch, spin=self._spin,
+        if self._waited(site, backoff_wait(ready, self.timeout_s, watch, spin=self._spin, max_sleep=self._max_sleep,
                                            block=self._blocker(segment, cells, index),
                                            poll_s=self._poll_budget(site))) is None:
             raise timeout_error(record(time.monotonic() - start))
