@@ -4,7 +4,9 @@ a Megatron-style baseline on torch.distributed gloo (`bench.moe_baseline`), in t
 Each world size is one pypto-launch job (`bench/moe_rank.py`, comm shm) whose ranks also join a gloo group. Per
 shape every rank checks each contender against the golden first, then times them interleaved (barrier, one
 dispatch+combine, identity expert step). A call's latency is that of its slowest rank (the round trip ends when
-the last rank has its output); the table gives the median and p90 over iterations. Logical GB/s is DeepEP's: 2H
+the last rank has its output); the table gives the median and p90 over iterations, and beside it the median span
+from the call's last rank's entry to its last rank's exit (the barrier's release stagger left out), and the time per
+call in runs of consecutive calls. Logical GB/s is DeepEP's: 2H
 bytes per selected (token, expert) pair, both directions, per rank, over the median. Wire bytes against live-row
 bytes (unique (token, destination rank) pairs) are summed over ranks; MoEBuffer's come from `buf.stats()` when
 it has one, else from the rows its `sent_rows()` reports. Receive buffer: the baseline's largest rank's dispatch
