@@ -255,10 +255,15 @@ def drop_word_views(graph: torch.fx.GraphModule) -> int:
     - `view(index_select(view(x, W), d, pos), x.dtype)` -> `index_select(x, d, pos)` (d not the last dim);
     - `view(where(m, view(x, W), fill), x.dtype)` (m one per word pair: its last dim 1; fill a 0-d word holding
       the 2-byte value twice, as _sels_half makes it) -> `where(m, x, the fill's first half)`;
-    - `view(view(x, W), x.dtype)` -> `x`.
+    - `view(view(x, W), x.dtype)` -> `x`;
+    - `index_copy_(view(x, W), d, pos, view(v, W))` (v of x's dtype, d not the last dim: whole word pairs move)
+      -> `index_copy_(x, d, pos, v)`: a row scatter (ops.mscatter's) that a product's result can fuse into.
     Returns how many views were undone (the graph is recompiled when any was)."""
     undone = 0
     for node in list(graph.graph.nodes):
+        if node.op == "call_function" and node.target is aten.index_copy_.default:
+            undone += _scatter_halves(graph, node)
+            continue
         if not _dtype_view(node):
             continue
         inner, dtype = _bare(node.args[0]), node.args[1]
@@ -276,6 +281,30 @@ def drop_word_views(graph: torch.fx.GraphModule) -> int:
             made.meta.setdefault("val", node.meta.get("val"))
             undone += _replace(graph, node, made)
     return _recompiled(graph, undone)
+
+
+def _scatter_halves(graph: torch.fx.GraphModule, node) -> int:
+    """Rewrite `node` = index_copy_(view(x, W), d, pos, view(v, W)) as index_copy_(x, d, pos, v) (see
+    drop_word_views); its uses, if any, take a word view of the result. Returns 1 when rewritten, else 0."""
+    if node.kwargs or len(node.args) != 4:
+        return 0
+    words, dim, positions, values = node.args
+    words, values = _bare(words), _bare(values)
+    if not (_dtype_view(words) and _dtype_view(values) and _not_last(dim, words)):
+        return 0
+    target, source = _bare(words.args[0]), _bare(values.args[0])
+    if _dtype_of(target) not in _HALF_DTYPES or _dtype_of(source) != _dtype_of(target) \
+            or _dtype_of(words) != _dtype_of(values) or _val(words).element_size() != 4:
+        return 0
+    with graph.graph.inserting_before(node):
+        made = graph.graph.call_function(aten.index_copy_.default, (target, dim, positions, source))
+        made.meta["val"] = _val(target)
+        if node.users:
+            as_words = graph.graph.call_function(aten.view.dtype, (made, _dtype_of(words)))
+            as_words.meta["val"] = _val(node)
+            node.replace_all_uses_with(as_words)
+    graph.graph.erase_node(node)
+    return 1
 
 
 def _val(node):

@@ -62,6 +62,36 @@ def test_a_word_select_masked_along_the_row_is_left_alone():
     assert drop_word_views(graph) == 0   # (its mask splits word pairs: a select of halves would differ)
 
 
+def scattered(out, targets, part):
+    """The op library's row scatter of 2-byte rows (ops.mscatter), as the replay records it: on 4-byte words."""
+    values = part.to(torch.bfloat16)
+    out.view(torch.float32).index_copy_(0, targets, values.view(torch.float32))
+    return (out,)
+
+
+def test_the_word_views_of_a_row_scatter_are_undone_bit_for_bit():
+    out = torch.randn(ROWS, HIDDEN).to(torch.bfloat16)
+    out[4] = float("nan")   # rows the scatter does not write keep their bits
+    targets, part = torch.tensor([1, 3, 7]), torch.randn(3, HIDDEN)
+    part[1] = float("inf")
+    graph = make_fx(scattered)(out.clone(), targets, part)
+    assert drop_word_views(graph) == 1
+    assert count(graph, aten.view.dtype) == 0 and count(graph, aten.index_copy_.default) == 1
+    got, want = out.clone(), out.clone()
+    graph(got, targets, part)
+    scattered(want, targets, part)
+    assert torch.equal(bits(got), bits(want))
+
+
+def test_a_word_scatter_along_the_row_is_left_alone():
+    def along_row(out, targets, values):
+        out.view(torch.float32).index_copy_(1, targets, values.view(torch.float32))
+        return (out,)
+    graph = make_fx(along_row)(torch.zeros(4, 8, dtype=torch.bfloat16), torch.tensor([0, 2]),
+                               torch.ones(4, 4, dtype=torch.bfloat16))
+    assert drop_word_views(graph) == 0   # (a column of words is a pair of 2-byte columns: left as it is)
+
+
 def weighted_rows(table, slots, weights):
     """The MoE combine's fixed form as recorded: a stand-in row for each dead slot (-1), one gather of every slot's
     row selected to 0 where dead, cast and summed with the slots' weights in one batched product."""
