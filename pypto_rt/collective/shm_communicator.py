@@ -119,13 +119,14 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._epoch = 0
         self._closed = False
         self._check = None
+        core_each = world_size <= (os.cpu_count() or 1)   # every rank has a core (else: oversubscribed)
         # busy polls pay only while every rank has a core; oversubscribed, a spinner delays the rank it awaits
-        self._spin = SPIN_POLLS if world_size <= (os.cpu_count() or 1) else 0
+        self._spin = SPIN_POLLS if core_each else 0
         # futex waits where every rank has a core; oversubscribed, yields and sleeps measured faster (bench/shm_wake.py)
-        self._futex = futex.AVAILABLE and comm_settings.shm_block() and world_size <= (os.cpu_count() or 1)
+        self._futex = futex.AVAILABLE and comm_settings.shm_block() and core_each
         # oversubscribed, a sleep's overshoot past the signal is on the call's path: shorter longest sleeps (8-rank
         # decode MoE, one job's blocks alternated: 6.28 against 6.63 ms a call with 1 ms, bench/moe_call_cpu.py)
-        self._max_sleep = MAX_SLEEP_S if world_size <= (os.cpu_count() or 1) else OVERSUBSCRIBED_MAX_SLEEP_S
+        self._max_sleep = MAX_SLEEP_S if core_each else OVERSUBSCRIBED_MAX_SLEEP_S
         self._poll: PollPolicy | None = None   # None: a fixed poll `_poll_s` (or none)
         self._set_poll(comm_settings.shm_poll_s() if self._futex else 0.0)
         self._init_staging()
