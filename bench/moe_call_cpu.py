@@ -18,7 +18,7 @@ and prints each setting's wall and CPU per call summed over its blocks (an A/B u
 also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right
 after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets
 which sums a compiled live layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot or the
-live routes only, or "auto": by the ranks, Layout.live_sums; default: the module's, every slot).
+live routes only, or "auto": by the ranks and the row length, Layout.live_sums; default: the module's, "auto").
 """
 from __future__ import annotations
 

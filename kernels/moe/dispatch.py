@@ -81,7 +81,8 @@ T_DYN = pl.dynamic("T_DYN")
 PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
 SIGNALS = 2
 FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
-COMPILED_SUMS = "every"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
+COMPILED_SUMS = "auto"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
+LIVE_SUMS_MIN_WORLD, LIVE_SUMS_MIN_ROW_BYTES = 4, 8192   # "auto": the live sums from 4 ranks, on rows of 8 KiB up
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,18 @@ class Layout:
     @property
     def live_sums(self) -> bool:
         """Whether a compiled live layout sums its live routes only (`sums_live`) rather than every route slot
-        (`combine_send_kernel`): COMPILED_SUMS, or by the ranks ("auto"). Under uniform routing 1 / world of the
-        route slots live on a rank; the pass over every slot is one loop, the live sums one per live-route count.
-        Measured compiled: 2-rank prefill 14-16 ms of CPU a call every slot against 21-22 live; decode T=128
-        (bench.moe_dispatch) 1.25x / 1.40x the baseline at 4 ranks (uniform / skewed) against 1.00x / 1.35x, 0.88x
-        / 0.96x at 8 against 0.81x / 0.94x; but 4-rank prefill (H=1024, top-8) 1.05x / 1.14x against 1.27x /
-        2.21x. So the default (COMPILED_SUMS = "every") keeps every slot; "auto" takes the live sums from 4 ranks."""
-        return self.world > 2 if COMPILED_SUMS == "auto" else COMPILED_SUMS == "live"
+        (`combine_send_kernel`): COMPILED_SUMS, or ("auto") from LIVE_SUMS_MIN_WORLD ranks on rows of
+        LIVE_SUMS_MIN_ROW_BYTES or more. Under uniform routing 1 / world of the route slots live on a rank; the pass
+        over every slot is one loop over them all, the live sums a pass per live-route count plus index work per
+        arrival slot and route slot that no row length pays back on short rows. CPU per call (bench/moe_call_cpu.py,
+        compiled, uniform), every slot against live: decode T=128 (H=4096, top-6) 2.7-3.1 against 3.3 ms at 2
+        ranks, 5.6 against 5.0-5.5 at 4, 9.0 against 6.3 at 8 (wall 37.7 against 26.1); prefill T=1024 (H=1024,
+        top-8) 21 against 24 ms at 8 ranks, and every slot won at 2 and 4 ranks too (2-rank prefill 14-16 against
+        21-22)."""
+        if COMPILED_SUMS == "auto":
+            return (self.world >= LIVE_SUMS_MIN_WORLD
+                    and self.hidden * self.dtype.itemsize >= LIVE_SUMS_MIN_ROW_BYTES)
+        return COMPILED_SUMS == "live"
 
     @property
     def pl_dtype(self):
