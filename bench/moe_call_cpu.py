@@ -3,7 +3,7 @@ cProfile's top functions, inside a launched job with the bench's shape and MoEBu
 
     .venv/bin/pypto-launch --nproc 2 bench/moe_call_cpu.py [--form compiled|replayed] [--calls 200] [--profile]
         [--sort tottime|cumulative] [--shape decode|decode128|prefill] [--skewed] [--poll-ab 0,auto,3000 [--rounds 8]]
-        [--barrier] [--sums every|live|auto]
+        [--barrier] [--sums every|live|auto] [--dump-tiers DIR]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
 PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
@@ -19,6 +19,7 @@ also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm com
 after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets
 which sums a compiled live layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot or the
 live routes only, or "auto": by the ranks and the row length, Layout.live_sums; default: the module's, "auto").
+`--dump-tiers DIR` writes rank 0's compiled tiers' descriptions there (segments compiled, kept replayed, why).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import argparse
 import cProfile
 import datetime
 import io
+import os
 import pstats
 import statistics
 import time
@@ -140,6 +142,13 @@ def barriered(run, calls: int, rank: int, x, topk_idx, topk_weights) -> None:
               flush=True)
 
 
+def _dump_tiers(tiers: list[dict], folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    for i, tier in enumerate(tiers):
+        with open(os.path.join(folder, f"{i}_{tier['entry']}.txt"), "w") as f:
+            f.write(tier["text"] or "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench/moe_call_cpu.py", description=__doc__.splitlines()[0])
     parser.add_argument("--form", choices=["compiled", "replayed"], default="compiled")
@@ -154,6 +163,7 @@ def main(argv=None) -> int:
                         help="also time calls each after a barrier (gloo's or shm's), alone and after a baseline call")
     parser.add_argument("--sums", choices=["every", "live", "auto"], default=None,
                         help="a compiled live layout's combine sums (default: the module's)")
+    parser.add_argument("--dump-tiers", default="", help="a folder for rank 0's compiled tiers' descriptions")
     args = parser.parse_args(argv)
     if args.sums:
         from pypto_rt.kernels.moe import dispatch
@@ -166,6 +176,8 @@ def main(argv=None) -> int:
         x, topk_idx, topk_weights = make_inputs(shape, dist.get_world_size(), rank)
         buf, call, _ = make_buffer(load_ours(), shape, x, topk_idx.int(), topk_weights, tier="eager")
         tiers = compile_tiers(call, buf)
+        if args.dump_tiers and rank == 0:
+            _dump_tiers(tiers, args.dump_tiers)
         run = tiered(call, buf, args.form == "compiled")
         per_call(run, 20)
         dist.barrier()
