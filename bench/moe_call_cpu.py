@@ -6,19 +6,19 @@ cProfile's top functions, inside a launched job with the bench's shape and MoEBu
         [--barrier] [--sums every|live|auto] [--dump-tiers DIR]
 
 Each rank builds the buffer as bench.moe_rank does (checked against the golden), compiles its replays with
-PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form
-(compiled: every tier swapped in; replayed: the replays) after 20 untimed ones: wall time and `time.thread_time`
-(CPU of the calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile (in
-thread CPU time) of as many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8;
-its live form is not compiled, so both forms run the replays), `--skewed` its skewed routing (every token to rank
-0's experts). `--poll-ab` alternates the shm waits' poll settings (microseconds as PYPTO_SHM_POLL_US, `auto`: the
-adaptive policy; `y<N>s<US>`: N yields, then sleeps doubling up to US microseconds, the oversubscribed waits'
-backoff) in blocks of `--calls // --rounds` calls inside the one job, every rank switching at the same call,
-and prints each setting's wall and CPU per call summed over its blocks (an A/B under the same load). `--barrier`
-also times calls each after a barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right
-after a baseline call: what a barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets
-which sums a compiled live layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot or the
-live routes only, or "auto": by the ranks and the row length, Layout.live_sums; default: the module's, "auto").
+PYPTO_TIER=eager as `bench.moe_dispatch --tier eager` does, then times `--calls` calls of the chosen form (compiled:
+every tier swapped in; replayed: the replays) after 20 untimed ones: wall time and `time.thread_time` (CPU of the
+calling thread, waits' polls included, and without them) per call. Rank 0 prints the profile (in thread CPU time) of
+as many more calls. `--shape prefill` takes the bench's prefill row (T=1024, H=1024, top-8; at 8 ranks some of its
+segments stay replayed: `--dump-tiers` says which), `--skewed` its skewed routing (every token to rank 0's experts).
+`--poll-ab` alternates the shm waits' poll settings (microseconds as PYPTO_SHM_POLL_US, `auto`: the adaptive policy;
+`y<N>s<US>`: N yields, then sleeps doubling up to US microseconds, the oversubscribed waits' backoff) in blocks of
+`--calls // --rounds` calls inside the one job, every rank switching at the same call, and prints each setting's
+wall and CPU per call summed over its blocks (an A/B under the same load). `--barrier` also times calls each after a
+barrier (gloo's, as bench.moe_rank, or the shm communicator's), alone and each right after a baseline call: what a
+barrier's sleep and a gloo all_to_all just before cost the next call. `--sums` sets which sums a compiled live
+layout's combine takes (kernels.moe.dispatch.COMPILED_SUMS: every route slot or the live routes only, or "auto": by
+the ranks and the row length, Layout.live_sums; default: the module's, "auto").
 `--dump-tiers DIR` writes rank 0's compiled tiers' descriptions there (segments compiled, kept replayed, why).
 """
 from __future__ import annotations
