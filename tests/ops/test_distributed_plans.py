@@ -124,3 +124,47 @@ def test_a_kept_byte_copy_is_never_taken_for_a_source_of_another_dtype_or_layout
     store(win, 0, [3, 0], False, row)
     store(win, 0, [3, 0], False, row.to(torch.int32) * 2)   # another dtype: converted
     assert win[3].tolist() == (row[0] * 2).tolist()
+
+
+def test_a_line_repeated_with_the_very_same_tensors_copies_each_calls_values_and_follows_what_changed(
+        window, extents):
+    """A replay calls its lines with the same tensor objects call after call (its arguments, its windows): such a
+    call repeats the last one's plan without checking the box again, with this call's values; an argument list
+    changed in place, or the same tensor object over other memory, is planned anew."""
+    win, put, store = window([4, 8]), distributed._put_box.bind(), distributed._store_box.bind()
+    local, row, offsets = torch.arange(32, dtype=torch.float32).reshape(4, 8), torch.ones(1, 8), [2, 0]
+    for _ in range(2):
+        put(win, 0, local, offsets, [1, 0], [2, 8], False)
+        store(win, 0, [0, 0], False, row)
+    checked = extents[0]
+    for rows in (1, 2, 0):
+        local.mul_(2)
+        row.add_(1)   # written in place: the same objects, this call's values
+        put(win, 0, local, offsets, [1, 0], [rows, 8], False)
+        store(win, 0, [0, 0], False, row)
+        assert torch.equal(win[2:2 + rows], local[1:1 + rows]) and torch.equal(win[0:1], row)
+    assert extents[0] == checked
+    offsets[0] = 1   # the caller's list changed: another box, checked anew
+    for _ in range(2):
+        put(win, 0, local, offsets, [1, 0], [2, 8], False)
+        assert extents[0] > checked and torch.equal(win[1:3], local[1:3])
+    other = torch.arange(100, 132, dtype=torch.float32)
+    local.set_(other.untyped_storage(), 0, (4, 8), (1, 4))   # the same object over other memory, rows not contiguous
+    put(win, 0, local, offsets, [1, 0], [2, 8], False)
+    assert torch.equal(win[1:3], local[1:3])
+    with pytest.raises(OpError, match="does not fit"):
+        put(win, 0, local, offsets, [1, 0], [4, 8], False)
+
+
+def test_a_repeated_signal_line_sets_and_reads_each_calls_value(window, extents):
+    signal = window([2, 2], torch.int32)
+    notify, wait = distributed._notify_cell.bind(), distributed._wait_cell.bind()
+    offsets = [1, 1]
+    for value in (3, 4, 9):
+        notify(signal, 0, offsets, "set", value)
+        wait(signal, offsets, "ge", None, value)
+    assert signal.tolist() == [[0, 0], [0, 9]] and extents[0] == 2
+    offsets[1] = 0   # changed in place: the other cell
+    notify(signal, 0, offsets, "set", 5)
+    wait(signal, offsets, "eq", None, 5)
+    assert signal.tolist() == [[0, 0], [5, 9]]
