@@ -170,9 +170,9 @@ class _Effect:
     def again(self, tensors: tuple, rest: tuple) -> tuple | None:
         """(window buffer, what `remember` kept) of this line's latest call where this call repeats it: the very
         tensor objects at the same addresses, the other arguments equal, the job's windows unchanged
-        (process.epoch()) and the window open; else None. An object at the same address keeps
-        its sizes and strides (no op here changes an operand's in place; a replay guards its arguments' and makes
-        its temporaries anew each call), so this skips reading them (~1 us a tensor), what the keys above compare."""
+        (process.epoch()) and the window open; else None. An object at the same address keeps its sizes and
+        strides (no op here changes an operand's in place; a replay guards its arguments' and makes its
+        temporaries anew each call), so this skips reading them (~1 us a tensor), what the keys above compare."""
         seen = self._again
         if seen is None or seen[2] != rest or seen[3] != process.epoch():
             return None
