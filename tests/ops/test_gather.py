@@ -126,6 +126,23 @@ def test_compare_gather_offset_truncation_counts_and_count_dtype():
         G.gather(tv(x), kvalue=1.0, cmp_mode="bogus", out_cols=2)
 
 
+def test_compare_gather_matches_a_per_row_scan_at_any_width_and_valid_box():
+    """Every row's matching columns in order, then zeros, whether out_cols cuts them, equals the width or runs past
+    it (the MoE live sums ask for more columns than the row has); columns outside the valid box never match."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randint(0, 4, (9, 13), generator=gen).to(torch.int32)
+    x[3] = 3     # a row that matches everywhere
+    x[4] = 0     # and one that matches nowhere
+    for out_cols, valid in ((4, None), (13, None), (20, None), (20, (9, 6))):
+        dst, cnt = G.gather(TensorValue(x, D.INT32, valid), kvalue=2, cmp_mode="ge", out_cols=out_cols)
+        width = 13 if valid is None else valid[1]
+        for r in range(9):
+            found = [c for c in range(width) if x[r, c] >= 2]
+            assert dst.data[r].tolist() == (found + [0] * out_cols)[:out_cols], (out_cols, valid, r)
+            assert cnt.data[0, r] == len(found)
+        assert dst.data.is_contiguous() and dst.shape == (9, out_cols)
+
+
 # ------------------------------------------------------------------------------ tile gather
 def test_tile_gather_uses_flat_indices():
     src = torch.randn(4, 16, generator=GEN)
