@@ -233,13 +233,16 @@ def _gather_compare(name: str, x: TensorValue, kvalue, cmp_mode, out_cols, offse
     if mask is not None:
         hits = hits & mask
     rows, width = x.shape
-    # A match's place is the matches before it (a running count: no per-row stable sort, which took a compiled
-    # replay 2-3x as long); one scatter puts it there, and the rest land in a spill column cut off after.
-    place = torch.cumsum(hits, dim=-1) - 1
-    place = torch.where(hits & (place < out_cols), place, out_cols)
-    cols = torch.arange(int(offset), int(offset) + width, dtype=torch.int32).expand(rows, width)
-    dst = torch.zeros(rows, out_cols + 1, dtype=torch.int32).scatter_(1, place, cols)[:, :out_cols].contiguous()
-    cnt = hits.sum(-1).reshape(1, rows).to(storage_dtype(cdt))
+    cols = torch.arange(width).expand(rows, width)
+    # Stable sort puts matching columns first, in ascending column order.
+    order = torch.sort((~hits).to(torch.int8), dim=-1, stable=True).indices
+    counts = hits.sum(-1)
+    take = min(out_cols, width)
+    dst = torch.zeros(rows, out_cols, dtype=torch.int32)
+    found = torch.gather(cols, 1, order[:, :take]) + int(offset)
+    keep = torch.arange(take).expand(rows, take) < counts.unsqueeze(1)
+    dst[:, :take] = torch.where(keep, found, 0).to(torch.int32)
+    cnt = counts.reshape(1, rows).to(storage_dtype(cdt))
     return TensorValue(dst, D.INT32, None, x.is_tile), TensorValue(cnt, cdt, None, x.is_tile)
 
 
