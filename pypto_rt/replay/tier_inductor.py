@@ -20,6 +20,20 @@ def inductor_settings(threads: int) -> dict:
             "size_asserts": False}
 
 
+def narrow_settings(graph) -> dict:
+    """Inductor settings for a graph where replay.tier_passes unrolled narrow products (`{}` where it did not):
+    thresholds under which a chain of w gathered, weighted terms stays one loop. At inductor's CPU defaults (a
+    pointwise value of more than 50 operations or 12 reads is stored) an 8-term sum is cut into stored pieces and its
+    FP32 result written whole before its cast: an 8-rank prefill combine's sums [8192, 1024] took 24 ms against 7.9
+    fused (the same bits), the thresholds below found by bisecting that graph (20 per term fell back to 25 ms)."""
+    from pypto_rt.replay.tier_passes import UNROLLED_WIDTH
+
+    width = graph.meta.get(UNROLLED_WIDTH, 0)
+    if not width:
+        return {}
+    return {"realize_opcount_threshold": max(50, 40 * width), "realize_acc_reads_threshold": max(12, 8 * width)}
+
+
 def retry_settings(e: Exception) -> dict | None:
     """Inductor settings to compile once more with after `e`, or None: a C++ compile error is a bug of its vector
     code generation (as scalar C++); a KeyError from the C++ scheduler's outer-loop fusion with a local buffer
@@ -105,9 +119,11 @@ def _attempts(fn, examples: list, values: tuple, threads: int, prepare, dynamic:
                 tracing(TracingContext(fake)):
             graph, placeholders = _trace(fn, _sized(fake, examples, dynamic or {}), values, symbolic)
             prepared = prepare(graph)
-            compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
+            narrow = narrow_settings(graph)   # (kept with the changes: `load` finds the code under the same settings)
+            with inductor.patch(narrow):
+                compiled = compile_fx(graph, placeholders, inner_compile=capturing(found))
             code = _assumed(shape_env, placeholders) if symbolic else None
-            return compiled, graph, found, code, prepared, changes
+            return compiled, graph, found, code, prepared, {**changes, **narrow}
     if changes is not None:
         return attempt(changes)
     try:

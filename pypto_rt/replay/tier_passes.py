@@ -360,6 +360,7 @@ def _select_halves(graph: torch.fx.Graph, node, where, dtype):
 
 # ------------------------------------------------------------------------------------ narrow products unrolled
 NARROW_WIDTH = 16   # a batched product summing at most this many terms per element is unrolled
+UNROLLED_WIDTH = "pypto_rt_unrolled_width"   # graph.meta key: the widest product unrolled (none: absent)
 WIDE_ROWS = 64      # ... when its rows are at least this wide
 _WIDER = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.float32, torch.float64),
           torch.float32: (torch.float64,)}   # dtype -> the dtypes it casts to exactly
@@ -375,7 +376,8 @@ def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
     tolerance). Where b's rows were gathered (`b = view(f(index_select(table, 0, idx)), [n, w, h])`, f per row),
     each term gathers its own rows (`_rows_every`): one gathered buffer read by w terms is one inductor stores
     whole (6 MiB for a 64-lane combine) before summing it. Returns how many products were unrolled (the graph is
-    recompiled when any was)."""
+    recompiled when any was; the widest one's width is kept as `graph.meta[UNROLLED_WIDTH]`, for the build's
+    inductor settings: replay.tier_inductor.narrow_settings)."""
     unrolled = 0
     for node in list(graph.graph.nodes):
         if node.op != "call_function" or node.target is not aten.bmm.default or node.kwargs:
@@ -395,6 +397,7 @@ def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
                     graph.graph.call_function(aten.slice.Tensor, (a, 2, j, j + 1)), _term_rows(graph.graph, b, j)))
                 total = term if total is None else graph.graph.call_function(aten.add.Tensor, (total, term))
         unrolled += _replace(graph, node, total)
+        graph.meta[UNROLLED_WIDTH] = max(width, graph.meta.get(UNROLLED_WIDTH, 0))
     return _recompiled(graph, unrolled)
 
 

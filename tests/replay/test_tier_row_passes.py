@@ -176,3 +176,46 @@ def test_without_reordering_only_the_exact_passes_run():
     assert rewrite(graph, join=False, reorder=False) == 0
     assert count(graph, aten.bmm.default) == 1
     assert torch.equal(bits(graph(table, slots, weights)[0]), bits(weighted_rows(table, slots, weights)[0]))
+
+
+
+def every_slot_sums(table, slots, meta, zero, fill, sums):
+    """The MoE combine's sums over every route slot at top-8 as the tier traces its segment (kernels.moe.dispatch,
+    `weighted_all`): the live test against a 0-d input, the weights after the rows in `meta`, a stand-in row for
+    dead slots, the gather's bounds assert, the rounded rows written into the sums' first lines."""
+    lanes, width = slots.shape
+    routes = slots.long()
+    live = routes >= zero
+    weights = torch.where(live, meta[:, width : 2 * width], fill)
+    stand_in = torch.maximum(routes.max(dim=1, keepdim=True).values, zero).expand(lanes, width)
+    positions = torch.where(live, routes, stand_in).reshape(-1) & 0xFFFFFFFF
+    torch._assert_async((positions < table.shape[0]).all(), "an index is outside the table")
+    picked = torch.where(live.reshape(-1, 1), table.index_select(0, positions).float(), 0.0)
+    product = torch.bmm(weights.reshape(lanes, 1, width), picked.reshape(lanes, width, table.shape[1]))
+    sums[0:lanes].copy_(product.reshape(lanes, table.shape[1]).to(torch.bfloat16))
+    return ()
+
+
+def test_an_unrolled_top8_sum_compiles_to_one_loop_writing_the_rounded_rows():
+    from torch._inductor import config as inductor
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+
+    from pypto_rt.replay.tier_inductor import inductor_settings, narrow_settings
+
+    lanes, width, rows, hidden = 64, 8, 96, 256
+    table = torch.randn(rows, hidden).to(torch.bfloat16)
+    slots = torch.where(torch.rand(lanes, width) < 0.3, torch.randint(0, rows, (lanes, width)), -1).to(torch.int32)
+    inputs = [table, slots, torch.rand(lanes, 2 * width), torch.tensor(0), torch.zeros(lanes, width),
+              torch.zeros(lanes + 1, hidden, dtype=torch.bfloat16)]
+    graph = make_fx(every_slot_sums)(*inputs)
+    assert narrow_settings(graph) == {}   # (nothing unrolled yet: inductor's own settings)
+    assert rewrite(graph, join=False) == 1
+    with inductor.patch({**inductor_settings(1), "fx_graph_cache": False, **narrow_settings(graph)}):
+        _, code = run_and_get_code(lambda: compile_fx(graph, inputs)(*inputs))
+    # the FP32 sums are never stored whole: at inductor's default thresholds the 8-term sum is cut into pieces and
+    # its [lanes, 1, hidden] FP32 value written out before a second loop rounds it (3x the time at 8-rank prefill)
+    assert not [line for line in code[0].splitlines() if "empty_strided" in line and "torch.float32" in line]
+    want = torch.zeros_like(inputs[-1])
+    every_slot_sums(*inputs[:-1], want)
+    torch.testing.assert_close(inputs[-1], want)
