@@ -371,11 +371,11 @@ def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
     `a[:, :, j:j+1] * b[:, j:j+1, :]`, in order: a weighted sum of gathered rows (the MoE combine's) is such a
     product. Inductor decomposes the product itself into a reduction over w, and where w is a multiple of its vector
     width it vectorises along w, loading each of the h columns apart (gathered rows: element by element; an 8-rank
-    MoE decode's sum of each token's 8 returned rows took 1.6 ms a call); the sum of terms is one loop over the rows' elements, vectorised along h. Summation
-    order may differ from the eager product's in the last bits (the tier checks against the replay, with its
-    tolerance). Where b's rows were gathered (`b = view(f(index_select(table, 0, idx)), [n, w, h])`, f per row),
-    each term gathers its own rows (`_rows_every`): one gathered buffer read by w terms is one inductor stores
-    whole (6 MiB for a 64-lane combine) before summing it. Returns how many products were unrolled (the graph is
+    MoE decode's sum of each token's 8 returned rows took 1.6 ms a call); the sum of terms is one loop over the
+    rows' elements, vectorised along h. Summation order may differ from the eager product's in the last bits (the
+    tier checks against the replay, with its tolerance). Where b's rows were gathered (`b = view(f(index_select(table,
+    0, idx)), [n, w, h])`, f per row), each term gathers its own rows (`_rows_every`): one gathered buffer read by w
+    terms is one inductor stores whole (6 MiB for a 64-lane combine) before summing it. Returns how many products were unrolled (the graph is
     recompiled when any was; the widest one's width is kept as `graph.meta[UNROLLED_WIDTH]`, for the build's
     inductor settings: replay.tier_inductor.narrow_settings)."""
     unrolled = 0
