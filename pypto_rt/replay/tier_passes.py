@@ -375,9 +375,9 @@ def unroll_narrow_products(graph: torch.fx.GraphModule) -> int:
     rows' elements, vectorised along h. Summation order may differ from the eager product's in the last bits (the
     tier checks against the replay, with its tolerance). Where b's rows were gathered (`b = view(f(index_select(table,
     0, idx)), [n, w, h])`, f per row), each term gathers its own rows (`_rows_every`): one gathered buffer read by w
-    terms is one inductor stores whole (6 MiB for a 64-lane combine) before summing it. Returns how many products were unrolled (the graph is
-    recompiled when any was; the widest one's width is kept as `graph.meta[UNROLLED_WIDTH]`, for the build's
-    inductor settings: replay.tier_inductor.narrow_settings)."""
+    terms is one inductor stores whole (6 MiB for a 64-lane combine) before summing it. Returns how many products
+    were unrolled (the graph is recompiled when any was; the widest one's width is kept as
+    `graph.meta[UNROLLED_WIDTH]`, for the build's inductor settings: replay.tier_inductor.narrow_settings)."""
     unrolled = 0
     for node in list(graph.graph.nodes):
         if node.op != "call_function" or node.target is not aten.bmm.default or node.kwargs:
