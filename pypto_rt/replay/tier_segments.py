@@ -25,12 +25,12 @@ call), else, or where the direct call disagrees in the check, through them.
 replay.tier's trial then times whole calls (waits for peers included; the minimum over its calls counts) and keeps
 the faster. Each rank decides alone: compiled or replayed, a rank's communication runs in the same order.
 
-A long replay that does not communicate (issue 17: inductor's fusion search makes a cold build grow about
-quadratically with a graph's length) is split the same way by length: a run of more than
-`policy.tier_max_segment_calls` torch lines is cut into chunks of at most that many, each cut where the fewest
-temporaries cross (between unrolled tiles: none). Those segments take the rows of their inputs that they touch (replay.tier_rows; tiles on other rows are then the same
-graph, found in inductor's FX-graph cache), K steps and tiles of a matmul are joined in each (replay.tier_passes),
-and the tiered replay is also checked as a whole against the replay on a copy of the capture call's inputs.
+A long replay that does not communicate (issue 17: inductor's fusion search makes a cold build grow about quadratically
+with a graph's length) is split the same way by length: a run of more than `policy.tier_max_segment_calls` torch lines
+is cut into chunks of at most that many, each cut where the fewest temporaries cross (between unrolled tiles: none).
+Those segments take the rows of their inputs that they touch (replay.tier_rows; tiles on other rows are then the same
+graph, found in inductor's FX-graph cache), K steps and tiles of a matmul are joined in each (replay.tier_passes), and
+the tiered replay is also checked as a whole against the replay on a copy of the capture call's inputs.
 """
 from __future__ import annotations
 
