@@ -178,7 +178,6 @@ def test_without_reordering_only_the_exact_passes_run():
     assert torch.equal(bits(graph(table, slots, weights)[0]), bits(weighted_rows(table, slots, weights)[0]))
 
 
-
 def every_slot_sums(table, slots, meta, zero, fill, sums):
     """The MoE combine's sums over every route slot at top-8 as the tier traces its segment (kernels.moe.dispatch,
     `weighted_all`): the live test against a 0-d input, the weights after the rows in `meta`, a stand-in row for
