@@ -28,8 +28,8 @@ GROUP_PAD = 2   # spill lines added to every live-route group: no group is 0 or 
 def expand_live(recv_rows, tokens, sources, recv_counts, e_local, lanes):
     """Fill each local expert's first recv_counts[0, j] receive rows with their tokens (tokens [LANES, H]: the
     arrival slots; `sources` from `dispatch_parts.receive_sources`), one gather per expert. Returns recv_rows."""
-    for j in pl.range(e_local):
-        c = pl.read(recv_counts, [0, j])   # no `if` on it: a replay's rows follow it (0: an empty gather)
+    counts = [pl.read(recv_counts, [0, j]) for j in range(e_local)]   # no `if` on them: a replay's rows follow
+    for j, c in enumerate(counts):                                      # them (0: an empty gather)
         recv_rows[j * lanes : j * lanes + c, :] = pl.mgather(tokens, sources[j * lanes : j * lanes + c, :],
                                                              coalesce="row")
     return recv_rows
@@ -73,8 +73,8 @@ def sums_live(sums, y, meta, routes, lanes, top_k, hidden, dtype):
     spill_weights = pl.full([lanes + 1, top_k], dtype=pl.FP32, value=0.0)
     spill_weights[0:lanes, :] = weights
     by_slot, sizes = slots_by_count(live, lanes, top_k)   # group c's slots in rows 0..m of column c - 1
-    for c in pl.range(1, top_k + 1):
-        m = pl.read(sizes, [0, c - 1]) + GROUP_PAD
+    group_lines = [pl.read(sizes, [0, c - 1]) + GROUP_PAD for c in range(1, top_k + 1)]   # read first: the groups
+    for c, m in enumerate(group_lines, start=1):                                          # are one run of lines
         group = by_slot[0:m, c - 1 : c]
         group_rows = pl.mgather(spill_rows, group, coalesce="row")
         group_weights = pl.mgather(spill_weights, group, coalesce="row")

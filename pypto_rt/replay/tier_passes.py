@@ -9,11 +9,13 @@ transposes the operands went through kept). Only the summation order changes: fl
 as from any reordering inductor does, and the tier checks the result against the replay before the swap.
 `join_tiles`: output tiles of one product written apart, joined into one write (bit for bit).
 `drop_word_views` and `unroll_narrow_products`: a weighted sum of gathered rows (the MoE combine's) made one
-vectorised loop; see each. `rewrite` runs them all, as a build asks.
+vectorised loop; see each. `rewrite` runs them all, as a build asks, and replay.tier_row_writes' row scatters.
 """
 from __future__ import annotations
 
 import torch
+
+from pypto_rt.replay.tier_row_writes import scatter_row_windows
 
 aten = torch.ops.aten
 
@@ -24,6 +26,7 @@ def rewrite(graph: torch.fx.GraphModule, join: bool, reorder: bool = True) -> in
     rewrites may change sums in their last bits (where the check against the replay then fails, the build is
     retried without them)."""
     drop_word_views(graph)
+    scatter_row_windows(graph)
     if not reorder:
         return 0
     return unroll_narrow_products(graph) + (join_k_steps(graph) + join_tiles(graph) if join else 0)

@@ -1,0 +1,82 @@
+"""replay.tier_row_writes: several row windows of one input written in one compiled segment (the live MoE
+dispatch's expansion) are written as row scatters, each a loop over its own rows, never one loop over the whole
+input."""
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from pypto_rt.replay.tier_row_writes import scatter_row_windows
+
+aten = torch.ops.aten
+ROWS, HIDDEN, LANES = 1000, 256, 300   # receive rows (3 experts' LANES rows and more), row length, arrival slots
+
+
+def expand(out, tokens, sources, c0, c1, c2):
+    """The live expansion as the tier traces it: per expert j, its first c_j receive rows gathered from the arrived
+    tokens (the counts read from data before the segment: symbolic integers)."""
+    for j, c in enumerate((c0, c1, c2)):
+        picked = tokens.index_select(0, sources[j * LANES : j * LANES + c].reshape(-1).long())
+        out[j * LANES : j * LANES + c].copy_(picked)
+    return ()
+
+
+def inputs():
+    torch.manual_seed(0)
+    return (torch.zeros(ROWS, HIDDEN, dtype=torch.bfloat16), torch.randn(LANES, HIDDEN).to(torch.bfloat16),
+            torch.randint(0, LANES, (3 * LANES, 1), dtype=torch.int32))
+
+
+def expected(counts):
+    out, tokens, sources = inputs()
+    expand(out, tokens, sources, *counts)
+    return out
+
+
+def test_the_windows_become_row_scatters_with_the_same_rows_for_every_count():
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake = FakeTensorMode(shape_env=ShapeEnv(specialize_zero_one=False, duck_shape=False), static_shapes=True,
+                          allow_non_fake_inputs=True)
+    with tracing(TracingContext(fake)):
+        graph = make_fx(expand, tracing_mode="symbolic")(*inputs(), 40, 7, 120)
+    assert scatter_row_windows(graph) == 3
+    assert sum(n.target is aten.index_copy_.default for n in graph.graph.nodes) == 3
+    assert not any(n.target is aten.copy_.default for n in graph.graph.nodes)
+    for counts in ((40, 7, 120), (0, LANES, 1), (0, 0, 0)):
+        out, tokens, sources = inputs()
+        graph(out, tokens, sources, *counts)
+        assert torch.equal(out, expected(counts)), counts
+
+
+def test_one_window_written_alone_is_left_to_the_compiler():
+    def one(out, tokens):
+        out[3:5].copy_(tokens[0:2])
+        out[0:2].add_(1)   # (not a copy into a window)
+        return ()
+    graph = make_fx(one)(torch.zeros(8, 4), torch.ones(4, 4))
+    assert scatter_row_windows(graph) == 0
+
+
+def test_the_compiled_writes_loop_over_their_own_rows_only():
+    from torch._inductor import config as inductor
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.utils import run_and_get_code
+
+    from pypto_rt.replay.tier_inductor import inductor_settings
+
+    counts = (40, 0, 120)
+    out, tokens, sources = inputs()
+    graph = make_fx(lambda o, t, s: expand(o, t, s, *counts))(out, tokens, sources)
+    assert scatter_row_windows(graph) == 3
+    with inductor.patch({**inductor_settings(1), "fx_graph_cache": False}):
+        _, code = run_and_get_code(lambda: compile_fx(graph, [out, tokens, sources])(out, tokens, sources))
+    # unrewritten, inductor chains the windows' slice scatters into one loop over all ROWS rows (a masked branch a
+    # window): the whole input read and written each call
+    loops = re.findall(r"x\d+<static_cast<int64_t>\((\d+)L\)", code[0])
+    assert str(ROWS) not in loops and {"40", "120"} <= set(loops)
+    assert torch.equal(out, expected(counts))
