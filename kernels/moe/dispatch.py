@@ -43,8 +43,9 @@ Dispatch:
 4. `moe_expand` (windows): the receive rows. The *fixed* form fills every receive row in one gather (a replay runs
    it as torch calls); the *live* form gathers only each expert's counted rows (`dispatch_live.expand_live`: windows
    whose row counts the call computed, which a replay follows: replay.late_rows).
-The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes), where
-a pass over every slot costs less than the live form; live beyond, where only live rows are touched.
+The form is the layout's (`Layout.fixed_shape`): fixed while all route slots' rows are small (decode sizes) on up
+to 4 ranks, where a pass over every slot costs less than the live form; live beyond, where only live rows are
+touched.
 Combine: `moe_sums` (windows) sums, per arrival slot, its routes' expert rows (the dispatch's `routes`) times their
 weights (the weights are applied on the expert's rank, so one row per token and rank travels back). Fixed form: one
 gather of every slot's K rows in the data's dtype and one batched matmul, [slots, 1, K] x [slots, K, H], that casts,
@@ -80,9 +81,11 @@ from pypto_rt.kernels.tile_casts import PL_DTYPES
 T_DYN = pl.dynamic("T_DYN")
 PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
 SIGNALS = 2
-FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form
+FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form,
+FIXED_SHAPE_MAX_WORLD = 4     # on up to this many ranks
 COMPILED_SUMS = "auto"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
-LIVE_SUMS_MIN_WORLD, LIVE_SUMS_MIN_ROW_BYTES = 4, 8192   # "auto": the live sums from 4 ranks, on rows of 8 KiB up
+LIVE_SUMS_MIN_WORLD, LIVE_SUMS_MIN_ROW_BYTES = 4, 8192   # "auto": the live sums from 4 ranks, on rows of 8 KiB up,
+LIVE_SUMS_ANY_ROW_WORLD = 8                               # and from 8 ranks on any row
 
 
 @dataclass(frozen=True)
@@ -109,23 +112,29 @@ class Layout:
         """Whether the receive side works on every arrival slot (shapes fixed by the layout, so a replay runs it as
         recorded torch calls) rather than on the arrived rows only (fewer bytes; replayed with data-sized windows):
         the fixed form when all route slots' rows are small (decode sizes), as DeepEP's low-latency kernels use
-        fixed-size buffers and its normal kernels sized ones."""
-        return self.lanes * self.top_k * self.hidden * self.dtype.itemsize <= FIXED_SHAPE_BYTES
+        fixed-size buffers and its normal kernels sized ones, on up to FIXED_SHAPE_MAX_WORLD ranks: a rank holds
+        1 / world of the route slots under uniform routing, and at 8 ranks the fixed form's passes over every slot
+        cost more than the live form's index work (decode T=8, H=4096, top-6, CPU a call a rank, bench/moe_call_cpu.py:
+        compiled 1.72 ms fixed against 1.30 live, replayed 4.9 against 3.6; at 4 ranks compiled 0.80 against 0.77, at
+        2 ranks 0.40 against 0.40 compiled and 1.42 against 1.53 replayed)."""
+        return (self.world <= FIXED_SHAPE_MAX_WORLD
+                and self.lanes * self.top_k * self.hidden * self.dtype.itemsize <= FIXED_SHAPE_BYTES)
 
     @property
     def live_sums(self) -> bool:
         """Whether a compiled live layout sums its live routes only (`sums_live`) rather than every route slot
         (`combine_send_kernel`): COMPILED_SUMS, or ("auto") from LIVE_SUMS_MIN_WORLD ranks on rows of
-        LIVE_SUMS_MIN_ROW_BYTES or more. Under uniform routing 1 / world of the route slots live on a rank; the pass
-        over every slot is one loop over them all, the live sums a pass per live-route count plus index work per
-        arrival slot and route slot that no row length pays back on short rows. CPU per call (bench/moe_call_cpu.py,
-        compiled, uniform), every slot against live: decode T=128 (H=4096, top-6) 2.7-3.1 against 3.3 ms at 2
-        ranks, 5.6 against 5.0-5.5 at 4, 9.0 against 6.3 at 8 (wall 37.7 against 26.1); prefill T=1024 (H=1024,
-        top-8) 21 against 24 ms at 8 ranks, and every slot won at 2 and 4 ranks too (2-rank prefill 14-16 against
-        21-22)."""
+        LIVE_SUMS_MIN_ROW_BYTES or more and from LIVE_SUMS_ANY_ROW_WORLD ranks on any. Under uniform routing 1 / world
+        of the route slots live on a rank; the pass over every slot is one loop over them all, the live sums a pass
+        per live-route count plus index work per arrival slot and route slot that short rows pay back only when few
+        slots live. CPU per call (bench/moe_call_cpu.py, compiled, uniform), every slot against live: decode T=128
+        (H=4096, top-6) 2.7-3.1 against 3.3 ms at 2 ranks, 5.6 against 5.0-5.5 at 4, 9.0 against 6.3 at 8 (wall
+        37.7 against 26.1); prefill T=1024 (H=1024, top-8) 10.3-10.4 against 10.9-11.7 ms at 4 ranks, 17.0-17.6
+        against 16.0-16.5 at 8 (wall 71-74 against 67-68; with the groups one compiled segment, their sizes read
+        first), and every slot wins at 2 ranks (2-rank prefill 14-16 against 21-22)."""
         if COMPILED_SUMS == "auto":
-            return (self.world >= LIVE_SUMS_MIN_WORLD
-                    and self.hidden * self.dtype.itemsize >= LIVE_SUMS_MIN_ROW_BYTES)
+            return self.world >= LIVE_SUMS_ANY_ROW_WORLD or (
+                self.world >= LIVE_SUMS_MIN_WORLD and self.hidden * self.dtype.itemsize >= LIVE_SUMS_MIN_ROW_BYTES)
         return COMPILED_SUMS == "live"
 
     @property

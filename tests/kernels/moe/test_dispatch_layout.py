@@ -11,8 +11,9 @@ def _layout(world, max_tokens, hidden, dtype=torch.bfloat16, top_k=6):
                            dtype=dtype)
 
 
-def test_decode_t8_is_fixed_and_t128_and_prefill_are_live():
-    assert _layout(8, 8, 4096).fixed_shape
+def test_decode_t8_is_fixed_to_4_ranks_and_t128_and_prefill_are_live():
+    assert _layout(2, 8, 4096).fixed_shape and _layout(4, 8, 4096).fixed_shape
+    assert not _layout(8, 8, 4096).fixed_shape   # 1 route slot in 8 lives on a rank: the live form
     assert not _layout(8, 128, 4096).fixed_shape
     assert not _layout(2, 1024, 1024, top_k=8).fixed_shape
 
@@ -21,8 +22,9 @@ def test_decode_t8_is_fixed_and_t128_and_prefill_are_live():
     (2, 4096, torch.bfloat16, False),    # 2 ranks: the pass over every route slot won at T=128
     (4, 4096, torch.bfloat16, True),     # 8 KiB rows from 4 ranks: the live routes only
     (8, 4096, torch.bfloat16, True),
-    (8, 1024, torch.bfloat16, False),    # 2 KiB rows (the prefill row): every route slot won at 4 and 8 ranks
-    (8, 2048, torch.float32, True),      # 8 KiB rows in FP32
+    (4, 1024, torch.bfloat16, False),    # 2 KiB rows (the prefill row): every route slot won at 4 ranks
+    (8, 1024, torch.bfloat16, True),     # ... and lost at 8 (a route slot in 8 lives here)
+    (4, 2048, torch.float32, True),      # 8 KiB rows in FP32
 ])
 def test_the_default_sums_follow_the_ranks_and_the_row_length(monkeypatch, world, hidden, dtype, live):
     monkeypatch.setattr(dispatch, "COMPILED_SUMS", "auto")

@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # the module settings a configuration may change, as imported: each configuration starts from them
-DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS)
+DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.FIXED_SHAPE_MAX_WORLD,
+            dispatch.COMPILED_SUMS)
 
 
 def check(args, buf) -> dict:
@@ -155,11 +156,13 @@ def _compiled(buf) -> bool:
 
 def _buffer(args) -> MoEBuffer:
     """The configuration's buffer, after its module settings."""
-    dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.COMPILED_SUMS = DEFAULTS
+    (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.FIXED_SHAPE_MAX_WORLD,
+     dispatch.COMPILED_SUMS) = DEFAULTS
     if args.sum_chunk is not None:
         dispatch_parts.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
         dispatch.FIXED_SHAPE_BYTES = 1 << 62 if args.form == "fixed" else 0
+        dispatch.FIXED_SHAPE_MAX_WORLD = 1 << 30
     if args.sums != "default":
         dispatch.COMPILED_SUMS = args.sums
     experts = args.experts_per_rank * pld.world_size()
