@@ -1,8 +1,10 @@
-"""The live form of the window receive side (layouts past `dispatch.FIXED_SHAPE_BYTES`: prefill sizes): the same
-index passes as the fixed form (`dispatch_parts.arrived_routes`, over every arrival slot, shapes fixed by the
-layout), then data-sized row passes that touch live rows only. Sizes as in `dispatch.py`. Their row counts are read
-from data the call computed and used with no `if` on them (0 rows: an empty gather), so a replay's windows follow
-each call's counts (replay.late_rows) and both passes replay as torch calls.
+"""The live form of the window receive side (layouts past `dispatch.FIXED_SHAPE_BYTES`, prefill sizes, and every
+layout from 8 ranks: `Layout.fixed_shape`): the same index passes as the fixed form (`dispatch_parts.arrived_routes`,
+over every arrival slot, shapes fixed by the layout), then data-sized row passes that touch live rows only. Sizes as
+in `dispatch.py`. Their row counts are read from data the call computed and used with no `if` on them (0 rows: an
+empty gather), so a replay's windows follow each call's counts (replay.late_rows) and both passes replay as torch
+calls. Each pass reads all its counts before its first row op, so its torch calls are one run (one compiled
+segment, one copy of its inputs for the tier's check; a read between them would cut the run).
 
 Dispatch (`expand_live`): every receive row's arrival slot (one index scatter), then per local expert one gather of
 its `recv_counts` rows from the arrived tokens: each live route row is read and written once, and no row is
