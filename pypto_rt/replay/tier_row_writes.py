@@ -7,7 +7,9 @@ expert's first rows, their counts read from data before the segment) become a ch
 inductor lowers as one loop over every row of `x`, a masked branch per window: at 8-rank decode T=128 the 64 MiB
 of receive rows read and written whole each call (18 ms of CPU a call against 6). Written as
 `index_copy_(x, 0, arange(a, a + c), v)` each write is its own loop over its c rows, the value fused into it
-(bit for bit the same rows; the writes keep their order).
+(bit for bit the same rows; the writes keep their order). Only inputs with a window of data-sized rows (a bound
+traced as a symbol) are rewritten: windows of fixed rows (a tile loop's) are left to inductor and to
+replay.tier_passes' joins.
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ MIN_WRITES = 2   # one window written alone is already a write in place
 
 def scatter_row_windows(graph: torch.fx.GraphModule) -> int:
     """Rewrite the row-window writes `copy_(slice(x, 0, a, b), v)` of each graph input `x` written through
-    MIN_WRITES or more of them (v of the window's shape, step 1) as `index_copy_(x, 0, arange(a, b), v)`. Returns how
-    many were rewritten (the graph is recompiled when any was)."""
+    MIN_WRITES or more of them (v of the window's shape, step 1), one at least with a symbolic bound, as
+    `index_copy_(x, 0, arange(a, b), v)`. Returns how many were rewritten (the graph is recompiled when any was)."""
     by_input: dict = {}
     for node in graph.graph.nodes:
         window = _row_window(node)
@@ -29,7 +31,7 @@ def scatter_row_windows(graph: torch.fx.GraphModule) -> int:
             by_input.setdefault(window.args[0], []).append(node)
     rewritten = 0
     for writes in by_input.values():
-        if len(writes) < MIN_WRITES:
+        if len(writes) < MIN_WRITES or all(type(b) is int for node in writes for b in node.args[0].args[2:4]):
             continue
         for node in writes:
             window, value = node.args

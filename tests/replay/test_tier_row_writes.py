@@ -53,30 +53,28 @@ def test_the_windows_become_row_scatters_with_the_same_rows_for_every_count():
         assert torch.equal(out, expected(counts)), counts
 
 
-def test_one_window_written_alone_is_left_to_the_compiler():
+def test_one_window_or_windows_of_fixed_rows_are_left_to_the_compiler():
     def one(out, tokens):
         out[3:5].copy_(tokens[0:2])
         out[0:2].add_(1)   # (not a copy into a window)
         return ()
-    graph = make_fx(one)(torch.zeros(8, 4), torch.ones(4, 4))
-    assert scatter_row_windows(graph) == 0
+    assert scatter_row_windows(make_fx(one)(torch.zeros(8, 4), torch.ones(4, 4))) == 0
+    tiles = make_fx(lambda out, t: expand(out, t[0], t[1], 40, 7, 120))(inputs()[0], inputs()[1:])
+    assert scatter_row_windows(tiles) == 0   # (a tile loop's windows: inductor's, and join_tiles')
 
 
 def test_the_compiled_writes_loop_over_their_own_rows_only():
-    from torch._inductor import config as inductor
-    from torch._inductor.compile_fx import compile_fx
     from torch._inductor.utils import run_and_get_code
 
-    from pypto_rt.replay.tier_inductor import inductor_settings
+    from pypto_rt.replay.tier_inductor import build
 
     counts = (40, 0, 120)
     out, tokens, sources = inputs()
-    graph = make_fx(lambda o, t, s: expand(o, t, s, *counts))(out, tokens, sources)
-    assert scatter_row_windows(graph) == 3
-    with inductor.patch({**inductor_settings(1), "fx_graph_cache": False}):
-        _, code = run_and_get_code(lambda: compile_fx(graph, [out, tokens, sources])(out, tokens, sources))
+    (compiled, _, _, rewritten), code = run_and_get_code(
+        lambda: build(expand, [out, tokens, sources], counts, 1, scatter_row_windows, changes={"fx_graph_cache": False}))
+    compiled(out, tokens, sources, *counts)
+    assert rewritten == 3
     # unrewritten, inductor chains the windows' slice scatters into one loop over all ROWS rows (a masked branch a
     # window): the whole input read and written each call
-    loops = re.findall(r"x\d+<static_cast<int64_t>\((\d+)L\)", code[0])
-    assert str(ROWS) not in loops and {"40", "120"} <= set(loops)
+    assert str(ROWS) not in re.findall(r"x\d+<static_cast<int64_t>\((\d+)L\)", "\n".join(code))
     assert torch.equal(out, expected(counts))
