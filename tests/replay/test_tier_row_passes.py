@@ -135,9 +135,9 @@ def grouped_rows(table, slots, weights, lines):
     return (product.reshape(lines, HIDDEN).to(torch.bfloat16),)
 
 
-def traced_with_a_counted_size(fn, tensors, count):
+def traced_with_a_counted_size(fn, tensors, *counts):
     """`fn` traced as the compiled tier traces a segment (replay.tier_inductor): tensors of static sizes, the
-    integer symbolic (never specialised for 0 or 1)."""
+    integers symbolic (never specialised for 0 or 1)."""
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -145,7 +145,7 @@ def traced_with_a_counted_size(fn, tensors, count):
     fake = FakeTensorMode(shape_env=ShapeEnv(specialize_zero_one=False, duck_shape=False), static_shapes=True,
                           allow_non_fake_inputs=True)
     with tracing(TracingContext(fake)):
-        return make_fx(fn, tracing_mode="symbolic")(*tensors, count)
+        return make_fx(fn, tracing_mode="symbolic")(*tensors, *counts)
 
 
 def test_a_narrow_product_over_a_counted_number_of_lines_is_unrolled_for_every_count():

@@ -9,6 +9,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from pypto_rt.replay.tier_row_writes import scatter_row_windows
+from tests.replay.test_tier_row_passes import traced_with_a_counted_size
 
 aten = torch.ops.aten
 ROWS, HIDDEN, LANES = 1000, 256, 300   # receive rows (3 experts' LANES rows and more), row length, arrival slots
@@ -36,14 +37,7 @@ def expected(counts):
 
 
 def test_the_windows_become_row_scatters_with_the_same_rows_for_every_count():
-    from torch._guards import TracingContext, tracing
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    fake = FakeTensorMode(shape_env=ShapeEnv(specialize_zero_one=False, duck_shape=False), static_shapes=True,
-                          allow_non_fake_inputs=True)
-    with tracing(TracingContext(fake)):
-        graph = make_fx(expand, tracing_mode="symbolic")(*inputs(), 40, 7, 120)
+    graph = traced_with_a_counted_size(expand, inputs(), 40, 7, 120)
     assert scatter_row_windows(graph) == 3
     assert sum(n.target is aten.index_copy_.default for n in graph.graph.nodes) == 3
     assert not any(n.target is aten.copy_.default for n in graph.graph.nodes)
@@ -59,7 +53,7 @@ def test_one_window_or_windows_of_fixed_rows_are_left_to_the_compiler():
         out[0:2].add_(1)   # (not a copy into a window)
         return ()
     assert scatter_row_windows(make_fx(one)(torch.zeros(8, 4), torch.ones(4, 4))) == 0
-    tiles = make_fx(lambda out, t: expand(out, t[0], t[1], 40, 7, 120))(inputs()[0], inputs()[1:])
+    tiles = make_fx(lambda out, tokens, sources: expand(out, tokens, sources, 40, 7, 120))(*inputs())
     assert scatter_row_windows(tiles) == 0   # (a tile loop's windows: inductor's, and join_tiles')
 
 
