@@ -8,6 +8,8 @@ and pypto_rt.config from pypto_rt.
 from __future__ import annotations
 
 import abc
+import atexit
+import weakref
 
 import torch
 
@@ -123,6 +125,19 @@ class Communicator(abc.ABC):
             self.close()
         else:
             self.abort(f"{exc_type.__name__}: {exc}")
+
+    def _abort_at_exit(self):
+        """Register an atexit hook that aborts this communicator if the process exits without close(): it ends
+        while the interpreter is whole (peers' waits on it fail; the backend's resources are released, not left to
+        teardown). The hook holds the communicator weakly; the backend unregisters it when it closes."""
+        ref = weakref.ref(self)
+
+        def hook() -> None:
+            comm = ref()
+            if comm is not None:
+                comm.abort("the process exited without closing its communicator")
+        atexit.register(hook)
+        return hook
 
     # -- windows, signals, one-sided access (backends that can map peers' memory) --------------------------
     def _no_windows(self, op: str) -> NotSupportedError:

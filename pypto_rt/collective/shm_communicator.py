@@ -21,7 +21,6 @@ import os
 import platform
 import secrets
 import time
-import weakref
 
 import torch
 
@@ -133,6 +132,7 @@ class ShmCommunicator(StagedCollectives, Communicator):
         self._ctl = Segment.create(f"{self.base_name}-ctl-r{rank}", CONTROL_SIZE, rank)
         self._ctl.cells64[PID] = os.getpid()
         self._ctl.cells64[STATE] = RUNNING
+        # while this communicator owns its segments' names (no launcher unlinks them), exit without close() unlinks
         self._at_exit = self._abort_at_exit() if self.owner_unlinks else None
         try:
             store_rendezvous.start(self.store, rank, world_size, start_s)
@@ -147,19 +147,6 @@ class ShmCommunicator(StagedCollectives, Communicator):
         if comm_settings.comm_check():
             self._check = CollectiveCheck(self.store, rank, world_size, self.timeout_s,
                                           self._watcher(None, "comm_check", None, None))
-
-    def _abort_at_exit(self):
-        """While this communicator owns its segments' names (no launcher unlinks them), a process that exits without
-        close() aborts it at exit: peers' waits on it fail, and its segments are unlinked, not left in /dev/shm.
-        The hook holds the communicator weakly; `_release` unregisters it."""
-        ref = weakref.ref(self)
-
-        def hook() -> None:
-            comm = ref()
-            if comm is not None:
-                comm.abort("the process exited without closing its communicator")
-        atexit.register(hook)
-        return hook
 
     def _agree_prefix(self, start_s: float) -> str:
         """No prefix given: rank 0 picks one and the others read it from the store."""

@@ -8,6 +8,7 @@ the accelerator LOCAL_RANK (else its rank) modulo the device count; tensors give
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import time
 
@@ -107,6 +108,7 @@ class TorchCommunicator(Communicator):
             self.group = dist.new_group(backend=backend, timeout=timeout)
         self._check = CollectiveCheck(self.store, rank, world_size, self.timeout_s) if comm_settings.comm_check() else None
         self._closed = False
+        self._at_exit = self._abort_at_exit()   # (see _destroy)
 
     # ------------------------------------------------------------------------------------------ plumbing
     def _run(self, op: str, label, sig: str, fn) -> None:
@@ -211,6 +213,11 @@ class TorchCommunicator(Communicator):
             self._destroy()
 
     def _destroy(self) -> None:
+        """Destroy the group and drop this communicator's reference to it. gloo's shutdown is a no-op: its worker
+        threads end only when the last reference goes, and a worker that ends during interpreter teardown (still
+        releasing a collective's tensors) aborts the process ("terminate called without an active exception")."""
         self._closed = True
+        atexit.unregister(self._at_exit)
         if dist.is_initialized():
             dist.destroy_process_group(None if self._owns_default else self.group)
+        self.group = None   # the group's threads are joined here, while the interpreter is whole

@@ -51,6 +51,49 @@ def test_gloo_has_no_windows_and_says_what_to_use():
     assert hint == "windows, signals and one-sided ops need backend 'shm' (ranks on one host)"
 
 
+def _threads() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def closing_rank(ctx):
+    before = _threads()
+    comm = ctx.comm("gloo")
+    temporary = torch.ones(4)
+    comm.allreduce(temporary)
+    del temporary   # the collective's worker may still hold it: the race that aborted ranks at exit
+    during = _threads() - before
+    comm.close()
+    return bool(during), sorted(_threads() & during)
+
+
+@pytest.mark.timeout(60)
+def test_gloo_close_ends_the_groups_threads_before_interpreter_exit():
+    """gloo's worker threads end with the group's last reference; one ending during interpreter teardown aborts
+    the rank (SIGABRT, "terminate called without an active exception") after its program passed."""
+    assert run_ranks(closing_rank, 2).ok() == {0: (True, []), 1: (True, [])}
+
+
+UNCLOSED = textwrap.dedent("""
+    import atexit, os, torch
+    from pypto_rt.collective import create_communicator
+    threads = lambda: len(os.listdir("/proc/self/task"))
+    before = threads()
+    atexit.register(lambda: print("threads at exit", threads() - before))   # runs after the communicator's hook
+    comm = create_communicator("gloo", 0, 1)
+    comm.allreduce(torch.ones(4))
+    print("threads while open", threads() - before)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_an_unclosed_gloo_communicator_is_destroyed_at_exit_before_teardown():
+    done = subprocess.run([sys.executable, "-c", UNCLOSED], capture_output=True, text=True, timeout=50, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] != "threads while open 0" and lines[1] == "threads at exit 0", lines
+
+
 def skipping_rank(ctx):
     with ctx.comm("gloo") as comm:
         if ctx.rank == 0:
