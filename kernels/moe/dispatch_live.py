@@ -3,8 +3,9 @@ layout from 8 ranks: `Layout.fixed_shape`): the same index passes as the fixed f
 over every arrival slot, shapes fixed by the layout), then data-sized row passes that touch live rows only. Sizes as
 in `dispatch.py`. Their row counts are read from data the call computed and used with no `if` on them (0 rows: an
 empty gather), so a replay's windows follow each call's counts (replay.late_rows) and both passes replay as torch
-calls. Each pass reads all its counts before its first row op, so its torch calls are one run (one compiled
-segment, one copy of its inputs for the tier's check; a read between them would cut the run).
+calls. A replay reads all of a pass's counts before its first row op (replay.passes moves each read up to the
+one before it), so the pass's torch calls are one run: one compiled segment, one copy of its inputs for the tier's
+check.
 
 Dispatch (`expand_live`): every receive row's arrival slot (one index scatter), then per local expert one gather of
 its `recv_counts` rows from the arrived tokens: each live route row is read and written once, and no row is
@@ -30,8 +31,8 @@ GROUP_PAD = 2   # spill lines added to every live-route group: no group is 0 or 
 def expand_live(recv_rows, tokens, sources, recv_counts, e_local, lanes):
     """Fill each local expert's first recv_counts[0, j] receive rows with their tokens (tokens [LANES, H]: the
     arrival slots; `sources` from `dispatch_parts.receive_sources`), one gather per expert. Returns recv_rows."""
-    counts = [pl.read(recv_counts, [0, j]) for j in range(e_local)]   # no `if` on them: a replay's rows follow
-    for j, c in enumerate(counts):                                      # them (0: an empty gather)
+    for j in pl.range(e_local):
+        c = pl.read(recv_counts, [0, j])   # no `if` on it: a replay's rows follow it (0: an empty gather)
         recv_rows[j * lanes : j * lanes + c, :] = pl.mgather(tokens, sources[j * lanes : j * lanes + c, :],
                                                              coalesce="row")
     return recv_rows
@@ -75,8 +76,8 @@ def sums_live(sums, y, meta, routes, lanes, top_k, hidden, dtype):
     spill_weights = pl.full([lanes + 1, top_k], dtype=pl.FP32, value=0.0)
     spill_weights[0:lanes, :] = weights
     by_slot, sizes = slots_by_count(live, lanes, top_k)   # group c's slots in rows 0..m of column c - 1
-    group_lines = [pl.read(sizes, [0, c - 1]) + GROUP_PAD for c in range(1, top_k + 1)]   # read first: the groups
-    for c, m in enumerate(group_lines, start=1):                                          # are one run of lines
+    for c in pl.range(1, top_k + 1):
+        m = pl.read(sizes, [0, c - 1]) + GROUP_PAD
         group = by_slot[0:m, c - 1 : c]
         group_rows = pl.mgather(spill_rows, group, coalesce="row")
         group_weights = pl.mgather(spill_weights, group, coalesce="row")

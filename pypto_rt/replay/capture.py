@@ -242,7 +242,7 @@ class Recorder(TorchFunctionMode):
         self._symbols += 1
         if type(value) is int:
             self._int_names.add(symbol)
-        self.recorded.append(Call(code, reads, True, out=symbol))
+        self.recorded.append(Call(code, reads, True, out=symbol, kind="number"))
         self._late.add(symbol)
         return traced(value, symbol, self)
 

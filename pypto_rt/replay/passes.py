@@ -3,10 +3,11 @@ merged, dead calls dropped, repeated arithmetic hoisted; `compile_trace` makes t
 from __future__ import annotations
 
 import ast
+import re
 import types
 
 from pypto_rt.replay.guards import Guard
-from pypto_rt.replay.records import Call, Lit, Ref
+from pypto_rt.replay.records import Call, Lit, Ref, Sym
 
 
 def generate(rec, results: list[str], fn_name: str = "replay") -> str:
@@ -17,6 +18,7 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     that changes nothing is left out. Each tensor the replay makes is released after its last use."""
     calls = _fold(rec, _whole_windows(_dedupe(rec.recorded, rec.storage_of, rec.volatile), set(results)),
                   set(results))
+    calls = _early_numbers(calls, rec.storage_of)
     needed = set(results)
     keep = []
     for call in reversed(calls):
@@ -36,6 +38,49 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
     body.append(f"return ({', '.join(results)}{',' if results else ''})")
     return _hoist_common(f"def {fn_name}({', '.join(rec.params)}):\n" + "\n".join("    " + line for line in body)
                          + "\n", rec.policy.hoist_lines)
+
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _early_numbers(calls: list[Call], storage_of: dict[str, int]) -> list[Call]:
+    """A number read from computed data (`s3 = v9[(0, 0)].item()`) between two torch calls ends a compiled tier's
+    run of torch lines there (replay.tier_segments): a loop reading a count per step (`pl.range` with `pl.read` in
+    its body) would make a segment per step. Such a read moves up to just after an earlier Python line (another
+    read, a communication line, a kernel block called as it is) where it may: past no call that makes a tensor or
+    number it reads, writes memory it reads (by storage: any view), or has an effect whose writes are not known
+    (communication, a kernel block, chance), nor past a check when it reads at a computed place (at a constant
+    place it cannot fail). The loop's reads then come first and its steps' torch lines are one run, as if the
+    kernel had read every count before its loop. A read already beside a Python line, or with none to join, stays."""
+    out: list[Call] = []
+    for index, call in enumerate(calls):
+        at = len(out)
+        following = calls[index + 1] if index + 1 < len(calls) else None
+        if call.kind == "number" and at and not _python(out[-1]) and following is not None \
+                and not _python(following):
+            computed_at = {n for token in call.code if type(token) is Sym for n in _NAME.findall(token)}
+            needs, storages = set(call.reads) | computed_at, {storage_of.get(r) for r in call.reads}
+            lowest = at
+            while lowest and not _must_follow(out[lowest - 1], needs, storages, bool(computed_at)):
+                lowest -= 1
+            at = next((p for p in range(lowest, at) if p == 0 or _python(out[p - 1])), at)
+        out.insert(at, call)
+    return out
+
+
+def _python(call: Call) -> bool:
+    """Whether the call stays a Python line in a compiled tier (a read of data, communication, a kernel block)."""
+    return call.kind == "number" or (call.effect and not call.written_storages and call.kind != "check")
+
+
+def _must_follow(earlier: Call, needs: set, storages: set, computed_at: bool) -> bool:
+    if earlier.out in needs or earlier.kind == "number":   # (reads keep their order)
+        return True
+    if not earlier.effect or (earlier.kind == "check" and not computed_at):
+        return False
+    if not earlier.written_storages or None in storages:
+        return True
+    return not storages.isdisjoint(earlier.written_storages)
 
 
 def _with_releases(calls: list[Call], tensors: set[str]) -> list[str]:

@@ -54,7 +54,8 @@ class Call:
     written_storages: list[int] = field(default_factory=list)
     out: str | None = None
     kind: str = ""         # "window": `code` is `t[key]` (a view); "copy": `copy_(dst, src)` (see assign_windows);
-    #                        "parts": a pure call returning a tuple (its parts are lines `t[i]`); "check": an assert
+    #                        "parts": a pure call returning a tuple (its parts are lines `t[i]`); "check": an assert;
+    #                        "number": a number read from data the run computed (`s3 = v9[(0, 0)].item()`)
     fresh: bool = False    # the result has memory of its own (not a view of an argument)
     tainted: bool = True   # the result may depend on an entry tensor, an outside tensor or chance
     whole: bool = False    # a window at constant bounds covering its tensor (same sizes, strides and offset)

@@ -186,3 +186,30 @@ def test_a_count_is_not_read_before_a_write_to_its_data():
     recorder, replayed = _record(f, torch.tensor([3]), torch.zeros(2))
     assert replayed is not None, recorder.refused
     assert torch.equal(replayed(torch.tensor([5]), torch.zeros(2))[0], torch.full((2,), 515.0))
+
+
+def test_counts_read_in_a_loop_are_read_before_its_first_row_write_and_not_before_a_write_to_their_data():
+    """A loop reading each step's count (`pl.range` with `pl.read` in its body) replays with its reads moved up to
+    where their data was made (replay.passes._early_numbers): its row writes are then one run of torch lines, one
+    compiled segment. A read after a write to its data stays after it."""
+    def f(recorder, counts, table, out):
+        made = counts * 1
+        for j in range(3):
+            n = recorder.read_scalar(made, (j,))
+            out[j * 4 : j * 4 + n] = table[0:n] * (j + 1)
+        made.add_(1)
+        return out + recorder.read_scalar(made, (0,))
+
+    recorder, replayed = _record(f, torch.tensor([1, 2, 3]), torch.randn(4, 2), torch.zeros(12, 2))
+    assert replayed is not None, recorder.refused
+    lines = [line.strip() for line in recorder.made_source.splitlines()]
+    reads = [i for i, line in enumerate(lines) if line.endswith(".item()")]
+    row_writes = [i for i, line in enumerate(lines) if line.startswith("a2[")]
+    in_place_add = next(i for i, line in enumerate(lines) if line.startswith("add_"))
+    assert len(reads) == 4 and reads[:3] == [2, 3, 4] and reads[2] < row_writes[0], recorder.made_source   # after v3 =
+    assert in_place_add < reads[3], recorder.made_source
+    counts, table = torch.tensor([4, 0, 2]), torch.randn(4, 2)
+    want = torch.zeros(12, 2)
+    for j, n in enumerate(counts.tolist()):
+        want[j * 4 : j * 4 + n] = table[0:n] * (j + 1)
+    assert torch.equal(replayed(counts, table, torch.zeros(12, 2))[0], want + 5)
