@@ -32,8 +32,9 @@ data, are the puts' extents (no `if` on them), so a replay puts that call's live
 Dispatch:
 1. `moe_route` (computes): routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each
    route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
-   (exclusive prefix counts: a matmul with a strictly lower triangular matrix); the (token, destination) pairs
-   staged by destination (block d * T_MAX) in one scatter each for the rows and their meta rows;
+   (exclusive prefix counts: a matmul with a strictly lower triangular matrix); each destination's tokens staged
+   in its block (d * T_MAX), one gather each of its live rows and their meta rows, their counts read from the
+   count row (`dispatch_parts.stage_live_by_destination`: no row of a pair that does not go is written);
 2. `moe_exchange` (signals): to each destination, the count row and the live rows (tokens and meta) into this
    rank's block, signal 0; then the wait for every source (once each);
 3. `moe_arrivals` (windows): per arrival slot (slots past a source's count are masked by a tensor compare, never
@@ -75,7 +76,8 @@ import pypto.language.distributed as pld
 from pypto_rt import config
 from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
 from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, receive_sources, route_layout,
-                                                 route_rows, stage_by_destination, sum_returned, weighted_all)
+                                                 route_rows, stage_live_by_destination, sum_returned,
+                                                 weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -185,9 +187,9 @@ def dispatch_kernel(layout: Layout):
             count_row[:, :] = route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local,
                                            top_k)
             row_ids = route_rows(None, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
-            by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
-            send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
-                                                     send_x, send_meta, t_dim, world, e_local, top_k, lanes)
+            send_x, send_meta = stage_live_by_destination(x, topk_idx, topk_weights, row_ids, members, count_row,
+                                                          send_x, send_meta, t_dim, world, n_experts, e_local,
+                                                          top_k, t_max)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
             now = pl.read(epoch, [0, 0]) + 1

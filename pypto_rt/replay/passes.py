@@ -6,7 +6,9 @@ import ast
 import re
 import types
 
+from pypto_rt.replay.comm_block import EFFECT_PREFIX
 from pypto_rt.replay.guards import Guard
+from pypto_rt.replay.opaque import CALL_PREFIX
 from pypto_rt.replay.records import Call, Lit, Ref, Sym
 
 
@@ -41,6 +43,8 @@ def generate(rec, results: list[str], fn_name: str = "replay") -> str:
 
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
+# a call no compiled segment takes: a communication effect or a kernel block called as it is (replay.opaque)
+BOUNDARY_CALL = re.compile(rf"(?:{EFFECT_PREFIX}|{CALL_PREFIX})\d+")
 
 
 def _early_numbers(calls: list[Call], storage_of: dict[str, int]) -> list[Call]:
@@ -70,7 +74,7 @@ def _early_numbers(calls: list[Call], storage_of: dict[str, int]) -> list[Call]:
 
 def _python(call: Call) -> bool:
     """Whether the call stays a Python line in a compiled tier (a read of data, communication, a kernel block)."""
-    return call.kind == "number" or (call.effect and not call.written_storages and call.kind != "check")
+    return call.kind == "number" or BOUNDARY_CALL.fullmatch(call.code[0]) is not None
 
 
 def _must_follow(earlier: Call, needs: set, storages: set, computed_at: bool) -> bool:
@@ -197,7 +201,8 @@ def _dedupe(calls: list[Call], storage_of: dict[str, int], volatile: set = froze
 
 def _hoist_common(source: str, hoist_lines: int) -> str:
     """Arithmetic on numbers (`(s1 + 1) * 8`: offsets computed from a value read from data, guarded and used in
-    windows) computed more than once is computed once, into `c<n>`, just before the first statement that uses it.
+    windows) computed more than once is computed once, into `c<n>`, just after the statement that makes the last
+    name it reads (at the latest, just before the first statement that uses it).
     Only +, - and * of names and constants (no call, no division: nothing that could raise before a guard); a
     name assigned more than once in the function keeps its expressions where they are. Comments are kept. Linear
     in the function's size, but Python's ast is slow: a function beyond `hoist_lines` lines (a block making
@@ -206,10 +211,7 @@ def _hoist_common(source: str, hoist_lines: int) -> str:
         return source
     tree = ast.parse(source)
     fn = tree.body[0]
-    assigned: dict[str, int] = {}
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            assigned[node.id] = assigned.get(node.id, 0) + 1
+    assigned, defined = _assignments(fn)
     codes: dict[int, str] = {}     # id(BinOp node) -> its canonical text, for the pure-arithmetic ones
     counts: dict[str, int] = {}
     first: dict[str, tuple] = {}   # canonical text -> (index of the first statement using it, a node of it)
@@ -238,6 +240,10 @@ def _hoist_common(source: str, hoist_lines: int) -> str:
     hoisted: dict[int, list] = {}
     for code in sorted(common, key=len):   # an inner expression (a part of an outer one) first
         index, node = first[code]
+        # as early as its names allow: beside the reads that make them, not between torch lines (a Python line
+        # there would cut a compiled tier's run: replay.tier_segments)
+        index = min(index, max((defined.get(n.id, -1) + 1 for n in ast.walk(node) if isinstance(n, ast.Name)),
+                               default=0))
         value = Replace(skip=code).visit(ast.BinOp(node.left, node.op, node.right))
         hoisted.setdefault(index, []).append(ast.Assign([ast.Name(names[code], ast.Store())], value))
     body = [Replace().visit(stmt) for stmt in fn.body]
@@ -249,6 +255,18 @@ def _hoist_common(source: str, hoist_lines: int) -> str:
     comments = [line for line in source.splitlines()[1:] if line.lstrip().startswith("#")]
     header = source.split("\n", 1)[0]
     return "\n".join([header] + comments + ["    " + _statement(stmt) for stmt in out]) + "\n"
+
+
+def _assignments(fn: ast.FunctionDef) -> tuple[dict, dict]:
+    """(name -> how many times the function assigns it, name -> index of the last statement assigning it)."""
+    counts: dict[str, int] = {}
+    at: dict[str, int] = {}
+    for index, stmt in enumerate(fn.body):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                counts[node.id] = counts.get(node.id, 0) + 1
+                at[node.id] = index
+    return counts, at
 
 
 def _statement(stmt: ast.stmt) -> str:

@@ -35,23 +35,20 @@ the tiered replay is also checked as a whole against the replay on a copy of the
 from __future__ import annotations
 
 import ast
-import re
 import time
 
 import torch
 
 from pypto_rt import config
 from pypto_rt.collective import process
-from pypto_rt.replay import comm_block, opaque
 from pypto_rt.replay.guards import GUARD_MISS
 from pypto_rt.replay import tier_process, tier_rows
 from pypto_rt.replay.tier_copies import Held, snapshot
-from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.passes import BOUNDARY_CALL, compile_trace
 from pypto_rt.replay.tier_passes import rewrite
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
-# a line no segment takes: a communication effect or a kernel block called as it is (replay.opaque)
-_BOUNDARY = re.compile(rf"(?:{comm_block.EFFECT_PREFIX}|{opaque.CALL_PREFIX})\d+")
+_BOUNDARY = BOUNDARY_CALL   # a line no segment takes: a communication effect or a kernel block called as it is
 _PYTHON, _TORCH = "python", "torch"
 
 
