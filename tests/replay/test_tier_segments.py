@@ -140,16 +140,12 @@ def test_dispatch_and_combine_run_compiled_segments_and_match_the_golden(inducto
     outcome = run_ranks(_moe_rank(mode), 2, deadline_s=660).ok()
     for rank, (results, states, notified, stats) in outcome.items():
         assert all(results), (rank, results)
-        # each rank: dispatch and combine at two token counts, all compiled and in their trials: the dispatch in
-        # three segments (the routing; the staging of each destination's live rows, after the reads of their
-        # counts; the receive side), the combine in two
-        compiled = [f"{n} runs of torch lines" in text and f"{n} compiled" in text for n, (_, text) in
-                    zip((3, 3, 2, 2), states)]
-        assert len(states) == 4 and all(s == "trial" for s, _ in states) and all(compiled), states
+        # each rank: dispatch and combine at two token counts, each compiled in two segments and in its trial
+        assert len(states) == 4 and all(s == "trial" and "2 compiled" in text for s, text in states), states
         # the capture call (the second at each count) notified as often as every other call: nothing ran twice
         assert len(set(notified)) == 1, (rank, notified)
         where = "in a compile process at normal priority" if mode == "eager" else "in the background, in a compile"
-        assert f"tier compiling ({where}" in stats and ") · segmented: 3 runs of torch lines" in stats, stats[-2000:]
+        assert f"tier compiling ({where}" in stats and ") · segmented: 2 runs of torch lines" in stats, stats[-2000:]
         assert "tier trial (compiled in" in stats and ", 2 compiled" in stats, stats[-2000:]
 
 
