@@ -32,9 +32,8 @@ data, are the puts' extents (no `if` on them), so a replay puts that call's live
 Dispatch:
 1. `moe_route` (computes): routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each
    route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
-   (exclusive prefix counts: a matmul with a strictly lower triangular matrix); each destination's tokens staged
-   in its block (d * T_MAX), one gather each of its live rows and their meta rows, their counts read from the
-   count row (`dispatch_parts.stage_live_by_destination`: no row of a pair that does not go is written);
+   (exclusive prefix counts: a matmul with a strictly lower triangular matrix); the (token, destination) pairs
+   staged by destination (block d * T_MAX) in one scatter each for the rows and their meta rows;
 2. `moe_exchange` (signals): to each destination, the count row and the live rows (tokens and meta) into this
    rank's block, signal 0; then the wait for every source (once each);
 3. `moe_arrivals` (windows): per arrival slot (slots past a source's count are masked by a tensor compare, never
@@ -76,8 +75,7 @@ import pypto.language.distributed as pld
 from pypto_rt import config
 from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
 from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, receive_sources, route_layout,
-                                                 route_rows, stage_by_destination, stage_live_by_destination,
-                                                 sum_returned, weighted_all)
+                                                 route_rows, stage_by_destination, sum_returned, weighted_all)
 from pypto_rt.kernels.tile_casts import PL_DTYPES
 
 T_DYN = pl.dynamic("T_DYN")
@@ -85,8 +83,6 @@ PAYLOAD_SIGNAL, COMBINE_SIGNAL = 0, 1
 SIGNALS = 2
 FIXED_SHAPE_BYTES = 4 << 20   # a layout whose every route slot's row (LANES * K * H) fits runs the fixed-shape form,
 FIXED_SHAPE_MAX_WORLD = 4     # on up to this many ranks
-STAGE_LIVE_BYTES = 1 << 20   # the dispatch stages live rows only from this many bytes of pair rows,
-STAGE_LIVE_MIN_WORLD = 8      # on this many ranks or more (Layout.stage_live)
 COMPILED_SUMS = "auto"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
 LIVE_SUMS_MIN_WORLD, LIVE_SUMS_MIN_ROW_BYTES = 4, 8192   # "auto": the live sums from 4 ranks, on rows of 8 KiB up,
 LIVE_SUMS_ANY_ROW_WORLD = 8                               # and from 8 ranks on any row
@@ -142,20 +138,6 @@ class Layout:
         return COMPILED_SUMS == "live"
 
     @property
-    def stage_live(self) -> bool:
-        """Whether the dispatch stages each destination's live rows with a gather of its own, after reading their
-        counts (`stage_live_by_destination`), rather than one row per (token, destination) pair in one scatter, the
-        pairs that do not go onto a spill row (`stage_by_destination`). Under uniform routing (1 - 1 / world) ** K of
-        the pairs do not go: 2% at 2 ranks and top-6, 18% at 4, 45% at 8; the gathers cost a read of each count and
-        a run of torch lines of their own. So from STAGE_LIVE_MIN_WORLD ranks on pair rows (LANES rows) of
-        STAGE_LIVE_BYTES or more: the 8-rank decode T=128 shapes (H=4096, top-6) staged and put from one process
-        with a cold cache take 1.27 ms as one scatter against 0.78 as gathers; in a job (bench/moe_call_cpu.py,
-        compiled, CPU a call a rank) ~5.1 against ~5.0 ms, within its noise; at 4 ranks and decode T=8 the
-        gathers cost 0.78-0.81 ms against 0.63-0.75."""
-        return (self.world >= STAGE_LIVE_MIN_WORLD
-                and self.lanes * self.hidden * self.dtype.itemsize >= STAGE_LIVE_BYTES)
-
-    @property
     def pl_dtype(self):
         return PL_DTYPES[self.dtype]
 
@@ -203,14 +185,9 @@ def dispatch_kernel(layout: Layout):
             count_row[:, :] = route_layout(topk_idx, route_pos, slots, members, t_dim, n_experts, world, e_local,
                                            top_k)
             row_ids = route_rows(None, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
-            if layout.stage_live:
-                send_x, send_meta = stage_live_by_destination(x, topk_idx, topk_weights, row_ids, members, count_row,
-                                                              send_x, send_meta, t_dim, world, n_experts, e_local,
-                                                              top_k, t_max)
-            else:
-                by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
-                send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
-                                                         send_x, send_meta, t_dim, world, e_local, top_k, lanes)
+            by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
+            send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
+                                                     send_x, send_meta, t_dim, world, e_local, top_k, lanes)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
             now = pl.read(epoch, [0, 0]) + 1

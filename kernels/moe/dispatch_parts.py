@@ -142,10 +142,11 @@ def source_rows(meta, base, s, n, t_max, lanes, top_k, e_local):
 
 
 @pl.jit.inline
-def pair_meta(topk_idx, topk_weights, row_ids, t_dim, world, e_local, top_k):
-    """[T * W, 2K] FP32: the meta row of each (token, destination rank) pair, row t * W + d: per route slot its row
-    in d's receive layout (row_ids [T, K]), -1 where the route lives on another rank, then the slot's weight (0
-    there). Returns (meta, pair_token [T * W, 1] INT32: each pair's token)."""
+def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, first_row, send_x, send_meta, t_dim,
+                         world, e_local, top_k, spill):
+    """Stage one row per (token, destination rank) in send_x, with its meta row in send_meta: destination d's
+    tokens at first_row[0, d] + their slot ([1, W] INT32), in token order; the pairs that do not go land on row
+    `spill`. Returns (send_x, send_meta)."""
     pairs = t_dim * world
     pair_token = repeat_rows(t_dim, world)                     # pair row t * W + d
     pair_experts = pl.mgather(topk_idx, pair_token, coalesce="row")
@@ -157,17 +158,6 @@ def pair_meta(topk_idx, topk_weights, row_ids, t_dim, world, e_local, top_k):
                               pl.full([pairs, top_k], dtype=pl.FP32, value=-1.0))
     meta[:, top_k : 2 * top_k] = pl.sel(there, pl.mgather(topk_weights, pair_token, coalesce="row"),
                                         pl.full([pairs, top_k], dtype=pl.FP32, value=0.0))
-    return meta, pair_token
-
-
-@pl.jit.inline
-def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, first_row, send_x, send_meta, t_dim,
-                         world, e_local, top_k, spill):
-    """Stage one row per (token, destination rank) in send_x, with its meta row in send_meta: destination d's
-    tokens at first_row[0, d] + their slot ([1, W] INT32), in token order; the pairs that do not go land on row
-    `spill`. Returns (send_x, send_meta)."""
-    pairs = t_dim * world
-    meta, pair_token = pair_meta(topk_idx, topk_weights, row_ids, t_dim, world, e_local, top_k)
     staged = pl.add(pl.reshape(pl.cast(slots, pl.INT32, mode="trunc"), [pairs, 1]), spread_row(first_row, t_dim, world))
     staged = pl.sel(pl.cmps(pl.reshape(members, [pairs, 1]), 0.5, cmp_type=4), staged,
                     pl.full([pairs, 1], dtype=pl.INT32, value=spill))
@@ -176,27 +166,6 @@ def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, fir
     send_x = pl.mscatter(pl.mgather(x, pair_token, coalesce="row"), staged, send_x, coalesce="row",
                          scatter_conflict="default")
     send_meta = pl.mscatter(meta, staged, send_meta, coalesce="row", scatter_conflict="default")
-    return send_x, send_meta
-
-
-@pl.jit.inline
-def stage_live_by_destination(x, topk_idx, topk_weights, row_ids, members, count_row, send_x, send_meta, t_dim,
-                              world, n_experts, e_local, top_k, t_max):
-    """Stage destination d's tokens, in token order, in send_x rows d * T_MAX .. (their meta rows in send_meta's):
-    per destination one gather of its count_row[0, E + d] live rows, found by one compare-form `pl.gather` over
-    the [W, T] membership (the pairs that do not go are never touched). The counts are read from data the call
-    computed, with no `if` on them (0: an empty gather). Returns (send_x, send_meta)."""
-    meta, _ = pair_meta(topk_idx, topk_weights, row_ids, t_dim, world, e_local, top_k)
-    flags = pl.full([world, t_dim + 1], dtype=pl.INT32, value=0)   # [W, T + 1] 0/1 (+ a 0 column: T may be 0)
-    flags[:, 0:t_dim] = pl.cast(pl.transpose(members, 0, 1), pl.INT32, mode="trunc")
-    picked, _ = pl.gather(flags, kvalue=1, cmp_mode=0, out_cols=t_dim + 1)       # row d: d's tokens, first
-    tokens = pl.transpose(picked, 0, 1)                                          # [T + 1, W]: column d
-    pairs = pl.add(pl.muls(tokens, world), pl.col_expand(pl.full([t_dim + 1, world], dtype=pl.INT32, value=0),
-                                                         pl.arange(0, [1, world], dtype=pl.INT32)))
-    for d in pl.range(world):
-        n = pl.read(count_row, [0, n_experts + d])
-        send_x[d * t_max : d * t_max + n, :] = pl.mgather(x, tokens[0:n, d : d + 1], coalesce="row")
-        send_meta[d * t_max : d * t_max + n, :] = pl.mgather(meta, pairs[0:n, d : d + 1], coalesce="row")
     return send_x, send_meta
 
 

@@ -21,7 +21,7 @@ ERRORS = os.path.join(PROGS, "moe_errors.py")
 # the module's 2-rank dispatch_combine.py checks (each of a layout of its own) run as one job, a rank's start-up paid
 # once (tests/kernels/moe/launched_configs.py); each test checks its configuration's lines
 TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
-             ("--form", "live", "--top-k", "3", "--experts-per-rank", "3", "--inf-row", "--stage", "live"))
+             ("--form", "live", "--top-k", "3", "--experts-per-rank", "3", "--inf-row"))
 
 # the 2-rank steady checks, one job: the fixed form, then the live form at another hidden size (layouts differ)
 STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
@@ -30,9 +30,8 @@ LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py 
 # the compiled tier's checks, one job: each form with rows wide enough for its narrow products to be unrolled, the
 # live one with each of its sums (each at another hidden size: layouts differ)
 TIERED = tuple(("--form", form, "--steady", "--calls", "8", "--hidden", hidden, "--top-k", "3", "--experts-per-rank",
-                "3", "--inf-row", "--tier", "--sums", sums, "--routing", "mixed", "--stage", stage)
-               for form, hidden, sums, stage in (("fixed", "64", "default", "scatter"), ("live", "128", "every", "live"),
-                                                 ("live", "96", "live", "live")))
+                "3", "--inf-row", "--tier", "--sums", sums, "--routing", "mixed")
+               for form, hidden, sums in (("fixed", "64", "default"), ("live", "128", "every"), ("live", "96", "live")))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +56,7 @@ def _all_pass(job, nproc: int, checks: int):
 @pytest.mark.parametrize("nproc, args", [
     (2, ()),
     (2, ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3")),
-    (4, ("--routing", "skewed", "--stage", "live")),
+    (4, ("--routing", "skewed")),
     (8, ("--top-k", "6", "--max-tokens", "4")),
 ], ids=["2-bf16", "2-fp32-k3", "4-skewed", "8-k6"])
 def test_dispatch_combine_is_exact_on_every_rank(jobs, nproc, args):
@@ -99,7 +98,7 @@ def test_the_live_form_sums_live_routes_only_so_an_inf_row_gives_inf_not_nan(job
     per rank) and sums exactly those rows, one batched matmul per group: a token whose live route reads a +inf
     expert row combines to +inf. The fixed form's
     stand-in for a dead route slot (a live row of the token, weight 0) made that 0 * inf = NaN."""
-    job = _dispatch_combine(jobs, 2, TWO_RANKS[2])
+    job = _dispatch_combine(jobs, 2, ("--form", "live", "--top-k", "3", "--experts-per-rank", "3", "--inf-row"))
     _all_pass(job, 2, checks=12)
 
 

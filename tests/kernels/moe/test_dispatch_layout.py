@@ -35,11 +35,3 @@ def test_the_default_sums_follow_the_ranks_and_the_row_length(monkeypatch, world
 def test_a_set_choice_holds_for_every_layout(monkeypatch, choice, live):
     monkeypatch.setattr(dispatch, "COMPILED_SUMS", choice)
     assert {_layout(w, 128, h).live_sums for w in (2, 8) for h in (1024, 4096)} == {live}
-
-
-def test_live_rows_are_staged_by_gathers_from_8_ranks_on_large_pair_rows_only():
-    """Dispatch.Layout.stage_live: at 8 ranks 45% of the (token, destination) pairs do not go under uniform top-6
-    routing, and decode T=128 or prefill pair rows are megabytes; smaller worlds and decode T=8 keep the scatter."""
-    assert _layout(8, 128, 4096).stage_live and _layout(8, 1024, 1024, top_k=8).stage_live
-    assert not _layout(8, 8, 4096).stage_live   # 512 KiB of pair rows
-    assert not _layout(4, 128, 4096).stage_live and not _layout(2, 1024, 1024, top_k=8).stage_live

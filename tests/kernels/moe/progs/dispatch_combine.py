@@ -3,7 +3,7 @@
     pypto-launch --nproc N dispatch_combine.py [--hidden H] [--experts-per-rank E] [--top-k K] [--calls C]
                                                [--routing uniform|skewed|mixed] [--dtype bf16|fp32]
                                                [--form auto|fixed|live] [--steady] [--sum-chunk N] [--inf-row]
-                                               [--sums every|live|auto] [--stage auto|live|scatter]
+                                               [--sums every|live|auto]
                                                [--tier] [--then <another configuration's options> ...]
 
 Each rank draws the whole job's routing from one seed, so every rank can compute the golden of every other. Token
@@ -12,8 +12,7 @@ calls (an expert's row count jumps between a few rows and every arrival slot). T
 (global expert id + 1), so combine must give out[t] = sum_k w[t, k] * x[t] * (e[t, k] + 1) (+ x[t] on the second call,
 which passes it as `add`; the expert rows past recv.counts are NaN, which combine must not read), and recv.counts must
 equal the job's route counts per local expert; neither call may read data on the host. Exit 0 when every check
-passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size); --stage the send side's
-staging (dispatch.Layout.stage_live: a gather of each destination's live rows, or one scatter of every pair);
+passes. --form picks the receive side's form (dispatch.Layout.fixed_shape; auto: by size);
 --steady keeps each rank's token count from call to call (the routing still changes), so calls from the fifth
 on replay, and checks that they do. --sum-chunk sets the collective form's tokens per weighted-sum pass
 (dispatch_parts.SUM_CHUNK), so small jobs take several passes and a short last one (the window form's live sums
@@ -73,7 +72,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--routing", choices=["uniform", "skewed", "mixed"], default="uniform")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--form", choices=["auto", "fixed", "live"], default="auto")
-    ap.add_argument("--stage", choices=["auto", "live", "scatter"], default="auto")
     ap.add_argument("--steady", action="store_true")
     ap.add_argument("--sum-chunk", type=int, default=None)
     ap.add_argument("--sums", choices=["default", "every", "live", "auto"], default="default")
@@ -84,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # the module settings a configuration may change, as imported: each configuration starts from them
 DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.FIXED_SHAPE_MAX_WORLD,
-            dispatch.COMPILED_SUMS, dispatch.STAGE_LIVE_BYTES, dispatch.STAGE_LIVE_MIN_WORLD)
+            dispatch.COMPILED_SUMS)
 
 
 def check(args, buf) -> dict:
@@ -159,7 +157,7 @@ def _compiled(buf) -> bool:
 def _buffer(args) -> MoEBuffer:
     """The configuration's buffer, after its module settings."""
     (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.FIXED_SHAPE_MAX_WORLD,
-     dispatch.COMPILED_SUMS, dispatch.STAGE_LIVE_BYTES, dispatch.STAGE_LIVE_MIN_WORLD) = DEFAULTS
+     dispatch.COMPILED_SUMS) = DEFAULTS
     if args.sum_chunk is not None:
         dispatch_parts.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
@@ -167,8 +165,6 @@ def _buffer(args) -> MoEBuffer:
         dispatch.FIXED_SHAPE_MAX_WORLD = 1 << 30
     if args.sums != "default":
         dispatch.COMPILED_SUMS = args.sums
-    if args.stage != "auto":
-        dispatch.STAGE_LIVE_BYTES = dispatch.STAGE_LIVE_MIN_WORLD = 0 if args.stage == "live" else 1 << 62
     experts = args.experts_per_rank * pld.world_size()
     return MoEBuffer(MoEConfig(hidden=args.hidden, num_experts=experts, top_k=args.top_k,
                                max_tokens_per_rank=args.max_tokens, dtype=DTYPES[args.dtype]))
