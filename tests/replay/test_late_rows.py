@@ -217,3 +217,28 @@ def test_counts_read_in_a_loop_are_read_before_its_first_row_write_and_not_befor
     for j, n in enumerate(counts.tolist()):
         want[j * 4 : j * 4 + n] = table[0:n] * (j + 1)
     assert torch.equal(replayed(counts, table, torch.zeros(12, 2))[0], want + 5)
+
+
+def test_a_read_with_no_python_line_to_join_stays_and_never_splits_a_tuple_call_from_its_parts():
+    """A read moves up only to sit beside another Python line (a read, a communication line): here there is none,
+    so it stays where the run read it, after the parts of the sort before it (a compiled segment ending between a
+    tuple call and its parts would have to return the tuple, which the compiler refuses)."""
+    def f(recorder, counts, x, out):
+        made = counts * 1
+        out[0:2] = x[0:2] * 3
+        values, order = torch.sort(x)
+        n = recorder.read_scalar(made, (0,))
+        out[2:2 + n] = values[0:n] + order[0:n]
+        return out
+
+    recorder, replayed = _record(f, torch.tensor([2]), torch.randn(6), torch.zeros(8))
+    assert replayed is not None, recorder.refused
+    lines = [line.strip() for line in recorder.made_source.splitlines()]
+    sort = next(i for i, line in enumerate(lines) if "= sort_" in line)
+    read = next(i for i, line in enumerate(lines) if line.endswith(".item()"))
+    assert lines[sort + 1].endswith("[0]") and lines[sort + 2].endswith("[1]") and read == sort + 3, lines
+    x = torch.randn(6)
+    values, order = torch.sort(x)
+    want = torch.zeros(8)
+    want[0:2], want[2:5] = x[0:2] * 3, values[0:3] + order[0:3]
+    assert torch.equal(replayed(torch.tensor([3]), x, torch.zeros(8))[0], want)
