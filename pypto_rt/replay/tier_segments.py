@@ -48,7 +48,6 @@ from pypto_rt.replay.passes import BOUNDARY_CALL, compile_trace
 from pypto_rt.replay.tier_passes import rewrite
 from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
 
-_BOUNDARY = BOUNDARY_CALL   # a line no segment takes: a communication effect or a kernel block called as it is
 _PYTHON, _TORCH = "python", "torch"
 
 
@@ -63,7 +62,7 @@ def segmented(source: str, constants: dict, why_not: str | None, min_calls: int,
     if why_not:
         # (its runs are not cut by length: a segment given a window's rows would not be seen to write a window)
         return Segmented(source, constants, min_calls, reason=why_not) \
-            if any(_calls(s, _BOUNDARY) for s in statements) else None
+            if any(_calls(s, BOUNDARY_CALL) for s in statements) else None
     if max_calls <= 0 or _lines(statements) <= max_calls:
         return None
     split = Segmented(source, constants, min_calls, max_calls, communicates=False)
@@ -195,7 +194,7 @@ def _runs(statements: list, numbers: set) -> list:
         if isinstance(stmt, ast.Delete) and runs:
             runs[-1][1].append(stmt)
             continue
-        python = (isinstance(stmt, (ast.If, ast.Return, ast.Delete)) or _reads_data(stmt) or _calls(stmt, _BOUNDARY)
+        python = (isinstance(stmt, (ast.If, ast.Return, ast.Delete)) or _reads_data(stmt) or _calls(stmt, BOUNDARY_CALL)
                   or (not any(isinstance(n, ast.Call) for n in ast.walk(stmt))
                       and set(_names(stmt, ast.Load)) <= numbers))
         if python:
