@@ -33,6 +33,7 @@ from .check import CollectiveCheck
 from .control import (ABORTED, CALLS, CLOSED, EPOCH, OP_CODES, OPS, PID, RUNNING, SIZES, STATE, alive, call_text,
                       post_call, reason, set_reason)
 from .control import SIZE as CONTROL_SIZE
+from .peer_blocks import same_run
 from .poll_policy import PollPolicy
 from .segments import Segment, SegmentMissing, check_prefix, removed_error, segment_name
 from .shm_collectives import StagedCollectives
@@ -76,6 +77,12 @@ class ShmWindow(Window):
             usable = self.nbytes - self.nbytes % torch.empty(0, dtype=dtype).element_size()
             views = self._typed[dtype] = [v[:usable].view(dtype) for v in self._views]
         return views
+
+    def same_run(self, rank: int, target_address: int, source_address: int) -> int:
+        """How many bytes from `source_address` on are rank `rank`'s bytes from `target_address` (an address in
+        its mapping here) on: a peer-block staging (peer_blocks) that already holds them; else 0."""
+        segment = self.segments[rank]
+        return same_run(source_address, segment.name, target_address - segment.address)
 
     def cells(self, rank: int):
         """Rank `rank`'s bytes as int32 cells (a memoryview: reading one is a plain load, no tensor made)."""

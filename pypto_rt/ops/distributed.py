@@ -361,7 +361,9 @@ def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=N
 
 class _PutBox(_Effect):
     """A put's plan is kept for every leading extent: a row count read from data (a dispatch's live rows) changes
-    from call to call, and any count up to the rows both boxes have room for copies the same way."""
+    from call to call, and any count up to the rows both boxes have room for copies the same way. A source whose
+    leading rows are the target's very bytes (a staging mapped onto the peers' windows, collective.peer_blocks)
+    copies nothing for up to that many rows."""
 
     def __call__(self, dst, peer, local: torch.Tensor, dst_offsets, src_offsets, shape, atomic: bool) -> None:
         rows = int(shape[0]) if shape else None   # (None: the box's default extent)
@@ -370,19 +372,20 @@ class _PutBox(_Effect):
         kept = None if repeat is None else repeat[1]
         if kept is not None and kept[8] is not None and (rows is None or 0 <= rows <= kept[1]):
             rows, run = kept[2] if rows is None else rows, kept[8]   # (the byte run of `kept` below)
-            if rows and run[1]:
+            if rows > run[3] and run[1]:
                 _memmove(run[0], local.data_ptr() + run[2], rows * run[1])
             return
         found = self.window("tensor.put", dst, "dst")
         key = (self._last[0], local.shape, local.stride(), local.storage_offset(), local.dtype, local.is_cpu, *rest)
         kept = self.planned(key)   # (peer, room, default rows, rest of the box, source strides, source offset,
-        #                           target strides, target offset, byte run or None)
+        #                           target strides, target offset, byte run or None: (target address, bytes
+        #                           a row, source byte offset, leading rows already in place: no copy up to them)
         if kept is not None and not found[0].window.closed and (rows is None or 0 <= rows <= kept[1]):
             self.remember((dst, local), rest, found[0], kept)
             box = (kept[2] if rows is None else rows, *kept[3])
             run = kept[8]
             if run is not None:   # (bounds: rows <= room, checked above)
-                if box[0] and run[1]:
+                if box[0] > run[3] and run[1]:
                     _memmove(run[0], local.data_ptr() + run[2], box[0] * run[1])
             elif box[0] and all(box):
                 found[2][kept[0]].as_strided(box, kept[6], kept[7]).copy_(local.as_strided(box, kept[4], kept[5]))
@@ -395,6 +398,10 @@ class _PutBox(_Effect):
             room = min(local.shape[0] - at[0], dst.shape[0] - int(to[0]))
             run = _byte_run(found[2][int(peer)][start:], local, dst.stride(), local.stride(), shape,
                             values.storage_offset() - local.storage_offset())
+            if run is not None:   # + the leading rows whose source is the target's very bytes (peer_blocks)
+                same = getattr(found[0].window, "same_run", None)
+                run = (*run, 0 if same is None or not run[1] else
+                       same(int(peer), run[0], local.data_ptr() + run[2]) // run[1])
             self.keep(key, (int(peer), room, shape[0], tuple(shape[1:]), local.stride(), values.storage_offset(),
                             dst.stride(), start, run))
 

@@ -28,10 +28,12 @@ STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "unifo
           for form, hidden in (("fixed", ()), ("live", ("--hidden", "16")))}
 LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
 # the compiled tier's checks, one job: each form with rows wide enough for its narrow products to be unrolled, the
-# live one with each of its sums (each at another hidden size: layouts differ)
+# live one with each of its sums (each at another hidden size: layouts differ; the first's blocks are whole pages,
+# so its staging is the peers' windows, dispatch.peer_staging)
 TIERED = tuple(("--form", form, "--steady", "--calls", "8", "--hidden", hidden, "--top-k", "3", "--experts-per-rank",
                 "3", "--inf-row", "--tier", "--sums", sums, "--routing", "mixed")
-               for form, hidden, sums in (("fixed", "64", "default"), ("live", "128", "every"), ("live", "96", "live")))
+               for form, hidden, sums in (("fixed", "256", "default"), ("live", "128", "every"),
+                                          ("live", "96", "live")))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def _all_pass(job, nproc: int, checks: int):
     (2, ()),
     (2, ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3")),
     (4, ("--routing", "skewed")),
-    (8, ("--top-k", "6", "--max-tokens", "4")),
+    (8, ("--top-k", "6", "--max-tokens", "8")),
 ], ids=["2-bf16", "2-fp32-k3", "4-skewed", "8-k6"])
 def test_dispatch_combine_is_exact_on_every_rank(jobs, nproc, args):
     job = _dispatch_combine(jobs, nproc, args)
@@ -100,6 +102,21 @@ def test_the_live_form_sums_live_routes_only_so_an_inf_row_gives_inf_not_nan(job
     stand-in for a dead route slot (a live row of the token, weight 0) made that 0 * inf = NaN."""
     job = _dispatch_combine(jobs, 2, ("--form", "live", "--top-k", "3", "--experts-per-rank", "3", "--inf-row"))
     _all_pass(job, 2, checks=12)
+
+
+@pytest.mark.timeout(180)
+def test_the_send_staging_and_the_sums_are_the_peers_windows_where_a_block_is_whole_pages(jobs):
+    """dispatch.peer_staging: where a rank's block of the token windows is whole pages (8 tokens of 256 bf16
+    columns: 4 KiB), the send staging and the combine's sums are those blocks of every rank's window, mapped side by
+    side here (collective.peer_blocks), so the replayed puts copy no token row (only the count and meta rows cross
+    by copy); at 16 columns the blocks are not pages, both are plain tensors and the puts copy the live rows. Both
+    stay exact and replay (the steady test above runs the same job)."""
+    mapped, plain = (jobs.job(2, DISPATCH_COMBINE, ("--timeout-s", "90"), tuple(STEADY.values()), i) for i in (0, 1))
+    for rank in range(2):
+        assert f"rank {rank}/2: staging peer-mapped, one-sided copies of a token row or more: 0" in mapped.out, \
+            mapped.out[-3000:]
+        assert re.search(rf"rank {rank}/2: staging plain, one-sided copies of a token row or more: [1-9]", plain.out), \
+            plain.out[-3000:]
 
 
 @pytest.mark.timeout(180)

@@ -30,6 +30,7 @@ is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each conf
 are cached per layout, and the form is not part of it, so two configurations of one job must differ in layout.
 """
 import argparse
+import contextlib
 import sys
 
 import torch
@@ -37,6 +38,7 @@ import torch
 import pypto.language.distributed as pld
 from pypto_rt import config, run_stats
 from pypto_rt.kernels.moe import MoEBuffer, MoEConfig, dispatch, dispatch_parts
+from pypto_rt.ops import distributed
 from pypto_rt.replay.policy import ReplayPolicy
 from pypto_rt.run_stats import REPLAYED
 
@@ -64,10 +66,10 @@ def _inf_tokens(idxs, counts, me, e_local) -> list[int]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--experts-per-rank", type=int, default=2)
     ap.add_argument("--top-k", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--routing", choices=["uniform", "skewed", "mixed"], default="uniform")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -170,6 +172,23 @@ def _buffer(args) -> MoEBuffer:
                                max_tokens_per_rank=args.max_tokens, dtype=DTYPES[args.dtype]))
 
 
+@contextlib.contextmanager
+def counted_copies(row_bytes: int):
+    """[n]: how many one-sided byte copies (a put's or store's kept plan: ops.distributed._memmove) moved at least
+    `row_bytes` inside the block: with the staging in the peers' windows (dispatch.peer_staging) no put copies a
+    token row, only the count row and the meta rows (narrower than a token row at these sizes) cross."""
+    real, copies = distributed._memmove, [0]
+
+    def counting(target: int, source: int, nbytes: int):
+        copies[0] += nbytes >= row_bytes
+        return real(target, source, nbytes)
+    distributed._memmove = counting
+    try:
+        yield copies
+    finally:
+        distributed._memmove = real
+
+
 def _configurations(argv: list[str]) -> list[list[str]]:
     parts = [[]]
     for arg in argv:
@@ -193,7 +212,11 @@ def main():
                                  "different size")
             layouts.add(buf.layout)
             print(f"rank {me}/{world}: CONFIG {i} begins", flush=True)
-            checks = check(args, buf)
+            with counted_copies(args.hidden * buf.cfg.dtype.itemsize) as copies:
+                checks = check(args, buf)
+            staged = getattr(buf.transport, "peer_staged", False)
+            print(f"rank {me}/{world}: staging {'peer-mapped' if staged else 'plain'}, one-sided copies of a "
+                  f"token row or more: {copies[0]}", flush=True)
         for name, ok in checks.items():
             print(f"rank {me}/{world}: {'PASS' if ok else 'FAIL'} {name}")
         every_ok &= all(checks.values())
