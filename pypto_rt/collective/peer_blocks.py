@@ -25,9 +25,10 @@ import weakref
 
 import torch
 
-from pypto_rt.collective.segments import PAGE, path_of
+from pypto_rt.collective.segments import path_of
 
 _MAP_FIXED = 0x10   # Linux's value (the mmap module does not export it)
+PAGE = mmap.PAGESIZE   # a mapping's offset and length: whole pages of this machine
 _PROT_NONE, _PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
 _FAILED = ctypes.c_void_p(-1).value
 

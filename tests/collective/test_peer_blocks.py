@@ -6,7 +6,7 @@ import gc
 from pypto_rt.collective import peer_blocks
 from tests.collective.harness import run_ranks
 
-PAGE = 4096
+PAGE = peer_blocks.PAGE
 
 
 def blocks_rank(ctx):
