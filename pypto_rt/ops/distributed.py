@@ -371,22 +371,20 @@ class _PutBox(_Effect):
         repeat = self.again((dst, local), rest)
         kept = None if repeat is None else repeat[1]
         if kept is not None and kept[8] is not None and (rows is None or 0 <= rows <= kept[1]):
-            rows, run = kept[2] if rows is None else rows, kept[8]   # (the byte run of `kept` below)
-            if rows > run[3] and run[1]:
-                _memmove(run[0], local.data_ptr() + run[2], rows * run[1])
+            _copy_rows(kept[8], local.data_ptr(), kept[2] if rows is None else rows)   # (`kept` below)
             return
         found = self.window("tensor.put", dst, "dst")
         key = (self._last[0], local.shape, local.stride(), local.storage_offset(), local.dtype, local.is_cpu, *rest)
         kept = self.planned(key)   # (peer, room, default rows, rest of the box, source strides, source offset,
         #                           target strides, target offset, byte run or None: (target address, bytes
-        #                           a row, source byte offset, leading rows already in place: no copy up to them)
+        #                           a row, source byte offset, leading rows already in place, the source
+        #                           address that holds for: `_copy_rows`)
         if kept is not None and not found[0].window.closed and (rows is None or 0 <= rows <= kept[1]):
             self.remember((dst, local), rest, found[0], kept)
             box = (kept[2] if rows is None else rows, *kept[3])
             run = kept[8]
             if run is not None:   # (bounds: rows <= room, checked above)
-                if box[0] > run[3] and run[1]:
-                    _memmove(run[0], local.data_ptr() + run[2], box[0] * run[1])
+                _copy_rows(run, local.data_ptr(), box[0])
             elif box[0] and all(box):
                 found[2][kept[0]].as_strided(box, kept[6], kept[7]).copy_(local.as_strided(box, kept[4], kept[5]))
             return
@@ -401,9 +399,17 @@ class _PutBox(_Effect):
             if run is not None:   # + the leading rows whose source is the target's very bytes (peer_blocks)
                 same = getattr(found[0].window, "same_run", None)
                 run = (*run, 0 if same is None or not run[1] else
-                       same(int(peer), run[0], local.data_ptr() + run[2]) // run[1])
+                       same(int(peer), run[0], local.data_ptr() + run[2]) // run[1], local.data_ptr())
             self.keep(key, (int(peer), room, shape[0], tuple(shape[1:]), local.stride(), values.storage_offset(),
                             dst.stride(), start, run))
+
+
+def _copy_rows(run: tuple, source: int, rows: int) -> None:
+    """Copy `rows` rows of a put's kept byte run from the source tensor at address `source`, but none of them
+    when they are already the target's bytes (the run's leading rows in place, for the source it was planned on:
+    another tensor of the same layout copies)."""
+    if run[1] and rows > (run[3] if source == run[4] else 0):
+        _memmove(run[0], source + run[2], rows * run[1])
 
 
 _store_box, _put_box = _StoreBox(), _PutBox()

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pypto_rt.collective import create_communicator, process
+from pypto_rt.collective import create_communicator, peer_blocks, process
 from pypto_rt.errors import OpError
 from pypto_rt.ops import distributed
 
@@ -168,3 +168,30 @@ def test_a_repeated_signal_line_sets_and_reads_each_calls_value(window, extents)
     notify(signal, 0, offsets, "set", 5)
     wait(signal, offsets, "eq", None, 5)
     assert signal.tolist() == [[0, 0], [5, 9]]
+
+
+def test_a_put_from_a_staging_that_is_its_target_copies_nothing_and_another_source_of_that_layout_copies(
+        window, monkeypatch):
+    """collective.peer_blocks: a staging whose block is this rank's window bytes themselves (one rank: its own
+    window) holds the put's rows already, so the kept plan copies none of them; a plain tensor of the same layout
+    reuses the plan and is copied (the rows in place hold for the staging's address only)."""
+    rows, cols = 4, peer_blocks.PAGE // 16   # a block of whole pages: 4 rows of FP32
+    win = window([rows, cols])
+    staging = peer_blocks.map_peer_blocks(process.window_of(win)[0].window, 0, rows * cols * 4, cols * 4)
+    staging = staging.view(torch.float32).view(rows + 1, cols)   # + the spill row
+    copies = [0]
+    real = distributed._memmove
+
+    def counted(*args):
+        copies[0] += 1
+        return real(*args)
+    monkeypatch.setattr(distributed, "_memmove", counted)
+    put = distributed._put_box.bind()
+    for call in range(3):
+        staging[:rows] = call + 1.0   # written into the window itself
+        put(win, 0, staging, [0, 0], [0, 0], [rows - call, cols], False)
+        assert float(win.min()) == float(win.max()) == call + 1.0
+    assert copies[0] == 0
+    plain = torch.full((rows + 1, cols), 7.0)
+    put(win, 0, plain, [0, 0], [0, 0], [rows, cols], False)
+    assert copies[0] == 1 and float(win.min()) == 7.0
