@@ -151,6 +151,9 @@ SHM_POLL_US = Knob("PYPTO_SHM_POLL_US", "", "int", "with futex waits on (PYPTO_S
                    "waiter wakes 0.4-1 ms after the signal on a virtual machine whose idle core halts; polls pay only "
                    "where ranks have cores to themselves (under other jobs' load they slow the peer)", minimum=0,
                    unset="adaptive")   # unset: collective/poll_policy.py decides per wait
+MOE_PEER_STAGING = Knob("PYPTO_MOE_PEER_STAGING", "1", "bool", "an MoEBuffer on the shm communicator stages its "
+                        "sends and sums in the peers' windows, mapped here, so the puts of those rows copy nothing "
+                        "(where a block is whole pages; 0: plain staging tensors the puts copy from)")
 FRONTEND_DEBUG = Knob("PYPTO_FRONTEND_DEBUG", "0", "bool", "keep pypto-rt's own frames in tracebacks (for pypto-rt "
                       "developers)")
 

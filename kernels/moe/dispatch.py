@@ -71,7 +71,6 @@ the program is unchanged, and elsewhere the staging is a plain tensor the puts c
 calls with the same shapes can replay with any routing."""
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +78,7 @@ import torch
 import pypto.language as pl
 import pypto.language.distributed as pld
 from pypto_rt import config
+from pypto_rt.collective import process
 from pypto_rt.collective.peer_blocks import map_peer_blocks
 from pypto_rt.kernels.moe.dispatch_live import expand_live, sums_live
 from pypto_rt.kernels.moe.dispatch_parts import (arrived_routes, expand_all, receive_sources, route_layout,
@@ -93,8 +93,6 @@ FIXED_SHAPE_MAX_WORLD = 4     # on up to this many ranks
 COMPILED_SUMS = "auto"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
 LIVE_SUMS_MIN_WORLD, LIVE_SUMS_MIN_ROW_BYTES = 4, 8192   # "auto": the live sums from 4 ranks, on rows of 8 KiB up,
 LIVE_SUMS_ANY_ROW_WORLD = 8                               # and from 8 ranks on any row
-PEER_STAGING = os.environ.get("PYPTO_MOE_PEER_STAGING", "1") != "0"   # stage sends in the peers' windows
-#                                                           (peer_staging; "0": plain tensors, for A/B and tests)
 
 
 @dataclass(frozen=True)
@@ -355,24 +353,24 @@ def reduce_returned(out, back_in, slots, members, addend, t_dim, t_max, hidden, 
     out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
 
 
-def _window(shape: list[int], dtype, buffers: dict | None = None, name: str = ""):
-    buffer = pld.alloc_window_buffer(shape, dtype=dtype)
-    if buffers is not None:
-        buffers[name] = buffer
-    return pld.window(buffer, shape, dtype=dtype)
+def _window(shape: list[int], dtype):
+    return pld.window(pld.alloc_window_buffer(shape, dtype=dtype), shape, dtype=dtype)
 
 
-def peer_staging(buffer, rank: int, layout: Layout) -> torch.Tensor | None:
+def peer_staging(window: torch.Tensor, rank: int, layout: Layout) -> torch.Tensor | None:
     """[LANES + 1, H] rows staged by destination (block d: rows d * T_MAX ..) plus a spill row, for puts into every
-    rank's window `buffer` ([LANES, H]) at this rank's block, where block d is rank d's rows of that block itself
+    rank's `window` ([LANES, H]) at this rank's block, where block d is rank d's rows of that block itself
     (collective.peer_blocks: a communicator that maps windows here, blocks of whole pages), so the staging writes
-    land in the destinations and the puts copy nothing; else (or PEER_STAGING off) None. The protocol allows the
-    early writes: a rank stages call i + 1's rows only after its combine of call i saw each peer's combine rows,
-    which that peer sends after its expand read tokens_in; and it writes its sums into a peer's back_in only after
-    that peer's payload signal of the call, which the peer sends after its reduce of the call before read it."""
+    land in the destinations and the puts copy nothing; else (or PYPTO_MOE_PEER_STAGING=0) None. The protocol
+    allows the early writes: a rank stages call i + 1's rows only after its combine of call i saw each peer's
+    combine rows, which that peer sends after its expand read tokens_in; and it writes its sums into a peer's
+    back_in only after that peer's payload signal of the call, sent after its reduce of the call before read it."""
+    found = process.window_of(window) if config.MOE_PEER_STAGING.on() else None
+    if found is None:
+        return None
     row = layout.hidden * layout.dtype.itemsize
     block = layout.max_tokens * row
-    mapped = map_peer_blocks(getattr(buffer, "window", None), rank * block, block, row) if PEER_STAGING else None
+    mapped = map_peer_blocks(found[0].window, found[1] + rank * block, block, row)
     return None if mapped is None else mapped.view(layout.dtype).view(layout.lanes + 1, layout.hidden)
 
 
@@ -385,15 +383,14 @@ class WindowTransport:
         world, lanes, k, hidden = layout.world, layout.lanes, layout.top_k, layout.hidden
         n_counts = layout.num_experts + world
         self._counts_in = _window([world, n_counts], pl.INT32)
-        buffers = {}
-        self._tokens_in = _window([lanes, hidden], layout.pl_dtype, buffers, "tokens")
+        self._tokens_in = _window([lanes, hidden], layout.pl_dtype)
         self._meta_in = _window([lanes, 2 * k], pl.FP32)
-        self._back_in = _window([lanes, hidden], layout.pl_dtype, buffers, "back")
+        self._back_in = _window([lanes, hidden], layout.pl_dtype)
         self._signals = _window([world, SIGNALS], pl.INT32)
         self._epoch = torch.zeros(1, 1, dtype=torch.int32)
         # staged by destination + a spill row; the sums: per arrival slot (by source), its rows' sum (+ the live
         # sums' spill line); each the peers' window blocks themselves where they map here (peer_staging)
-        staged = [peer_staging(buffers[name], rank, layout) for name in ("tokens", "back")]
+        staged = [peer_staging(window, rank, layout) for window in (self._tokens_in, self._back_in)]
         self.peer_staged = all(s is not None for s in staged)
         self._send_x, self._sums = (torch.zeros(lanes + 1, hidden, dtype=layout.dtype) if s is None else s
                                     for s in staged)
