@@ -45,6 +45,7 @@ class Options:
     comm_check: bool | None = None
     shm_block: bool | None = None
     shm_poll_us: int | None = None
+    moe_peer_staging: bool | None = None
     frontend_debug: bool | None = None
 
     def __post_init__(self):
