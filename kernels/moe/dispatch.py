@@ -33,7 +33,9 @@ Dispatch:
 1. `moe_route` (computes): routes -> per-expert and per-destination counts (matmuls with 0/1 matrices), each
    route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
    (exclusive prefix counts: a matmul with a strictly lower triangular matrix); the (token, destination) pairs
-   staged by destination (block d * T_MAX) in one scatter each for the rows and their meta rows;
+   staged by destination (block d * T_MAX): their meta rows in one scatter; their token rows in one scatter of
+   every pair (the fixed form) or, in the live form, one gather per destination of the rows it takes
+   (`dispatch_parts.stage_live`: live pairs only, their counts read as the exchange reads them);
 2. `moe_exchange` (signals): to each destination, the count row and the live rows (tokens and meta) into this
    rank's block, signal 0; then the wait for every source (once each);
 3. `moe_arrivals` (windows): per arrival slot (slots past a source's count are masked by a tensor compare, never
@@ -194,7 +196,8 @@ def dispatch_kernel(layout: Layout):
             row_ids = route_rows(None, topk_idx, route_pos, t_dim, n_experts, e_local, lanes)
             by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
             send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
-                                                     send_x, send_meta, t_dim, world, e_local, top_k, lanes)
+                                                     send_x, send_meta, t_dim, world, e_local, top_k, lanes,
+                                                     None if fixed else (count_row, t_max, n_experts))
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
             now = pl.read(epoch, [0, 0]) + 1

@@ -143,10 +143,11 @@ def source_rows(meta, base, s, n, t_max, lanes, top_k, e_local):
 
 @pl.jit.inline
 def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, first_row, send_x, send_meta, t_dim,
-                         world, e_local, top_k, spill):
+                         world, e_local, top_k, spill, live_counts=None):
     """Stage one row per (token, destination rank) in send_x, with its meta row in send_meta: destination d's
     tokens at first_row[0, d] + their slot ([1, W] INT32), in token order; the pairs that do not go land on row
-    `spill`. Returns (send_x, send_meta)."""
+    `spill`. `live_counts` (count_row, T_MAX, E) where first_row is d * T_MAX: the token rows copied for live pairs
+    only (`stage_live`), else one row scatter of every pair. Returns (send_x, send_meta)."""
     pairs = t_dim * world
     pair_token = repeat_rows(t_dim, world)                     # pair row t * W + d
     pair_experts = pl.mgather(topk_idx, pair_token, coalesce="row")
@@ -163,10 +164,30 @@ def stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, fir
                     pl.full([pairs, 1], dtype=pl.INT32, value=spill))
     # live pairs' rows are distinct; only the spill row is written more than once (any survivor: it never crosses),
     # so no last-writer pass (a sort and a gather of every staged row per call)
-    send_x = pl.mscatter(pl.mgather(x, pair_token, coalesce="row"), staged, send_x, coalesce="row",
-                         scatter_conflict="default")
+    if live_counts is None:
+        send_x = pl.mscatter(pl.mgather(x, pair_token, coalesce="row"), staged, send_x, coalesce="row",
+                             scatter_conflict="default")
+    else:
+        send_x = stage_live(x, pair_token, staged, live_counts[0], send_x, world, live_counts[1], spill,
+                            live_counts[2])
     send_meta = pl.mscatter(meta, staged, send_meta, coalesce="row", scatter_conflict="default")
     return send_x, send_meta
+
+
+@pl.jit.inline
+def stage_live(x, pair_token, staged, count_row, send_x, world, t_max, lanes, n_experts):
+    """The token rows of `stage_by_destination` for blocks of T_MAX rows per destination (its `first_row` d * T_MAX),
+    copying live pairs only: each staging row's token (one index scatter of the pairs, the dead ones to the spill
+    row), then per destination one gather of as many rows as it takes (count_row [1, E + W] INT32, read with no
+    `if`: a replay's rows follow it, 0 an empty gather). Every row is read and written once; the pair scatter copied
+    a row per (token, rank), the dead ones onto the spill row (8-rank decode T=128: ~1024 rows against ~560).
+    Returns send_x."""
+    token_of = pl.mscatter(pair_token, staged, pl.full([lanes + 1, 1], dtype=pl.INT32, value=0), coalesce="row",
+                           scatter_conflict="default")
+    for d in pl.range(world):
+        n = pl.read(count_row, [0, n_experts + d])
+        send_x[d * t_max : d * t_max + n, :] = pl.mgather(x, token_of[d * t_max : d * t_max + n, :], coalesce="row")
+    return send_x
 
 
 @pl.jit.inline

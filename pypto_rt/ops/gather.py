@@ -234,14 +234,16 @@ def _gather_compare(name: str, x: TensorValue, kvalue, cmp_mode, out_cols, offse
         hits = hits & mask
     rows, width = x.shape
     cols = torch.arange(width).expand(rows, width)
-    # Stable sort puts matching columns first, in ascending column order.
-    order = torch.sort((~hits).to(torch.int8), dim=-1, stable=True).indices
+    # A match's place is the matches before it in its row (a running count); the others go to a spill column past
+    # the row. One scan and one scatter: a stable sort of the rows cost 2-3x as much replayed or compiled
+    # (the 8-rank MoE combine's [1024, 6] and [6, 1024] compactions: ~300 against ~105 us a call, compiled).
+    place = torch.where(hits, hits.cumsum(-1) - 1, width)
+    packed = torch.zeros(rows, width + 1, dtype=torch.int64).scatter_(1, place, cols)
     counts = hits.sum(-1)
     take = min(out_cols, width)
     dst = torch.zeros(rows, out_cols, dtype=torch.int32)
-    found = torch.gather(cols, 1, order[:, :take]) + int(offset)
     keep = torch.arange(take).expand(rows, take) < counts.unsqueeze(1)
-    dst[:, :take] = torch.where(keep, found, 0).to(torch.int32)
+    dst[:, :take] = torch.where(keep, packed[:, :take] + int(offset), 0).to(torch.int32)
     cnt = counts.reshape(1, rows).to(storage_dtype(cdt))
     return TensorValue(dst, D.INT32, None, x.is_tile), TensorValue(cnt, cdt, None, x.is_tile)
 

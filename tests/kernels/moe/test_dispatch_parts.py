@@ -1,11 +1,13 @@
-"""The route counting's exclusive prefix (`dispatch_parts.exclusive_prefix`): blocked past PREFIX_BLOCK rows at
-prefill's token counts, one [n, n] triangle below; both give the exact counts (the multi-rank dispatch tests run
-small token counts, so they exercise the one-matmul form only)."""
+"""The send staging (`dispatch_parts.stage_by_destination`, both forms) and the route counting's exclusive prefix
+(`dispatch_parts.exclusive_prefix`): blocked past PREFIX_BLOCK rows at prefill's token counts, one [n, n] triangle
+below; both give the exact counts (the multi-rank dispatch tests run small token counts, so they exercise the
+one-matmul form only)."""
 import pytest
 import torch
 
 import pypto.language as pl
-from pypto_rt.kernels.moe.dispatch_parts import PREFIX_BLOCK, exclusive_prefix
+from pypto_rt.kernels.moe.dispatch_parts import (PREFIX_BLOCK, exclusive_prefix, route_layout, route_rows,
+                                                 stage_by_destination)
 
 
 @pytest.mark.parametrize("rows", [8, PREFIX_BLOCK, 3 * PREFIX_BLOCK, PREFIX_BLOCK + 8])
@@ -24,3 +26,61 @@ def test_the_exclusive_prefix_counts_the_ones_above_each_row_exactly(rows):
     prefix(ones, out)
     assert torch.equal(out, torch.cumsum(ones, dim=0) - ones)
 
+
+
+def _staging_kernel(live: bool, world, n_experts, top_k, tokens, t_max, hidden):
+    """One rank's routing and send staging (`stage_by_destination`), the live form or the scatter of every pair."""
+    e_local, lanes = n_experts // world, world * t_max
+
+    @pl.jit
+    def stage(x: pl.Tensor[[tokens, hidden], pl.FP32], topk_idx: pl.Tensor[[tokens, top_k], pl.INT32],
+              topk_weights: pl.Tensor[[tokens, top_k], pl.FP32],
+              route_pos: pl.InOut[pl.Tensor[[tokens, top_k], pl.FP32]],
+              slots: pl.InOut[pl.Tensor[[tokens, world], pl.FP32]],
+              members: pl.InOut[pl.Tensor[[tokens, world], pl.FP32]],
+              count_row: pl.InOut[pl.Tensor[[1, n_experts + world], pl.INT32]],
+              send_x: pl.InOut[pl.Tensor[[lanes + 1, hidden], pl.FP32]],
+              send_meta: pl.InOut[pl.Tensor[[lanes + 1, 2 * top_k], pl.FP32]]):
+        for _ in pl.spmd(1, name_hint="stage"):
+            count_row[:, :] = route_layout(topk_idx, route_pos, slots, members, tokens, n_experts, world, e_local,
+                                           top_k)
+            row_ids = route_rows(None, topk_idx, route_pos, tokens, n_experts, e_local, lanes)
+            by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)
+            send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
+                                                     send_x, send_meta, tokens, world, e_local, top_k, lanes,
+                                                     (count_row, t_max, n_experts) if live else None)
+        return send_x, send_meta
+
+    return stage
+
+
+def test_the_live_staging_copies_each_destinations_tokens_once_and_touches_no_other_row():
+    """The live form (one gather per destination of the rows it takes) stages the same rows and meta rows as the
+    scatter of every (token, rank) pair, and writes nothing past a destination's tokens nor the spill row (the
+    scatter drops its dead pairs there); a destination no token goes to gets no row."""
+    world, n_experts, top_k, tokens, t_max, hidden = 4, 8, 3, 6, 8, 16
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(tokens, hidden, generator=gen)
+    # no route to rank 3's experts (6, 7); distinct experts per token
+    topk_idx = torch.stack([torch.randperm(6, generator=gen)[:top_k] for _ in range(tokens)]).int()
+    topk_weights = torch.rand(tokens, top_k, generator=gen)
+    staged = {}
+    for live in (False, True):
+        send_x = torch.full((world * t_max + 1, hidden), 7.0)
+        send_meta = torch.zeros(world * t_max + 1, 2 * top_k)
+        count_row = torch.zeros(1, n_experts + world, dtype=torch.int32)
+        scratch = [torch.zeros(tokens, top_k), torch.zeros(tokens, world), torch.zeros(tokens, world)]
+        _staging_kernel(live, world, n_experts, top_k, tokens, t_max, hidden)(
+            x, topk_idx, topk_weights, *scratch, count_row, send_x, send_meta)
+        staged[live] = (send_x, send_meta, count_row)
+    counts = staged[True][2][0, n_experts:].tolist()
+    assert counts[3] == 0 and torch.equal(staged[True][2], staged[False][2])
+    for d in range(world):
+        goes = [t for t in range(tokens) if any(int(e) // (n_experts // world) == d for e in topk_idx[t])]
+        block = slice(d * t_max, d * t_max + len(goes))
+        assert counts[d] == len(goes)
+        for live in (False, True):
+            assert torch.equal(staged[live][0][block], x[goes]) and torch.equal(staged[live][1][block],
+                                                                                staged[False][1][block])
+        assert bool((staged[True][0][d * t_max + len(goes) : (d + 1) * t_max] == 7.0).all())
+    assert bool((staged[True][0][-1] == 7.0).all()) and not bool((staged[False][0][-1] == 7.0).all())
