@@ -34,8 +34,8 @@ Dispatch:
    route's rank among this rank's rows for its expert and each token's slot among those it sends to each rank
    (exclusive prefix counts: a matmul with a strictly lower triangular matrix); the (token, destination) pairs
    staged by destination (block d * T_MAX): their meta rows in one scatter; their token rows in one scatter of
-   every pair (the fixed form) or, in the live form, one gather per destination of the rows it takes
-   (`dispatch_parts.stage_live`: live pairs only, their counts read as the exchange reads them);
+   every pair or, where every pair's rows are many (`Layout.live_staging`), one gather per destination of the rows
+   it takes (`dispatch_parts.stage_live`: live pairs only, their counts read as the exchange reads them);
 2. `moe_exchange` (signals): to each destination, the count row and the live rows (tokens and meta) into this
    rank's block, signal 0; then the wait for every source (once each);
 3. `moe_arrivals` (windows): per arrival slot (slots past a source's count are masked by a tensor compare, never
@@ -95,6 +95,7 @@ FIXED_SHAPE_MAX_WORLD = 4     # on up to this many ranks
 COMPILED_SUMS = "auto"   # a compiled live layout's sums: "every" route slot, "live" routes, "auto" (Layout.live_sums)
 LIVE_SUMS_MIN_WORLD, LIVE_SUMS_MIN_ROW_BYTES = 4, 8192   # "auto": the live sums from 4 ranks, on rows of 8 KiB up,
 LIVE_SUMS_ANY_ROW_WORLD = 8                               # and from 8 ranks on any row
+LIVE_STAGING_BYTES = 1 << 20   # a live layout stages live pairs only when every pair's rows (LANES * H) are this many
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,15 @@ class Layout:
         return COMPILED_SUMS == "live"
 
     @property
+    def live_staging(self) -> bool:
+        """Whether the send staging copies live pairs only (`dispatch_parts.stage_live`: a count read and a gather
+        per destination) rather than one scatter of every (token, rank) pair: in the live form, where every pair's
+        rows are LIVE_STAGING_BYTES or more. 8-rank decode, CPU a call on rank 0 (bench/moe_call_cpu.py, compiled):
+        T=128 (8 MiB of pairs) its segments 3.39-3.42 -> 2.97-3.04 ms; T=8 skewed (512 KiB) 0.82 -> 0.93, the
+        per-destination reads and ops costing more than the dead rows they skip."""
+        return not self.fixed_shape and self.lanes * self.hidden * self.dtype.itemsize >= LIVE_STAGING_BYTES
+
+    @property
     def pl_dtype(self):
         return PL_DTYPES[self.dtype]
 
@@ -197,7 +207,7 @@ def dispatch_kernel(layout: Layout):
             by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)    # rank d's block: d * T_MAX
             send_x, send_meta = stage_by_destination(x, topk_idx, topk_weights, row_ids, slots, members, by_rank,
                                                      send_x, send_meta, t_dim, world, e_local, top_k, lanes,
-                                                     None if fixed else (count_row, t_max, n_experts))
+                                                     (count_row, t_max, n_experts) if layout.live_staging else None)
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_exchange"):
             now = pl.read(epoch, [0, 0]) + 1

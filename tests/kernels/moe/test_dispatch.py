@@ -26,15 +26,15 @@ TWO_RANKS = ((), ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3"),
 
 # the 2-rank steady checks, one job: the fixed form, then the live form at another hidden size (layouts differ)
 STEADY = {form: ("--form", form, "--steady", "--calls", "6", "--routing", "uniform") + hidden
-          for form, hidden in (("fixed", ()), ("live", ("--hidden", "16")))}
+          for form, hidden in (("fixed", ()), ("live", ("--hidden", "16", "--staging", "live")))}
 LAYERS = (("--names", "deepseek"), ("--quantize",))   # the 2-rank moe_layer.py checks (one job)
 # the compiled tier's checks, one job: each form with rows wide enough for its narrow products to be unrolled, the
 # live one with each of its sums (each at another hidden size: layouts differ; the first's blocks are whole pages,
 # so its staging is the peers' windows, dispatch.peer_staging)
 TIERED = tuple(("--form", form, "--steady", "--calls", "8", "--hidden", hidden, "--top-k", "3", "--experts-per-rank",
-                "3", "--inf-row", "--tier", "--sums", sums, "--routing", "mixed")
-               for form, hidden, sums in (("fixed", "256", "default"), ("live", "128", "every"),
-                                          ("live", "96", "live")))
+                "3", "--inf-row", "--tier", "--sums", sums, "--routing", "mixed", "--staging", staging)
+               for form, hidden, sums, staging in (("fixed", "256", "default", "auto"),
+                                                   ("live", "128", "every", "pairs"), ("live", "96", "live", "live")))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def _all_pass(job, nproc: int, checks: int):
     (2, ()),
     (2, ("--dtype", "fp32", "--top-k", "3", "--experts-per-rank", "3")),
     (4, ("--routing", "skewed")),
-    (8, ("--top-k", "6", "--max-tokens", "8")),
+    (8, ("--top-k", "6", "--max-tokens", "8", "--staging", "live")),
 ], ids=["2-bf16", "2-fp32-k3", "4-skewed", "8-k6"])
 def test_dispatch_combine_is_exact_on_every_rank(jobs, nproc, args):
     job = _dispatch_combine(jobs, nproc, args)

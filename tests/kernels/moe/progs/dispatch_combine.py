@@ -24,6 +24,8 @@ checked against the replay when recorded; a live layout then combines in two ker
 sums over every route slot, unless dispatch.Layout.live_sums) and runs every later call compiled (the tiers swapped
 in, as bench.moe_rank's timed calls), checking that every kernel has a compiled tier and that those calls stay exact.
 --sums every|live|auto sets which sums a compiled live layout takes (dispatch.COMPILED_SUMS; default: the module's).
+--staging live|pairs stages a live layout's token rows per destination, live pairs only, or by one scatter of every
+pair (dispatch.LIVE_STAGING_BYTES 0 or past any layout; default: the module's, Layout.live_staging).
 --then runs one more configuration in the same job, on a buffer of its own (a rank's start-up, mostly the torch import,
 is most of a small job's cost: tests/kernels/moe/launched_configs.py). Each configuration's lines lie between
 "rank r/n: CONFIG i begins" and "rank r/n: CONFIG i ends ok" (or "... ends not ok"); the compiled dispatch and combine
@@ -78,13 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--sum-chunk", type=int, default=None)
     ap.add_argument("--sums", choices=["default", "every", "live", "auto"], default="default")
     ap.add_argument("--inf-row", action="store_true")
+    ap.add_argument("--staging", choices=["auto", "pairs", "live"], default="auto")
     ap.add_argument("--tier", action="store_true")
     return ap
 
 
 # the module settings a configuration may change, as imported: each configuration starts from them
 DEFAULTS = (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.FIXED_SHAPE_MAX_WORLD,
-            dispatch.COMPILED_SUMS)
+            dispatch.COMPILED_SUMS, dispatch.LIVE_STAGING_BYTES)
 
 
 def check(args, buf) -> dict:
@@ -159,7 +162,7 @@ def _compiled(buf) -> bool:
 def _buffer(args) -> MoEBuffer:
     """The configuration's buffer, after its module settings."""
     (dispatch_parts.SUM_CHUNK, dispatch.FIXED_SHAPE_BYTES, dispatch.FIXED_SHAPE_MAX_WORLD,
-     dispatch.COMPILED_SUMS) = DEFAULTS
+     dispatch.COMPILED_SUMS, dispatch.LIVE_STAGING_BYTES) = DEFAULTS
     if args.sum_chunk is not None:
         dispatch_parts.SUM_CHUNK = args.sum_chunk
     if args.form != "auto":
@@ -167,6 +170,8 @@ def _buffer(args) -> MoEBuffer:
         dispatch.FIXED_SHAPE_MAX_WORLD = 1 << 30
     if args.sums != "default":
         dispatch.COMPILED_SUMS = args.sums
+    if args.staging != "auto":
+        dispatch.LIVE_STAGING_BYTES = 0 if args.staging == "live" else 1 << 62
     experts = args.experts_per_rank * pld.world_size()
     return MoEBuffer(MoEConfig(hidden=args.hidden, num_experts=experts, top_k=args.top_k,
                                max_tokens_per_rank=args.max_tokens, dtype=DTYPES[args.dtype]))
