@@ -41,6 +41,8 @@ class ExecutorBase(ABC):
         "get_block_idx": "_block_idx", "tile.get_block_idx": "_block_idx", "tensor.get_block_idx": "_block_idx",
         "get_block_num": "_block_num", "tile.get_block_num": "_block_num", "tensor.get_block_num": "_block_num",
         "get_subblock_idx": "_subblock_idx", "tile.get_subblock_idx": "_subblock_idx",
+        "aiv_shard": "_aiv_shard", "tile.aiv_shard": "_aiv_shard", "aic_gather": "_aic_gather",
+        "tile.aic_gather": "_aic_gather",
         "submit": "_submit", "spmd_submit": "_spmd_submit", "system.syncall": "_syncall",
     }
 
@@ -49,6 +51,7 @@ class ExecutorBase(ABC):
         self.block_idx = 0
         self.block_num = 1
         self.subblock_idx = 0
+        self.aiv_split: tuple[int, int] | None = None   # (axis, lanes) inside a data-parallel pl.split_aiv region
         self.carried: list[_Carried] = []
         self.incore_depth = 0   # > 0 while running InCore code (a pl.at or pl.spmd body, an InCore function)
 
@@ -113,14 +116,18 @@ class ExecutorBase(ABC):
             self.carried.remove(state)
 
     def _aiv_lanes(self, loop: Loop):
-        lanes = range(int(loop.stop)) if loop.mode in (None, SplitMode.NONE) else range(1)
-        saved = self.subblock_idx
+        """Every lane in turn (aiv_id 0, 1, ...). In a data-parallel region (UP_DOWN / LEFT_RIGHT) a lane holds its
+        part of each tile crossing from the cube (`pl.aiv_shard`: its rows / columns), as the real compiler halves
+        the vector side of the region; a task-parallel one (NONE) sees whole tiles."""
+        split = None if loop.mode in (None, SplitMode.NONE) else (0 if loop.mode == SplitMode.UP_DOWN else 1,
+                                                                   int(loop.stop))
+        saved = self.subblock_idx, self.aiv_split
         try:
-            for lane in lanes:
-                self.subblock_idx = lane
+            for lane in range(int(loop.stop)):
+                self.subblock_idx, self.aiv_split = lane, split
                 yield lane
         finally:
-            self.subblock_idx = saved
+            self.subblock_idx, self.aiv_split = saved
 
     def yield_(self, values):
         if self.carried:
@@ -150,6 +157,31 @@ class ExecutorBase(ABC):
 
     def _subblock_idx(self):
         return self.subblock_idx
+
+    def _aiv_shard(self, x):
+        """The cube -> vector crossing: in a data-parallel pl.split_aiv region this lane's equal part of `x` along
+        the split axis (rows for UP_DOWN, columns for LEFT_RIGHT); elsewhere `x` itself."""
+        if self.aiv_split is None:
+            return OPS["aiv_shard"](x)
+        axis, lanes = self.aiv_split
+        if not isinstance(x, TensorValue) or x.ndim != 2 or x.shape[axis] % lanes:
+            raise OpError(f"pl.aiv_shard: in a pl.split_aiv region of {lanes} lanes split along axis {axis}, the "
+                          f"tile must be 2-D with that axis a multiple of {lanes}, got {_describe((x,))}",
+                          user_span())
+        part = x.shape[axis] // lanes
+        shape, offset = list(x.shape), [0, 0]
+        shape[axis], offset[axis] = part, self.subblock_idx * part
+        return OPS["slice"](x, shape, offset)
+
+    def _aic_gather(self, x):
+        """The vector -> cube crossing: `x` itself outside a data-parallel region; inside one it would join every
+        lane's part, which lanes run one after another here cannot give."""
+        if self.aiv_split is not None:
+            raise NotSupportedError("pl.aic_gather in a data-parallel pl.split_aiv region (UP_DOWN / LEFT_RIGHT) "
+                                    "joins every lane's part; this runtime runs the lanes one after another",
+                                    user_span(), "gather on the cube side after the region, or use "
+                                    "mode=pl.SplitMode.NONE")
+        return OPS["aic_gather"](x)
 
     def _submit(self, kernel, *args, deps=None, **kwargs):
         return self.call_kernel(kernel, args, kwargs), TaskToken("submit")

@@ -339,8 +339,10 @@ _doc("prefetch.async_prefetch", "(t, ctx=None, *args, **kwargs)", "Prefetch t in
 _doc("system.cacheinvalid", "(*args, **kwargs)", "Invalidate caches (nothing to do on the CPU).")
 _doc("system.fence", "(*args, **kwargs)", "A memory fence (program order already holds on the CPU).")
 _doc("system.syncall", "(*args, **kwargs)", "A barrier across the blocks of one pl.spmd dispatch.")
-_doc("aiv_shard", "(x)", "Marks a cube -> vector crossing: an identity.")
-_doc("aic_gather", "(x)", "Marks a vector -> cube crossing: an identity.")
+_doc("aiv_shard", "(x)", "A cube -> vector crossing: in a pl.split_aiv UP_DOWN / LEFT_RIGHT region the lane's "
+     "part of the rows / columns, else x.")
+_doc("aic_gather", "(x)", "A vector -> cube crossing: x (refused in a pl.split_aiv UP_DOWN / LEFT_RIGHT region, "
+     "whose lanes run one after another here).")
 _doc("static_print", "(*args)", "Print at compile time (here: when the line runs).")
 _doc("static_assert", "(cond, msg='static_assert failed')", "Fail with `msg` when `cond` is false.")
 _doc("func_attr", "(attrs=None)", "Function attributes, as the first statement of a body (no effect here).")

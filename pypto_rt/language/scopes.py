@@ -70,7 +70,8 @@ def unroll(*args) -> Loop:
 
 
 def split_aiv(n: int = 2, mode=SplitMode.NONE) -> Loop:
-    """AIV lanes: NONE runs the body per lane (aiv_id 0, 1); UP_DOWN/LEFT_RIGHT run it once, full width."""
+    """AIV lanes: the body runs per lane (aiv_id 0, 1); in UP_DOWN / LEFT_RIGHT each lane's `pl.aiv_shard` of a
+    cube tile is its half of the rows / columns, in NONE the whole tile."""
     return Loop("split_aiv", 0, n, 1, mode=mode, span=user_span(2))
 
 

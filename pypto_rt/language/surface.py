@@ -57,7 +57,7 @@ NAMESPACES = {"tensor": TENSOR, "tile": TILE, "system": SYSTEM, "array": ARRAY, 
 EXECUTOR_INTRINSICS = {
     "get_block_idx", "get_block_num", "get_subblock_idx", "tile.get_block_idx", "tile.get_block_num",
     "tile.get_subblock_idx", "tensor.get_block_idx", "tensor.get_block_num", "submit", "spmd_submit",
-    "system.syncall",
+    "system.syncall", "aiv_shard", "tile.aiv_shard", "aic_gather", "tile.aic_gather",
 }
 
 

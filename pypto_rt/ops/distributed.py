@@ -39,7 +39,7 @@ from pypto_rt.language.enums import NotifyOp, ReduceOp, WaitCmp
 from pypto_rt.ops import recording
 from pypto_rt.ops.dtype_rules import from_torch
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.value import TensorValue
+from pypto_rt.ops.value import TensorValue, valid_region
 
 
 def _tensor(x) -> torch.Tensor:
@@ -320,8 +320,10 @@ def remote_load(target, peer, offsets, shape, valid_shape=None):
 
 @op("pld.tile.remote_store", "pld.tensor.remote_store")
 def remote_store(src, target, peer, offsets, atomic=None):
+    # a tile stores its valid box, as pl.store does (a ragged tile's padding stays home)
+    values = valid_region(src) if isinstance(src, TensorValue) else src
     recording.communicate("pld.remote_store communicates with other ranks", _store_box,
-                          (_tensor(target), peer, offsets, _is_add(atomic), _tensor(src)))
+                          (_tensor(target), peer, offsets, _is_add(atomic), values))
 
 
 class _StoreBox(_Effect):

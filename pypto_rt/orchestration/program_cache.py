@@ -31,8 +31,9 @@ from pypto_rt.replay import tier
 
 _FORMAT = 6   # 2: kernels record the inputs a coalesced loop merges only at extent 1; 3 (host `__key`) retired;
               # 5: accesses say which are atomic adds; 6: entries carry their compile's style warnings
-# the compiler's packages, and the op library whose declared facts (OpDef: writes, shapes) it compiles from
-_COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration", "replay", "ops")
+# the compiler's packages, the op library whose declared facts (OpDef: writes, shapes) it compiles from, and the
+# language surface whose tables it reads (which `pl` names stay executor intrinsics, not direct op calls)
+_COMPILER_PACKAGES = ("frontend", "incore_compiler", "orchestration", "replay", "ops", "language")
 _compiler_stamp: str | None = None
 
 

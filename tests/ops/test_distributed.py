@@ -234,3 +234,12 @@ def test_a_set_notify_on_a_mapped_window_is_the_windows_signal_write_not_a_commu
     assert len(notifies) == 1 and signal.tolist() == [[0, -2**31 + 1], [10, 0]]
     with pytest.raises(OpError, match="does not fit"):
         OPS["pld.system.notify"](tv(signal, D.INT32), peer=0, offsets=[2, 0], value=1, op=NotifyOp.Set)
+
+
+def test_a_remote_store_of_a_ragged_tile_writes_its_valid_box_only(window):
+    """As pl.store does: a tile whose valid shape is narrower than its box (a vocabulary's last tile) stores the
+    valid columns, and its padding stays home (a full box would run past the target here, or into a neighbour)."""
+    win = window([4, 10])
+    tile = TensorValue(torch.arange(32, dtype=torch.float32).reshape(4, 8), D.FP32, (4, 3), True)
+    OPS["pld.tile.remote_store"](tile, tv(win), peer=0, offsets=[0, 7])
+    assert torch.equal(win[:, 7:], tile.data[:, :3]) and float(win[:, :7].abs().sum()) == 0.0
