@@ -23,7 +23,7 @@ three quarters).
 """
 import pypto.language as pl
 
-from pypto_rt.kernels.moe.dispatch_parts import weighted_rows
+from pypto_rt.kernels.moe.dispatch_parts import gather_counted, weighted_rows
 
 GROUP_PAD = 2   # spill lines added to every live-route group: no group is 0 or 1 lines (each its own compiled graph)
 
@@ -31,11 +31,7 @@ GROUP_PAD = 2   # spill lines added to every live-route group: no group is 0 or 
 def expand_live(recv_rows, tokens, sources, recv_counts, e_local, lanes):
     """Fill each local expert's first recv_counts[0, j] receive rows with their tokens (tokens [LANES, H]: the
     arrival slots; `sources` from `dispatch_parts.receive_sources`), one gather per expert. Returns recv_rows."""
-    for j in pl.range(e_local):
-        c = pl.read(recv_counts, [0, j])   # no `if` on it: a replay's rows follow it (0: an empty gather)
-        recv_rows[j * lanes : j * lanes + c, :] = pl.mgather(tokens, sources[j * lanes : j * lanes + c, :],
-                                                             coalesce="row")
-    return recv_rows
+    return gather_counted(recv_rows, tokens, sources, recv_counts, 0, e_local, lanes)
 
 
 @pl.jit.inline

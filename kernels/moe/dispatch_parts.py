@@ -184,10 +184,19 @@ def stage_live(x, pair_token, staged, count_row, send_x, world, t_max, lanes, n_
     Returns send_x."""
     token_of = pl.mscatter(pair_token, staged, pl.full([lanes + 1, 1], dtype=pl.INT32, value=0), coalesce="row",
                            scatter_conflict="default")
-    for d in pl.range(world):
-        n = pl.read(count_row, [0, n_experts + d])
-        send_x[d * t_max : d * t_max + n, :] = pl.mgather(x, token_of[d * t_max : d * t_max + n, :], coalesce="row")
-    return send_x
+    return gather_counted(send_x, x, token_of, count_row, n_experts, world, t_max)
+
+
+@pl.jit.inline
+def gather_counted(out, table, index, counts, first_count, blocks, block_rows):
+    """Per block j of `block_rows` rows, its first counts[0, first_count + j] rows of `out` gathered from `table`
+    at the same rows of `index` ([blocks * block_rows (+ any), 1] INT32). Each count is read with no `if` on it: a
+    replay's rows follow it (replay.late_rows), 0 an empty gather. Returns out."""
+    for j in pl.range(blocks):
+        c = pl.read(counts, [0, first_count + j])
+        out[j * block_rows : j * block_rows + c, :] = pl.mgather(table, index[j * block_rows : j * block_rows + c, :],
+                                                                 coalesce="row")
+    return out
 
 
 @pl.jit.inline
