@@ -125,7 +125,7 @@ class _CollectiveStub(OpStub):
     def __call__(self, *args, **kwargs):
         if _runtime.active() is not None:
             return super().__call__(*args, **kwargs)
-        from pypto_rt.ops.distributed import run_plain   # plain Python: no executor to dispatch through
+        from pypto_rt.ops.collectives import run_plain   # plain Python: no executor to dispatch through
         return run_plain(self.qualname, args, kwargs)
 
 

@@ -7,8 +7,8 @@ backends, is tested against it). Importing this package registers every op in
 communicators).
 """
 from pypto_rt.ops import (  # noqa: F401  (imported for registration)
-    access, bitwise, cast, comparison, create, distributed, elementwise, gather, matmul, mgather, mscatter, reduce, sort,
-    system, unary, views,
+    access, bitwise, cast, collectives, comparison, create, distributed, elementwise, gather, matmul, mgather, mscatter,
+    reduce, sort, system, unary, views,
 )
 from pypto_rt.ops.registry import OPS
 from pypto_rt.ops.value import TensorValue

@@ -1,4 +1,4 @@
-"""The `pld` ops (spec §4.10, runtime_model §4.3): signals, one-sided window access and collectives.
+"""The `pld` ops (spec §4.10, runtime_model §4.3): signals and one-sided window access.
 
 Window operands are views of `pld.window` buffers; each op finds its window, communicator and byte offsets
 through `pypto_rt.collective.process` and acts on the peer's memory directly (the `shm` communicator maps every
@@ -12,12 +12,9 @@ rank's window). Semantics:
   `atomic=pl.AtomicType.Add` atomically add) `src` into peer's `target[offsets : +src.shape]`;
 - `tensor.put(dst=, peer=, src=, dst_offsets=, src_offsets=, shape=, atomic=)`: local `src[src_offsets : +shape]`
   into peer's window `dst` at `dst_offsets`; `tensor.get(dst=, peer=, src=, ...)`: peer's window `src` region
-  into the local `dst` (chunking/pipelining hints are accepted and ignored);
-- collectives, in place on torch or window tensors, on the process communicator (they and `tensor.get` declare
-  the tensor they write, `writes=`, so a later region reading it waits for them): `allreduce(data, op=)`,
-  `allgather(out, inp)`, `reduce_scatter(out, inp, op=)`, `all_to_all(out, inp)`,
-  `all_to_all_v(out, inp, send_counts, recv_counts)`, `broadcast(data, root=)`, `barrier()`; a `signal=`
-  window, as the real collectives take, is accepted and not needed.
+  into the local `dst` (chunking/pipelining hints are accepted and ignored; `get` declares the tensor it writes,
+  `writes=`, so a later region reading it waits for it);
+- the collectives (`allreduce`, `allgather`, ...) are pypto_rt.ops.collectives'.
 notify, wait, remote_store and put apply their effect on their operands (window tensors, peer, offsets, values)
 through `recording.communicate`, so a run recorded for replay records it as one call (replay.comm_block). An effect
 keeps its window operand resolved between calls (`_Effect`: revalidated by address, shape, strides, dtype and
@@ -35,7 +32,7 @@ import torch
 
 from pypto_rt.collective import addresses, process
 from pypto_rt.errors import OpError
-from pypto_rt.language.enums import NotifyOp, ReduceOp, WaitCmp
+from pypto_rt.language.enums import NotifyOp, WaitCmp
 from pypto_rt.ops import recording
 from pypto_rt.ops.dtype_rules import from_torch
 from pypto_rt.ops.registry import op
@@ -135,7 +132,9 @@ class _Effect:
     storage), shape, strides, dtype and process.epoch() (a window allocated or freed since, so a replay with other
     windows finds those). The buffer is held weakly: a line kept by a replay never keeps a freed window's memory
     mapped. A call that repeats the line's latest one with the very same tensor objects (a replay's arguments and
-    windows) skips even those keys (`again`): ~1 us of each 2-4 us line, 64 lines a call at 8-rank MoE decode."""
+    windows) skips even those keys (`again`): ~1 us of each 2-4 us line, 64 lines a call at 8-rank MoE decode.
+    `repeat` says what such a call comes to (a memmove, a publish, a cell read), for replay.comm_run, which runs a
+    replay's run of lines as one call with one guard."""
 
     def __init__(self):
         self._last: tuple | None = None   # (key, weak buffer, offset, typed?) of the latest operand: one swap
@@ -174,13 +173,31 @@ class _Effect:
         strides (no op here changes an operand's in place; a replay guards its arguments' and makes its
         temporaries anew each call), so this skips reading them (~1 us a tensor), what the keys above compare."""
         seen = self._again
-        if seen is None or seen[2] != rest or seen[3] != process.epoch():
+        return None if seen is None or seen[2] != rest else self._same(seen, tensors)
+
+    def _same(self, seen: tuple, tensors: tuple) -> tuple | None:
+        if seen[3] != process.epoch():
             return None
         for ref, address, t in zip(seen[0], seen[1], tensors):
             if ref() is not t or address != t.data_ptr():
                 return None
         buf = seen[4]()
         return None if buf is None or buf.window.closed else (buf, seen[5])
+
+    def repeat(self, tensors: tuple) -> tuple | None:
+        """(window buffer, plan) of a call that repeats this line's latest one with the very `tensors` and the same
+        other arguments (the caller's part: replay.comm_run fuses only lines whose other arguments are literals,
+        and the numbers a plan takes per call), or None: what replay.comm_run runs instead of the line. A plan:
+        ("publish", peer, cell) a set notify; ("cell", rank, index, "ge"|"eq") a wait's cell; ("memmove",
+        target address, bytes) a store from its values' first byte; ("rows", byte run, room, default rows) a
+        put as `_copy_rows` (its source's address, a row count up to `room`)."""
+        seen = self._again
+        found = None if seen is None else self._same(seen, tensors)
+        plan = None if found is None else self._plan_of(seen[2], found[1])
+        return None if plan is None else (found[0], plan)
+
+    def _plan_of(self, rest: tuple, done) -> tuple | None:
+        return None
 
     def remember(self, tensors: tuple, rest: tuple, buf, done) -> None:
         """Keep `done` (numbers only: nothing that holds a window's memory) for `again`."""
@@ -248,6 +265,9 @@ class _Notify(_Effect):
             return
         buf.comm.notify(buf.window, peer, offset, int(value), kind)
 
+    def _plan_of(self, rest: tuple, done) -> tuple:
+        return ("publish", *done)
+
 
 @op("pld.system.wait")
 def wait(signal, offsets, expected, cmp=WaitCmp.Ge):
@@ -260,23 +280,28 @@ class _Wait(_Effect):
     def __call__(self, signal, offsets, kind: str, label, expected) -> None:
         rest = (kind, *offsets)
         repeat = self.again((signal,), rest)
-        if repeat is not None:   # a cell read before: (rank, cell)
-            rank, index = repeat[1]
-            seen, expected = repeat[0].window.cells(rank)[index], int(expected)
-            if (seen >= expected) if kind == "ge" else (seen == expected):
-                return
+        if repeat is not None:   # a cell read before: (rank, cell, its offsets, the peers that set it)
+            buf, (rank, index, cell, peers) = repeat
+            expected = int(expected)
+            seen = buf.window.cells(rank)[index]
+            if not ((seen >= expected) if kind == "ge" else (seen == expected)):
+                buf.comm.wait(buf.window, 4 * index, expected, kind, label=label, cell=cell, peers=peers)
+            return
         buf, offset, cell = self.cell("system.wait", signal, offsets, "signal")
         comm, expected = buf.comm, int(expected)
-        cells = getattr(buf.window, "cells", None)
-        if cells is not None and offset % 4 == 0 and not buf.window.closed:
-            seen = cells(comm.rank)[offset // 4]   # already there: no wait to set up
-            self.remember((signal,), rest, buf, (comm.rank, offset // 4))
-            if (seen >= expected) if kind == "ge" else (seen == expected):
-                return
         # the [NR, ...] signal convention: row r is the cell rank r notifies (named in a hang's wait-for picture)
         rows = signal.shape[0] if signal.dim() else 0
         peers = [cell[0]] if rows == comm.world_size and cell and cell[0] != comm.rank else None
+        cells = getattr(buf.window, "cells", None)
+        if cells is not None and offset % 4 == 0 and not buf.window.closed:
+            seen = cells(comm.rank)[offset // 4]   # already there: no wait to set up
+            self.remember((signal,), rest, buf, (comm.rank, offset // 4, cell, peers))
+            if (seen >= expected) if kind == "ge" else (seen == expected):
+                return
         comm.wait(buf.window, offset, expected, kind, label=label, cell=cell, peers=peers)
+
+    def _plan_of(self, rest: tuple, done) -> tuple:
+        return ("cell", done[0], done[1], rest[0])
 
 
 _notify_cell, _wait_cell = _Notify(), _Wait()
@@ -354,6 +379,9 @@ class _StoreBox(_Effect):
             self.keep(key, (int(peer), box, target.stride(), start,
                             None if run is None else (run[0], run[1] * box[0])))
 
+    def _plan_of(self, rest: tuple, kept) -> tuple | None:
+        return None if kept[4] is None else ("memmove", *kept[4])
+
 
 @op("pld.tensor.put")
 def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, atomic=None, **_hints):
@@ -405,6 +433,9 @@ class _PutBox(_Effect):
             self.keep(key, (int(peer), room, shape[0], tuple(shape[1:]), local.stride(), values.storage_offset(),
                             dst.stride(), start, run))
 
+    def _plan_of(self, rest: tuple, kept) -> tuple | None:
+        return None if kept[8] is None else ("rows", kept[8], kept[1], kept[2])
+
 
 def _copy_rows(run: tuple, source: int, rows: int) -> None:
     """Copy `rows` rows of a put's kept byte run from the source tensor at address `source`, but none of them
@@ -426,71 +457,3 @@ def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, **_hints
     _box("tensor.get", local, dst_offsets or [0] * local.dim(), list(view.shape), "dst").copy_(
         _load(buf, _peer("tensor.get", buf, peer), view))
     return dst
-
-
-# ------------------------------------------------------------------------------------------------ collectives
-
-def _reduce(op_) -> str:
-    name = getattr(op_, "name", str(op_)).lower()
-    if name not in ("sum", "max", "min"):
-        raise OpError(f"pld collectives reduce with ReduceOp.Sum, Max or Min, got {op_!r}")
-    return name
-
-
-def _comm(name: str):
-    recording.refuse(f"pld.{name} communicates with other ranks")
-    return process.communicator(f"pld.{name}")
-
-
-@op("pld.allreduce", writes="data")
-def allreduce(data, signal=None, op=ReduceOp.Sum, **_hints):
-    _comm("allreduce").allreduce(_tensor(data), _reduce(op), label=process.current_label())
-    return data
-
-
-@op("pld.allgather", writes="out")
-def allgather(out, inp, signal=None, **_hints):
-    _comm("allgather").allgather(_tensor(out), _tensor(inp), label=process.current_label())
-    return out
-
-
-@op("pld.reduce_scatter", writes="out")
-def reduce_scatter(out, inp, signal=None, op=ReduceOp.Sum, **_hints):
-    _comm("reduce_scatter").reduce_scatter(_tensor(out), _tensor(inp), _reduce(op), label=process.current_label())
-    return out
-
-
-@op("pld.all_to_all", writes="out")
-def all_to_all(out, inp, signal=None, **_hints):
-    _comm("all_to_all").all_to_all(_tensor(out), _tensor(inp), label=process.current_label())
-    return out
-
-
-@op("pld.all_to_all_v", writes="out")
-def all_to_all_v(out, inp, send_counts, recv_counts, signal=None, **_hints):
-    counts = [[int(c) for c in _tensor(x).reshape(-1).tolist()] if hasattr(_tensor(x), "tolist") else list(x)
-              for x in (send_counts, recv_counts)]
-    _comm("all_to_all_v").all_to_all_v(_tensor(out), _tensor(inp), counts[0], counts[1],
-                                       label=process.current_label())
-    return out
-
-
-@op("pld.broadcast", writes="data")
-def broadcast(data, signal=None, root=0, **_hints):
-    _comm("broadcast").broadcast(_tensor(data), int(root), label=process.current_label())
-    return data
-
-
-@op("pld.barrier")
-def barrier(signal=None, **_hints):
-    _comm("barrier").barrier(label=process.current_label())
-
-
-_PLAIN = {"pld.allreduce": allreduce, "pld.allgather": allgather, "pld.reduce_scatter": reduce_scatter,
-          "pld.all_to_all": all_to_all, "pld.all_to_all_v": all_to_all_v, "pld.broadcast": broadcast,
-          "pld.barrier": barrier}
-
-
-def run_plain(qualname: str, args, kwargs):
-    """A collective called from plain Python (no kernel running): on torch tensors, at once."""
-    return _PLAIN[qualname](*args, **kwargs)

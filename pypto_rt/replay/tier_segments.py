@@ -8,7 +8,8 @@ computed) and arithmetic on numbers stand between runs of plain torch calls. Eac
 (tensors, tensor constants, integers) returning the names it makes that later lines read. It is traced and compiled
 as replay.tier compiles a whole body (make_fx, inductor; integers symbolic, tensor sizes static; in-place writes into
 windows and outputs land in their memory). The tiered replay is the replay with each segment's lines replaced by a
-call of its compiled function; everything else runs as recorded, in the same order. A kernel block called as it is
+call of its compiled function; everything else runs as recorded, in the same order (a run of communication lines
+and reads as one call, guarded once: replay.comm_run). A kernel block called as it is
 (replay.opaque: its course follows data, e.g. a loop bounded by a count the call computed) ends a run the
 same way: it runs once, in order, in the capture call too, and the torch lines around it are compiled.
 
@@ -42,7 +43,7 @@ import torch
 from pypto_rt import config
 from pypto_rt.collective import process
 from pypto_rt.replay.guards import GUARD_MISS
-from pypto_rt.replay import tier_process, tier_rows
+from pypto_rt.replay import comm_run, tier_process, tier_rows
 from pypto_rt.replay.tier_copies import Held, snapshot
 from pypto_rt.replay.passes import BOUNDARY_CALL, compile_trace
 from pypto_rt.replay.tier_passes import rewrite
@@ -161,17 +162,19 @@ class Segmented:
 
     def function(self, segments: dict):
         """The replay with segment k's lines replaced by a call of `segments[k]`."""
-        body = list(self.prologue)
-        for part in self.parts:
-            if type(part) is not TorchRun:
-                body += part
+        body, runs = list(self.prologue), {}
+        for i, part in enumerate(self.parts):
+            if type(part) is not TorchRun:   # (its communication lines and reads run as one: replay.comm_run)
+                statements, fused = comm_run.fused(part, self.constants, f"_run{i}_")
+                body += statements
+                runs.update(fused)
                 continue
             given = [f"{n}[{part.rows[n][0]}:{part.rows[n][1]}]" if n in part.rows else n for n in part.inputs]
             call = f"_seg{part.index}({', '.join(given)})"
             body += ast.parse(f"{''.join(o + ', ' for o in part.outputs)}= {call}" if part.outputs else call).body
             if part.dropped:
                 body += ast.parse(f"del {', '.join(part.dropped)}").body
-        names = {f"_seg{k}": fn for k, fn in segments.items()}
+        names = {**runs, **{f"_seg{k}": fn for k, fn in segments.items()}}
         source = _function(self.name, ", ".join(self.params), body)
         return compile_trace(source, {**self.constants, **names}, "<pypto-rt tiered replay, segmented>")
 
