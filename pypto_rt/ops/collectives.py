@@ -8,12 +8,8 @@ from pypto_rt.collective import process
 from pypto_rt.errors import OpError
 from pypto_rt.language.enums import ReduceOp
 from pypto_rt.ops import recording
+from pypto_rt.ops.distributed import _tensor
 from pypto_rt.ops.registry import op
-from pypto_rt.ops.value import TensorValue
-
-
-def _tensor(x):
-    return x.data if isinstance(x, TensorValue) else x
 
 
 def _reduce(op_) -> str:

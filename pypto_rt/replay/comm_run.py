@@ -28,6 +28,7 @@ import torch
 
 from pypto_rt.collective import addresses, process
 from pypto_rt.replay.passes import compile_trace
+from pypto_rt.replay.tier_source import _function, _names
 
 MAX_PLANS = 4   # plans a run makes (after its second call, and after a guard failed); then it stays as recorded
 _FORMATS = {torch.int32: "i", torch.int64: "q", torch.int16: "h", torch.int8: "b", torch.uint8: "B"}
@@ -86,10 +87,6 @@ def _read(value) -> tuple[str, list[int]] | None:
     return value.func.value.value.id, [i.value for i in items]
 
 
-def _names(stmt, ctx) -> list[str]:
-    return list(dict.fromkeys(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)))
-
-
 class CommRun:
     """One run of communication lines and reads: `outputs = run(*params)` (see the module text)."""
 
@@ -101,8 +98,7 @@ class CommRun:
             params += [n for n in _names(stmt, ast.Load) if n not in made and n not in params and n not in constants]
             made += [n for n in _names(stmt, ast.Store) if n not in made]
         self.params, self.outputs = params, made
-        self.recorded = compile_trace(self._source(name, [ast.unparse(s) for s in statements]), constants,
-                                      "<pypto-rt communication run>")
+        self.recorded = compile_trace(self._source(name, statements), constants, "<pypto-rt communication run>")
         self.fast = None
         self.plans = 0
         self._seen: list | None = None   # (weak reference, address) of each tensor argument of the latest call
@@ -111,10 +107,9 @@ class CommRun:
         call = f"{self.name}({', '.join(self.params)})"
         return f"{''.join(o + ', ' for o in self.outputs)}= {call}" if self.outputs else call
 
-    def _source(self, name: str, lines: list[str], guard: list[str] = ()) -> str:
-        back = f"return ({''.join(o + ', ' for o in self.outputs)})"
-        body = "".join(f"    {line}\n" for line in [*guard, *lines, back] for line in line.splitlines())
-        return f"def {name}({', '.join(self.params)}):\n{body}"
+    def _source(self, name: str, statements: list) -> str:
+        back = ast.parse(f"return ({''.join(o + ', ' for o in self.outputs)})").body
+        return _function(name, ", ".join(self.params), statements + back)
 
     def __call__(self, *args):
         fast = self.fast
@@ -141,8 +136,8 @@ class CommRun:
         lines = [fast.line(stmt) for stmt in self.statements]
         if not fast.fused:
             return
-        self.fast = compile_trace(self._source("fast", lines, fast.guard()), {**self.constants, **fast.names},
-                                  "<pypto-rt communication run, fast>")
+        source = self._source("fast", ast.parse("\n".join(fast.guard() + lines)).body)
+        self.fast = compile_trace(source, {**self.constants, **fast.names}, "<pypto-rt communication run, fast>")
 
 
 class _Fast:
@@ -152,7 +147,7 @@ class _Fast:
         self.stable, self.constants = stable, constants
         self.names: dict = {"_MISS": _MISS, "_mm": addresses.copy, "_epoch": process.epoch, "_int": int}
         self.tensors: dict[str, str] = {}    # guarded tensor argument -> its weak reference's name
-        self.windows: dict[int, str] = {}    # id(window buffer) -> the name the function gives its window
+        self.windows: dict[int, tuple] = {}  # id(window buffer) -> (its weak reference's name, its window's name)
         self.cells: dict[tuple, str] = {}    # (window name, rank) -> the name of its cells
         self.views: dict[str, str] = {}      # tensor argument -> the name of a memoryview of its elements
         self.fused = 0
@@ -194,7 +189,7 @@ class _Fast:
         skip = set(_TENSORS[kind]) | set(_FREE.get(kind, ())) | ({number} if number is not None else set())
         if not all(_literal(a) for i, a in enumerate(call.args) if i not in skip):
             return recorded
-        if number is not None and kind == "rows":   # the shape: [rows, literals...] or None
+        if kind == "rows":   # the shape: [rows, literals...] or None
             shape = call.args[number]
             if _literal(shape) and ast.literal_eval(shape) is None:
                 rows = None

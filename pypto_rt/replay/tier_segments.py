@@ -47,7 +47,8 @@ from pypto_rt.replay import comm_run, tier_process, tier_rows
 from pypto_rt.replay.tier_copies import Held, snapshot
 from pypto_rt.replay.passes import BOUNDARY_CALL, compile_trace
 from pypto_rt.replay.tier_passes import rewrite
-from pypto_rt.replay.tier_source import Untierable, _function, _is_guard, _reads_before, _reads_data, _tensor_of
+from pypto_rt.replay.tier_source import (Untierable, _function, _is_guard, _names, _reads_before, _reads_data,
+                                         _tensor_of)
 
 _PYTHON, _TORCH = "python", "torch"
 
@@ -258,10 +259,6 @@ def _kept_deletes(stmt, outer: set):
         return stmt
     names = [n for n in _names(stmt, ast.Del) if n in outer]
     return ast.parse(f"del {', '.join(names)}").body[0] if names else None
-
-
-def _names(stmt, ctx) -> list[str]:
-    return list(dict.fromkeys(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)))
 
 
 def _calls(stmt, pattern) -> bool:

@@ -92,6 +92,11 @@ def _tensor_of(data, **kwargs) -> torch.Tensor:
     return torch.tensor(data, **kwargs)
 
 
+def _names(stmt, ctx) -> list[str]:
+    """The names `stmt` uses in context `ctx` (ast.Load, ast.Store, ast.Del), first use first."""
+    return list(dict.fromkeys(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)))
+
+
 def _function(name: str, params: str, body: list) -> str:
     lines = [ast.unparse(ast.fix_missing_locations(s)) for s in body]
     return f"def {name}({params}):\n" + "\n".join("    " + line.replace("\n", "\n    ") for line in lines) + "\n"
