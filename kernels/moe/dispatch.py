@@ -11,7 +11,8 @@ its counts travel with its payload, in one round:
     meta_in    [LANES, 2K]        FP32, per token: per route slot its row among its sender's rows here (local
                                   expert * LANES + the route's rank among the sender's routes to that expert;
                                   -1 when that route is on another rank), then the slot's combine weight (0 there)
-    back_in    [LANES, H]         rows d * T_MAX + slot: rank d's weighted sums for this rank's tokens (combine)
+    back_in    [LANES + 1, H]     rows d * T_MAX + slot: rank d's weighted sums for this rank's tokens (combine);
+                                  the last row stays zero (no rank writes it): the reduce's dead slots read it
     signals    [W, 2] INT32       column 0 payload, 1 combine; row s: rank s's latest call
 
 The receiver alone knows where a sender's rows go in its layout (expert j's rows from row 0, in (source rank,
@@ -55,13 +56,13 @@ weights and sums them in FP32 (a route slot that lives elsewhere weighs 0 and re
 row past the counts, which may hold anything). Live form (`dispatch_live.sums_live`): the same over live routes
 only, the slots grouped by their live-route count, one batched matmul per group. `moe_return` (signals) puts each
 source's rows back to it, signal 1, and waits for every rank's; `moe_reduce` (windows) gathers, per token, the row
-each of its ranks sent back and sums them (the same batched matmul, weights 0/1) with the token's row of `addend`
-(e.g. the shared expert's output; zeros when there is none), rounding once. A live layout built under
-PYPTO_TIER=eager (compiled at the first replay) combines in two kernels instead (unless `Layout.live_sums`):
-`combine_send_kernel` (the sums in the fixed form, whose compiled tier is one vectorised loop over every route
-slot, and `moe_return`; its shapes are the layout's, so one specialisation serves every token count) and
-`combine_reduce_kernel` (`moe_reduce`). Replayed or on the engine the fixed sums cost ~2.3x the live ones, so
-without that tier the live form stays.
+each of its ranks sent back (the zero row for a rank it has no route on) and sums them (the same batched matmul,
+weights 0/1) with the token's row of `addend` (e.g. the shared expert's output; zeros when there is none),
+rounding once. A live layout built under PYPTO_TIER=eager (compiled at the first replay) combines in two kernels
+instead (unless `Layout.live_sums`): `combine_send_kernel` (the sums in the fixed form, whose compiled tier is
+one vectorised loop over every route slot, and `moe_return`; its shapes are the layout's, so one specialisation
+serves every token count) and `combine_reduce_kernel` (`moe_reduce`). Replayed or on the engine the fixed sums
+cost ~2.3x the live ones, so without that tier the live form stays.
 
 Only live rows cross: a put carries exactly the rows a destination needs, plus the [1, E + W] count row (the row
 counts are read inside the regions, never by the host program). On the shm communicator, where a rank's block of
@@ -261,7 +262,7 @@ def combine_kernel(layout: Layout):
         routes: pl.Tensor[[lanes, top_k], pl.INT32],
         counts_in: pld.DistributedTensor[[world, n_counts], pl.INT32],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
-        back_in: pld.DistributedTensor[[lanes, hidden], dtype],
+        back_in: pld.DistributedTensor[[lanes + 1, hidden], dtype],
         signals: pld.DistributedTensor[[world, SIGNALS], pl.INT32],
     ):
         slots.bind_dynamic(0, T_DYN)
@@ -320,7 +321,7 @@ def combine_send_kernel(layout: Layout):
         routes: pl.Tensor[[lanes, top_k], pl.INT32],
         counts_in: pld.DistributedTensor[[world, n_experts + world], pl.INT32],
         meta_in: pld.DistributedTensor[[lanes, 2 * top_k], pl.FP32],
-        back_in: pld.DistributedTensor[[lanes, hidden], dtype],
+        back_in: pld.DistributedTensor[[lanes + 1, hidden], dtype],
         signals: pld.DistributedTensor[[world, SIGNALS], pl.INT32],
     ):
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_sums"):   # windows only: replayed as torch calls
@@ -344,7 +345,7 @@ def combine_reduce_kernel(layout: Layout):
         members: pl.Tensor[[T_DYN, world], pl.FP32],
         addend: pl.Tensor[[T_DYN, hidden], dtype],
         out: pl.Out[pl.Tensor[[T_DYN, hidden], dtype]],
-        back_in: pld.DistributedTensor[[lanes, hidden], dtype],
+        back_in: pld.DistributedTensor[[lanes + 1, hidden], dtype],
     ):
         slots.bind_dynamic(0, T_DYN)
         members.bind_dynamic(0, T_DYN)
@@ -362,7 +363,7 @@ def combine_reduce_kernel(layout: Layout):
 def reduce_returned(out, back_in, slots, members, addend, t_dim, t_max, hidden, world, dtype):
     """`moe_reduce`: out[t] = the rows t's ranks sent back, summed with addend[t] in FP32, rounded once."""
     by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)
-    total = sum_returned(back_in, slots, members, by_rank, t_dim, hidden, world)
+    total = sum_returned(back_in, slots, members, by_rank, world * t_max, t_dim, hidden, world)
     out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
 
 
@@ -398,7 +399,7 @@ class WindowTransport:
         self._counts_in = _window([world, n_counts], pl.INT32)
         self._tokens_in = _window([lanes, hidden], layout.pl_dtype)
         self._meta_in = _window([lanes, 2 * k], pl.FP32)
-        self._back_in = _window([lanes, hidden], layout.pl_dtype)
+        self._back_in = _window([lanes + 1, hidden], layout.pl_dtype)
         self._signals = _window([world, SIGNALS], pl.INT32)
         self._epoch = torch.zeros(1, 1, dtype=torch.int32)
         # staged by destination + a spill row; the sums: per arrival slot (by source), its rows' sum (+ the live

@@ -9,7 +9,8 @@ collectives move the rows where that version stores into peers' windows. Buffers
                                   once per destination (+ a spill row)
     send_meta  [W * T_MAX + 1, 2K] FP32, per sent token: its meta row (dispatch_parts.py)
     recv_x, recv_meta             what arrived, packed per source rank in rank order
-    back_send, back_recv [W * T_MAX, H]   combine's weighted sums per received token, and what came back
+    back_send, back_recv [W * T_MAX, H]   combine's weighted sums per received token, and what came back (back_recv
+                                          + a zero row, never written: `sum_returned`)
 
 Dispatch: `moe_layout` counts (as the windows version) and allgathers the count rows; `moe_send` computes each
 route's row, packs the per-destination blocks and moves them with two all_to_all_v (the token rows in the
@@ -122,7 +123,7 @@ def combine_kernel(layout: Layout):
         counts: pl.Tensor[[world, n_counts], pl.INT32],
         recv_meta: pl.Tensor[[lanes, 2 * top_k], pl.FP32],
         back_send: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
-        back_recv: pl.InOut[pl.Tensor[[lanes, hidden], dtype]],
+        back_recv: pl.InOut[pl.Tensor[[lanes + 1, hidden], dtype]],
     ):
         slots.bind_dynamic(0, T_DYN)
         members.bind_dynamic(0, T_DYN)
@@ -141,7 +142,7 @@ def combine_kernel(layout: Layout):
 
         with pl.at(level=pl.Level.CORE_GROUP, name_hint="moe_reduce"):
             starts = row_starts(pl.load(counts, [me, n_experts], [1, world]), world)
-            total = sum_returned(back_recv, slots, members, starts, t_dim, hidden, world)
+            total = sum_returned(back_recv, slots, members, starts, lanes, t_dim, hidden, world)
             out[:, :] = pl.cast(pl.add(total, pl.cast(addend, pl.FP32)), dtype, mode="rint")
         return out
 
@@ -160,7 +161,8 @@ class CollectiveTransport:
         self._send_meta = torch.zeros(lanes + 1, meta, dtype=torch.float32)
         self._recv_x = torch.zeros(lanes, hidden, dtype=layout.dtype)
         self._recv_meta = torch.zeros(lanes, meta, dtype=torch.float32)
-        self._back_send, self._back_recv = (torch.zeros(lanes, hidden, dtype=layout.dtype) for _ in range(2))
+        self._back_send = torch.zeros(lanes, hidden, dtype=layout.dtype)
+        self._back_recv = torch.zeros(lanes + 1, hidden, dtype=layout.dtype)   # + a zero row (sum_returned)
 
     def dispatch(self, x, topk_idx, topk_weights, route_pos, slots, members, recv_rows, recv_counts) -> None:
         dispatch_kernel(self.layout)(x, topk_idx, topk_weights, self.rank, route_pos, slots, members, recv_rows,

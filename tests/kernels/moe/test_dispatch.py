@@ -124,8 +124,9 @@ def test_the_send_staging_and_the_sums_are_the_peers_windows_where_a_block_is_wh
 
 @pytest.mark.timeout(180)
 def test_the_fixed_form_gives_inf_not_nan_for_an_inf_row_behind_a_dead_route_slot():
-    """The fixed form (decode sizes) reads a stand-in row for each dead route slot, in the expert sums and in the
-    home rank's sum of what came back: a select zeroes it (it once weighed 0: 0 * inf = NaN)."""
+    """The fixed form (decode sizes) reads a stand-in row for each dead route slot in the expert sums, which a
+    select zeroes (it once weighed 0: 0 * inf = NaN); the home rank's sum of what came back reads back_in's zero
+    row for a rank the token has no route on."""
     job = launch(2, DISPATCH_COMBINE, "--timeout-s", "90", args=("--form", "fixed", "--top-k", "3",
                                                                  "--experts-per-rank", "3", "--inf-row"), limit_s=170)
     _all_pass(job, 2, checks=12)

@@ -1,13 +1,13 @@
-"""The send staging (`dispatch_parts.stage_by_destination`, both forms) and the route counting's exclusive prefix
+"""The send staging (`dispatch_parts.stage_by_destination`, both forms), the route counting's exclusive prefix
 (`dispatch_parts.exclusive_prefix`): blocked past PREFIX_BLOCK rows at prefill's token counts, one [n, n] triangle
 below; both give the exact counts (the multi-rank dispatch tests run small token counts, so they exercise the
-one-matmul form only)."""
+one-matmul form only), and the combine's sum of the rows that came back (`dispatch_parts.sum_returned`)."""
 import pytest
 import torch
 
 import pypto.language as pl
 from pypto_rt.kernels.moe.dispatch_parts import (PREFIX_BLOCK, exclusive_prefix, route_layout, route_rows,
-                                                 stage_by_destination)
+                                                 stage_by_destination, sum_returned)
 
 
 @pytest.mark.parametrize("rows", [8, PREFIX_BLOCK, 3 * PREFIX_BLOCK, PREFIX_BLOCK + 8])
@@ -84,3 +84,37 @@ def test_the_live_staging_copies_each_destinations_tokens_once_and_touches_no_ot
                                                                                 staged[False][1][block])
         assert bool((staged[True][0][d * t_max + len(goes) : (d + 1) * t_max] == 7.0).all())
     assert bool((staged[True][0][-1] == 7.0).all()) and not bool((staged[False][0][-1] == 7.0).all())
+
+
+def test_the_sum_of_returned_rows_reads_each_tokens_live_ranks_and_the_zero_row_only():
+    """Per token, the rows its ranks sent back (rank d's block from d * T_MAX, at the token's slot), summed; a rank
+    the token has no route on reads the zero row. Every other row of the table is NaN (windows are never cleared:
+    stale rows may hold anything), so one read of a row the token does not own, weighed 0 or not, makes it NaN.
+    The first call runs on the engine, the later ones replay (recorded torch calls)."""
+    world, t_max, tokens, hidden = 4, 4, 3, 8
+    lanes = world * t_max
+
+    @pl.jit
+    def reduce(back: pl.Tensor[[lanes + 1, hidden], pl.FP32], slots: pl.Tensor[[tokens, world], pl.FP32],
+               members: pl.Tensor[[tokens, world], pl.FP32], out: pl.Out[pl.Tensor[[tokens, hidden], pl.FP32]]):
+        for _ in pl.spmd(1, name_hint="reduce"):
+            by_rank = pl.muls(pl.arange(0, [1, world], dtype=pl.INT32), t_max)
+            out[:, :] = sum_returned(back, slots, members, by_rank, lanes, tokens, hidden, world)
+        return out
+
+    gen = torch.Generator().manual_seed(5)
+    members = torch.tensor([[1, 0, 1, 0], [0, 0, 0, 1], [1, 1, 1, 1]], dtype=torch.float32)
+    slots = torch.tensor([[1, 3, 1, 2], [2, 0, 0, 0], [2, 2, 0, 3]], dtype=torch.float32)   # row 0 is no live row
+    back = torch.full((lanes + 1, hidden), float("nan"))
+    back[lanes] = 0.0
+    want = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        for d in range(world):
+            if members[t, d]:
+                row = d * t_max + int(slots[t, d])
+                back[row] = torch.randn(hidden, generator=gen)
+                want[t] += back[row]
+    for _ in range(4):
+        out = torch.full((tokens, hidden), -1.0)
+        reduce(back, slots, members, out)
+        assert torch.allclose(out, want), (out, want)

@@ -55,13 +55,13 @@ def moe_round_trip(
     counts_buf = pld.alloc_window_buffer([N, E + N], dtype=pl.INT32)
     tokens_buf = pld.alloc_window_buffer([LANES, H], dtype=pl.FP32)
     meta_buf = pld.alloc_window_buffer([LANES, 2 * K], dtype=pl.FP32)
-    back_buf = pld.alloc_window_buffer([LANES, H], dtype=pl.FP32)
+    back_buf = pld.alloc_window_buffer([LANES + 1, H], dtype=pl.FP32)   # + the zero row the reduce reads
     signals_buf = pld.alloc_window_buffer([N, SIGNALS], dtype=pl.INT32)
     for r in pl.range(pld.world_size()):
         counts_in = pld.window(counts_buf, [N, E + N], dtype=pl.INT32)
         tokens_in = pld.window(tokens_buf, [LANES, H], dtype=pl.FP32)
         meta_in = pld.window(meta_buf, [LANES, 2 * K], dtype=pl.FP32)
-        back_in = pld.window(back_buf, [LANES, H], dtype=pl.FP32)
+        back_in = pld.window(back_buf, [LANES + 1, H], dtype=pl.FP32)
         signals = pld.window(signals_buf, [N, SIGNALS], dtype=pl.INT32)
         moe_dispatch(x[r], topk_idx[r], topk_weights[r], r, epoch[r], route_pos[r], slots[r], members[r],
                      count_row[r], send_x[r], send_meta[r], recv_rows[r], recv_counts[r], routes[r], counts_in,
