@@ -181,11 +181,13 @@ def test_a_world_size_that_does_not_divide_the_experts_is_named_on_every_rank():
 
 @pytest.mark.timeout(120)
 def test_the_kernels_run_in_a_host_form_program_with_windows_it_allocates():
-    """The library's factory-made kernels dispatched with device=r (a rank finds them by creation serial)."""
+    """The library's factory-made kernels dispatched with device=r (a rank finds them by creation serial), every
+    buffer and window of the shape the kernels declare (back_in with its zero row): no EntryShapeWarning."""
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "pypto-run"),
                            os.path.join(PROGS, "dispatch_host_form.py")], capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "'out' PASS" in proc.stdout
+    assert "EntryShapeWarning" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.timeout(180)

@@ -49,7 +49,7 @@ def moe_round_trip(
     recv_rows: pl.Tensor[[N, ROWS + 1, H], pl.FP32],
     recv_counts: pl.Tensor[[N, 1, E_LOCAL], pl.INT32],
     y: pl.Tensor[[N, ROWS, H], pl.FP32],
-    sums: pl.Tensor[[N, LANES, H], pl.FP32],
+    sums: pl.Tensor[[N, LANES + 1, H], pl.FP32],
     routes: pl.Tensor[[N, LANES, K], pl.INT32],
 ):
     counts_buf = pld.alloc_window_buffer([N, E + N], dtype=pl.INT32)
@@ -95,7 +95,7 @@ specs = [
     scratch("send_x", [N, LANES + 1, H], torch.float32), scratch("send_meta", [N, LANES + 1, 2 * K], torch.float32),
     scratch("recv_rows", [N, ROWS + 1, H], torch.float32), scratch("recv_counts", [N, 1, E_LOCAL], torch.int32),
     scratch("y", [N, ROWS, H], torch.float32),
-    scratch("sums", [N, LANES, H], torch.float32), scratch("routes", [N, LANES, K], torch.int32),
+    scratch("sums", [N, LANES + 1, H], torch.float32), scratch("routes", [N, LANES, K], torch.int32),
 ]
 
 if __name__ == "__main__":
