@@ -190,7 +190,7 @@ class _Effect:
         and the numbers a plan takes per call), or None: what replay.comm_run runs instead of the line. A plan:
         ("publish", peer, cell) a set notify; ("cell", rank, index, "ge"|"eq") a wait's cell; ("memmove",
         target address, bytes) a store from its values' first byte; ("rows", byte run, room, default rows) a
-        put as `_copy_rows` (its source's address, a row count up to `room`)."""
+        put as `copy_rows` (its source's address, a row count up to `room`)."""
         seen = self._again
         found = None if seen is None else self._same(seen, tensors)
         plan = None if found is None else self._plan_of(seen[2], found[1])
@@ -401,20 +401,20 @@ class _PutBox(_Effect):
         repeat = self.again((dst, local), rest)
         kept = None if repeat is None else repeat[1]
         if kept is not None and kept[8] is not None and (rows is None or 0 <= rows <= kept[1]):
-            _copy_rows(kept[8], local.data_ptr(), kept[2] if rows is None else rows)   # (`kept` below)
+            copy_rows(kept[8], local.data_ptr(), kept[2] if rows is None else rows)   # (`kept` below)
             return
         found = self.window("tensor.put", dst, "dst")
         key = (self._last[0], local.shape, local.stride(), local.storage_offset(), local.dtype, local.is_cpu, *rest)
         kept = self.planned(key)   # (peer, room, default rows, rest of the box, source strides, source offset,
         #                           target strides, target offset, byte run or None: (target address, bytes
         #                           a row, source byte offset, leading rows already in place, the source
-        #                           address that holds for: `_copy_rows`)
+        #                           address that holds for: `copy_rows`)
         if kept is not None and not found[0].window.closed and (rows is None or 0 <= rows <= kept[1]):
             self.remember((dst, local), rest, found[0], kept)
             box = (kept[2] if rows is None else rows, *kept[3])
             run = kept[8]
             if run is not None:   # (bounds: rows <= room, checked above)
-                _copy_rows(run, local.data_ptr(), box[0])
+                copy_rows(run, local.data_ptr(), box[0])
             elif box[0] and all(box):
                 found[2][kept[0]].as_strided(box, kept[6], kept[7]).copy_(local.as_strided(box, kept[4], kept[5]))
             return
@@ -437,7 +437,7 @@ class _PutBox(_Effect):
         return None if kept[8] is None else ("rows", kept[8], kept[1], kept[2])
 
 
-def _copy_rows(run: tuple, source: int, rows: int) -> None:
+def copy_rows(run: tuple, source: int, rows: int) -> None:
     """Copy `rows` rows of a put's kept byte run from the source tensor at address `source`, but none of them
     when they are already the target's bytes (the run's leading rows in place, for the source it was planned on:
     another tensor of the same layout copies)."""

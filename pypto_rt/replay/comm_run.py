@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from pypto_rt.collective import addresses, process
+from pypto_rt.ops.distributed import copy_rows
 from pypto_rt.replay.passes import compile_trace
 from pypto_rt.replay.tier_source import _function, _names
 
@@ -145,7 +146,8 @@ class _Fast:
 
     def __init__(self, stable: dict, constants: dict):
         self.stable, self.constants = stable, constants
-        self.names: dict = {"_MISS": _MISS, "_mm": addresses.copy, "_epoch": process.epoch, "_int": int}
+        self.names: dict = {"_MISS": _MISS, "_mm": addresses.copy, "_copy_rows": copy_rows, "_epoch": process.epoch,
+                            "_int": int}
         self.tensors: dict[str, str] = {}    # guarded tensor argument -> its weak reference's name
         self.windows: dict[int, tuple] = {}  # id(window buffer) -> (its weak reference's name, its window's name)
         self.cells: dict[tuple, str] = {}    # (window name, rank) -> the name of its cells
@@ -212,15 +214,13 @@ class _Fast:
         return self._rows(plan, self.stable[tensors[1]].data_ptr(), rows, recorded)
 
     def _rows(self, plan: tuple, source: int, rows: str | None, recorded: str) -> str:
-        """A put as ops.distributed._copy_rows runs its byte run (target, bytes a row, source offset, rows in place,
-        the source those are in place for) from `source`, `rows` (code; None: the default) up to the room."""
+        """A put as ops.distributed.copy_rows runs its byte run from `source`, `rows` (code; None: the default) up
+        to the room; past it the line as recorded."""
         run, room, default = plan[1], plan[2], plan[3]
-        in_place = run[3] if source == run[4] else 0
-        copy = f"_mm({run[0]}, {source + run[2]}, _n * {run[1]})" if run[1] else "pass"
+        copy = f"_copy_rows({self._const(run, 'p')}, {source}, "
         if rows is None:
-            return f"_n = {default}\nif _n > {in_place}:\n    {copy}"
-        return (f"_n = _int({rows})\nif 0 <= _n <= {room}:\n    if _n > {in_place}:\n        {copy}\n"
-                f"else:\n    {recorded}")
+            return copy + f"{default})"
+        return f"_n = _int({rows})\nif 0 <= _n <= {room}:\n    {copy}_n)\nelse:\n    {recorded}"
 
     def _window(self, buf) -> str:
         if id(buf) not in self.windows:
